@@ -1,0 +1,221 @@
+"""Static contracts of the three file kinds: CUDA/CUTLASS ``solve``, Triton ``setup``/``run_kernel``, ``ref.py``.
+
+Everything here reads source text (regex over comment-stripped C++, ``ast`` over Python): nothing is imported or
+run, so the preflight gate is safe in the pytest process. Contracts follow SKILL.md's upstream (``extern "C" void
+solve(...)``, ``reference(**kwargs)``) plus the ``shapes(**dims)`` extension described in the README.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ContractError
+
+#: C type spelling -> dtype name used by the harness (torch attribute of the same name).
+C_TYPES: dict[str, str] = {
+    "float": "float32", "double": "float64", "__half": "float16", "half": "float16",
+    "__nv_bfloat16": "bfloat16", "nv_bfloat16": "bfloat16",
+    "int": "int32", "signed int": "int32", "int32_t": "int32", "unsigned int": "uint32", "unsigned": "uint32",
+    "uint32_t": "uint32", "long": "int64", "long long": "int64", "long int": "int64", "int64_t": "int64",
+    "size_t": "uint64", "unsigned long": "uint64", "unsigned long long": "uint64", "uint64_t": "uint64",
+    "short": "int16", "int16_t": "int16", "char": "int8", "signed char": "int8", "int8_t": "int8",
+    "unsigned char": "uint8", "uint8_t": "uint8", "bool": "bool",
+}
+_QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile", "struct"}
+_SOLVE_RE = re.compile(r'extern\s+"C"\s*(?:\{[^}]*?)?(?:__host__\s+)?void\s+solve\s*\(([^)]*)\)', re.S)
+_CUTLASS_RE = re.compile(r'#\s*include\s*[<"](cutlass|cute)/')
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of ``solve``: ``dtype`` is a harness dtype name (``float32``, ``bfloat16``, ``int32``...);
+    pointers are buffers (``is_const`` -> input, else output), non-pointers are dims/scalars of the same name."""
+
+    name: str
+    ctype: str
+    dtype: str
+    is_pointer: bool
+    is_const: bool
+    line: int
+
+    @property
+    def role(self) -> str:
+        """``input``, ``output`` or ``scalar``."""
+        if not self.is_pointer:
+            return "scalar"
+        return "input" if self.is_const else "output"
+
+
+def _strip_comments(source: str) -> str:
+    """Blank out // and /* */ comments and string literals other than "C", keeping offsets and newlines."""
+    def blank(m: re.Match[str]) -> str:
+        text = m.group(0)
+        if text == '"C"':
+            return text
+        return "".join(c if c == "\n" else " " for c in text)
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, source, flags=re.S)
+
+
+def _line_of(source: str, offset: int) -> int:
+    return source.count("\n", 0, offset) + 1
+
+
+def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
+    """Parse ``extern "C" void solve(...)`` from CUDA source text into its parameters, in order.
+
+    Raises ContractError (with ``path`` and the line) when ``solve`` is missing, not ``extern "C"``, or has a
+    parameter of an unsupported type, a pointer to pointer, or no name.
+    """
+    text = _strip_comments(source)
+    m = _SOLVE_RE.search(text)
+    if m is None:
+        plain = re.search(r"\bvoid\s+solve\s*\(", text)
+        if plain:
+            raise ContractError('solve() is not declared extern "C", so its symbol name is mangled',
+                                gate="preflight", path=path, line=_line_of(text, plain.start()),
+                                fix='declare it as: extern "C" void solve(const float* A, float* C, int N)')
+        raise ContractError('no host function `extern "C" void solve(...)` found', gate="preflight", path=path,
+                            fix='add extern "C" void solve(...) that launches the kernel: const T* = input, '
+                                'T* = output, integer scalars = dims')
+    params: list[Param] = []
+    start = m.start(1)
+    body = m.group(1)
+    if body.strip() in ("", "void"):
+        raise ContractError("solve() takes no parameters", gate="preflight", path=path,
+                            line=_line_of(text, m.start()), fix="pass the buffers and dims as parameters")
+    offset = 0
+    for raw in body.split(","):
+        line = _line_of(text, start + offset + (len(raw) - len(raw.lstrip())))
+        offset += len(raw) + 1
+        decl = " ".join(raw.replace("*", " * ").replace("&", " & ").split())
+        if "&" in decl or "[" in decl or "=" in decl:
+            raise ContractError(f"solve() parameter `{decl}` is a reference, array or has a default value",
+                                gate="preflight", path=path, line=line, fix="use plain pointers and scalars")
+        tokens = decl.split()
+        stars = tokens.count("*")
+        if stars > 1:
+            raise ContractError(f"solve() parameter `{decl}` is a pointer to pointer", gate="preflight", path=path,
+                                line=line, fix="pass each buffer as its own T* parameter")
+        star_at = tokens.index("*") if stars else len(tokens)
+        before = tokens[:star_at]
+        is_const = "const" in before
+        words = [t for t in tokens if t not in _QUALIFIERS and t != "*"]
+        if len(words) < 2:
+            raise ContractError(f"solve() parameter `{decl}` has no name", gate="preflight", path=path, line=line,
+                                fix="name every parameter; scalars are matched to --kopt-dims by name")
+        name = words[-1]
+        ctype = " ".join(words[:-1])
+        if ctype not in C_TYPES:
+            raise ContractError(f"solve() parameter `{name}` has unsupported type `{ctype}`", gate="preflight",
+                                path=path, line=line,
+                                fix="use float, double, __half, __nv_bfloat16 or an integer type")
+        params.append(Param(name=name, ctype=ctype, dtype=C_TYPES[ctype], is_pointer=bool(stars),
+                            is_const=is_const, line=line))
+    names = [p.name for p in params]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ContractError(f"solve() has duplicate parameter names {sorted(dup)}", gate="preflight", path=path,
+                            line=params[0].line, fix="give each parameter its own name")
+    if not any(p.role == "output" for p in params):
+        raise ContractError("solve() has no output buffer (every pointer is const)", gate="preflight", path=path,
+                            line=params[0].line, fix="drop const from the pointer(s) the kernel writes")
+    return params
+
+
+def is_cutlass(source: str) -> bool:
+    """True when the source includes CUTLASS or CuTe headers (``#include <cutlass/...>`` or ``<cute/...>``)."""
+    return bool(_CUTLASS_RE.search(_strip_comments(source)))
+
+
+@dataclass(frozen=True, slots=True)
+class PyContract:
+    """What a Python file defines at module level: function names with their parameters, and literal constants."""
+
+    functions: dict[str, tuple[list[str], bool, int]]  # name -> (params, has **kwargs, line)
+    constants: dict[str, object]
+    uses_triton_jit: bool
+
+
+def read_python(path: Path, gate: str = "preflight") -> PyContract:
+    """Parse a Python file with ``ast`` (no import). Raises ContractError on a syntax error, with its line."""
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise ContractError(f"syntax error: {exc.msg}", gate=gate, path=str(path), line=exc.lineno,
+                            fix="fix the Python syntax") from None
+    functions: dict[str, tuple[list[str], bool, int]] = {}
+    constants: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            functions[node.name] = (params, a.kwarg is not None, node.lineno)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                constants[node.targets[0].id] = None
+    uses_jit = "triton.jit" in source or "@jit" in source
+    return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit)
+
+
+def check_reference(path: Path) -> PyContract:
+    """Check ``ref.py``: ``reference(**kwargs)`` required; ``atol``/``rtol`` numbers >= 0 when present.
+
+    Optional: ``workload_model(**dims) -> {"flops", "bytes_min"}``, ``shapes(**dims) -> {name: (shape, dtype)}``.
+    Raises ContractError naming the file, the line and the fix.
+    """
+    c = read_python(path)
+    if "reference" not in c.functions:
+        raise ContractError("no function `reference` defined", gate="preflight", path=str(path),
+                            fix="define def reference(**kwargs): it reads the inputs and writes the outputs in place")
+    for tol in ("atol", "rtol"):
+        if tol in c.constants:
+            v = c.constants[tol]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ContractError(f"{tol} = {v!r} is not a non-negative number literal", gate="preflight",
+                                    path=str(path), fix=f"write e.g. {tol} = 1e-3 at module level")
+    return c
+
+
+def check_triton(path: Path, dims: dict[str, int | float]) -> PyContract:
+    """Check a Triton kernel file: ``setup(**dims, seed)`` and ``run_kernel(**inputs)`` and a ``@triton.jit``.
+
+    Raises ContractError when one is missing, or when ``setup`` cannot take a given dim or ``seed``.
+    """
+    c = read_python(path)
+    for name, fix in (("setup", "def setup(M, N, seed, device='cuda') -> {'inputs': {...}, 'outputs': [names]}"),
+                      ("run_kernel", "def run_kernel(**inputs): launches the @triton.jit kernel")):
+        if name not in c.functions:
+            raise ContractError(f"no function `{name}` defined", gate="preflight", path=str(path), fix=fix)
+    if not c.uses_triton_jit:
+        raise ContractError("no @triton.jit kernel found", gate="preflight", path=str(path),
+                            fix="decorate the kernel with @triton.jit")
+    params, has_kwargs, line = c.functions["setup"]
+    if not has_kwargs:
+        for needed in [*dims, "seed"]:
+            if needed not in params:
+                raise ContractError(f"setup() has no parameter `{needed}`", gate="preflight", path=str(path),
+                                    line=line, fix=f"add `{needed}` to setup()'s parameters (or accept **kwargs)")
+    return c
+
+
+def check_dims(params: list[Param], dims: dict[str, int | float], path: str) -> None:
+    """Every scalar of ``solve`` must have a dim of the same name; integer scalars need integer values.
+
+    Raises ContractError naming the parameter's line and the ``--kopt-dims`` fix.
+    """
+    for p in params:
+        if p.is_pointer:
+            continue
+        if p.name not in dims:
+            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` has no value in --kopt-dims", gate="preflight",
+                                path=path, line=p.line, fix=f"add {p.name}=<value> to --kopt-dims")
+        if not p.dtype.startswith("float") and not isinstance(dims[p.name], int):
+            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` is an integer but --kopt-dims gives "
+                                f"{dims[p.name]!r}", gate="preflight", path=path, line=p.line,
+                                fix=f"give an integer value for {p.name}")

@@ -1,0 +1,119 @@
+"""Exception types raised by the gates, each carrying the gate, the file and the fix.
+
+The pytest layer renders them in ``repr_failure``; the exit code of a session is taken from
+``KoptError.exit_code`` of the first failing gate (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu,
+4 configuration or static contract).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_KERNEL = 2
+EXIT_HARDWARE = 3
+EXIT_CONFIG = 4
+
+
+class KoptError(Exception):
+    """Base class: a gate decided against the kernel or could not run.
+
+    Attributes: ``gate`` (gate name), ``path`` (file the problem is in, or None), ``line`` (1-based, or None),
+    ``fix`` (one sentence telling the user what to change), ``status`` (a short upper-case status name used in
+    the reports), ``exit_code`` (SKILL.md's exit code for this class of failure).
+    """
+
+    exit_code = EXIT_KERNEL
+    status = "ERROR"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        gate: str = "",
+        path: str | None = None,
+        line: int | None = None,
+        fix: str | None = None,
+        details: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.gate = gate
+        self.path = path
+        self.line = line
+        self.fix = fix
+        self.details = details
+
+    def render(self) -> str:
+        """Return the multi-line text shown for a failing item: location, message, details and fix."""
+        where = ""
+        if self.path:
+            where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
+        text = f"[{self.gate or 'kopt'}] {self.status}: {where}{self.message}"
+        if self.details:
+            text += "\n" + self.details.rstrip()
+        if self.fix:
+            text += f"\nfix: {self.fix}"
+        return text
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class ConfigError(KoptError):
+    """A bad option, dims string or file path (exit code 4)."""
+
+    exit_code = EXIT_CONFIG
+    status = "CONFIG_ERROR"
+
+
+class ContractError(KoptError):
+    """The kernel or reference file breaks its contract (``solve`` signature, ``reference``, ``setup``; exit 4)."""
+
+    exit_code = EXIT_CONFIG
+    status = "CONTRACT_ERROR"
+
+
+class CompileError(KoptError):
+    """nvcc or the Triton compiler rejected the kernel (exit code 2)."""
+
+    status = "COMPILE_ERROR"
+
+
+class IncorrectError(KoptError):
+    """The kernel's output differs from the reference beyond ``atol + rtol*|ref|``, or is NaN/Inf (exit 2)."""
+
+    status = "INCORRECT_NUMERICAL"
+
+
+class KernelRuntimeError(KoptError):
+    """The kernel crashed, raised a CUDA error or ran past the gate's timeout (exit code 2)."""
+
+    status = "RUNTIME_ERROR"
+
+
+class TimingError(KoptError):
+    """Timing was unstable (robust CV above SKILL.md's 0.10 limit) or non-positive (exit code 2)."""
+
+    status = "UNSTABLE_TIMING"
+
+
+class HardwareError(KoptError):
+    """A GPU, a CUDA context or a required tool (nvcc, ncu, cuobjdump) is missing or failed (exit code 3)."""
+
+    exit_code = EXIT_HARDWARE
+    status = "HARDWARE_UNAVAILABLE"
+
+
+class ProfilerError(KoptError):
+    """ncu failed, could not read counters or produced no parseable metric (exit code 3)."""
+
+    exit_code = EXIT_HARDWARE
+    status = "NCU_ERROR"
+
+
+class Blocked(Exception):
+    """Raised when a gate cannot run because a prerequisite gate failed or is unavailable; rendered as a skip."""
+
+    def __init__(self, gate: str, reason: str) -> None:
+        super().__init__(f"blocked by {gate}: {reason}")
+        self.gate = gate
+        self.reason = reason

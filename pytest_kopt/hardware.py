@@ -1,0 +1,202 @@
+"""Hardware and toolchain detection (the ``hardware`` gate): GPUs through a real CUDA context, nvcc, ncu, cuobjdump.
+
+The CUDA probe runs the driver API through ctypes in a child process, so the pytest process (and the xdist
+controller) never initialises CUDA. The result is a plain dict written as SKILL.md's ``env.json``.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ENV_SCHEMA_VERSION = 1
+
+# Runs in a child: creates a context on every visible GPU (cuInit -> cuCtxCreate), prints one JSON line.
+_PROBE = r"""
+import ctypes, json, sys
+out = {"gpus": [], "driver_version": None, "error": None}
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+except OSError as e:
+    out["error"] = "no NVIDIA driver (libcuda.so.1 not found)"
+    print(json.dumps(out)); sys.exit(0)
+def chk(r, what):
+    if r != 0:
+        s = ctypes.c_char_p(); cu.cuGetErrorString(r, ctypes.byref(s))
+        raise RuntimeError("%s failed: CUDA error %d %s" % (what, r, (s.value or b"").decode()))
+try:
+    chk(cu.cuInit(0), "cuInit")
+    v = ctypes.c_int(); chk(cu.cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
+    out["driver_version"] = "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
+    n = ctypes.c_int(); chk(cu.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+    for i in range(n.value):
+        d = ctypes.c_int(); chk(cu.cuDeviceGet(ctypes.byref(d), i), "cuDeviceGet")
+        name = ctypes.create_string_buffer(256); chk(cu.cuDeviceGetName(name, 256, d), "cuDeviceGetName")
+        def attr(a):
+            x = ctypes.c_int(); chk(cu.cuDeviceGetAttribute(ctypes.byref(x), a, d), "cuDeviceGetAttribute"); return x.value
+        mem = ctypes.c_size_t(); chk(cu.cuDeviceTotalMem_v2(ctypes.byref(mem), d), "cuDeviceTotalMem")
+        uuid = (ctypes.c_ubyte * 16)(); chk(cu.cuDeviceGetUuid(uuid, d), "cuDeviceGetUuid")
+        u = bytes(uuid).hex(); u = "GPU-%s-%s-%s-%s-%s" % (u[:8], u[8:12], u[12:16], u[16:20], u[20:])
+        ctx = ctypes.c_void_p(); chk(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d), "cuDevicePrimaryCtxRetain")
+        chk(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        free, total = ctypes.c_size_t(), ctypes.c_size_t(); chk(cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+        cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p())); cu.cuDevicePrimaryCtxRelease_v2(d)
+        out["gpus"].append({"index": i, "name": name.value.decode(), "uuid": u,
+            "cc": "%d.%d" % (attr(75), attr(76)), "sm_count": attr(16), "l2_bytes": attr(38),
+            "smem_per_block_optin_bytes": attr(97), "memory_bytes": mem.value, "free_bytes": free.value,
+            "sm_clock_khz": attr(13), "mem_clock_khz": attr(36), "mem_bus_width_bits": attr(37)})
+except Exception as e:
+    out["error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def probe_gpus(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Create a CUDA context on each visible GPU in a child process.
+
+    Returns ``{"gpus": [{name, uuid, cc, sm_count, l2_bytes, memory_bytes, ...}], "driver_version", "error"}``;
+    ``error`` is a one-line reason when no GPU could be used. Never raises.
+    """
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"gpus": [], "driver_version": None, "error": f"CUDA context probe timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"gpus": [], "driver_version": None,
+                "error": f"CUDA context probe crashed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    data: dict[str, Any] = json.loads(lines[-1])
+    if not data["gpus"] and not data["error"]:
+        data["error"] = "no CUDA GPU visible (cuDeviceGetCount returned 0; check CUDA_VISIBLE_DEVICES)"
+    return data
+
+
+def _cuda_roots() -> list[str]:
+    roots = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT")]
+    roots += sorted(glob.glob("/usr/local/cuda*"), reverse=True) + sorted(glob.glob("/opt/cuda*"), reverse=True)
+    return [r for r in roots if r and os.path.isdir(r)]
+
+
+def _triton_bin() -> str | None:
+    """Folder of the tools triton's wheel bundles (ptxas, cuobjdump, nvdisasm), found without importing it."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "backends" / "nvidia" / "bin"
+    return str(path) if path.is_dir() else None
+
+
+def find_tool(name: str) -> str | None:
+    """Find ``nvcc``, ``ncu`` or ``cuobjdump``: PATH, CUDA roots, Nsight Compute installs, then triton's wheel."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = [os.path.join(r, "bin", name) for r in _cuda_roots()]
+    if name == "ncu":
+        candidates += sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)
+        candidates += sorted(glob.glob("/usr/local/NVIDIA-Nsight-Compute*/ncu"), reverse=True)
+        candidates += [os.path.join(r, "nsight-compute", "ncu") for r in _cuda_roots()]
+    if name in ("cuobjdump", "nvdisasm", "ptxas"):
+        tb = _triton_bin()
+        if tb:
+            candidates.append(os.path.join(tb, name))
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def tool_version(path: str, timeout_s: float = 30.0) -> str | None:
+    """The version string a CUDA tool prints for ``--version`` (e.g. ``13.0.88`` or ``2025.3.1.0``), or None."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"[Vv]ersion\s+([\d.]+)", out) or re.search(r"release\s+([\d.]+)", out)
+    return m.group(1) if m else (out.strip().splitlines() or [None])[-1]
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def arch_of(cc: str) -> str:
+    """nvcc arch for a compute capability: ``9.0`` -> ``sm_90a`` (Hopper's arch-specific target, so wgmma and
+    setmaxnreg are allowed), ``10.0`` -> ``sm_100a``, others plain (``8.0`` -> ``sm_80``)."""
+    major, minor = (int(x) for x in cc.split("."))
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
+def detect(attempts: int = 1) -> dict[str, Any]:
+    """Detect the environment: SKILL.md's ``env.json`` document (GPUs, tools with versions, library versions).
+
+    ``generation_allowed`` is true only with a GPU context, nvcc, ncu and cuobjdump all present (SKILL.md step 0);
+    ``can_read_counters`` stays None until the ncu gate has tried. Retries the GPU probe up to ``attempts`` times.
+    """
+    probe: dict[str, Any] = {}
+    hw_attempts = []
+    for i in range(max(1, attempts)):
+        probe = probe_gpus()
+        hw_attempts.append({"attempt": i + 1, "gpus": len(probe["gpus"]), "error": probe["error"]})
+        if probe["gpus"]:
+            break
+    tools = {}
+    for name in ("nvcc", "ncu", "cuobjdump"):
+        path = find_tool(name)
+        tools[name] = {"path": path, "version": tool_version(path) if path else None}
+    gpus = probe["gpus"]
+    missing = [n for n, t in tools.items() if not t["path"]]
+    reasons = []
+    if not gpus:
+        reasons.append(probe["error"] or "no GPU")
+    if missing:
+        reasons.append("missing tools: " + ", ".join(missing))
+    return {
+        "schema_version": ENV_SCHEMA_VERSION,
+        "backend": "cuda",
+        "gpu_available": bool(gpus),
+        "gpu": gpus[0] if gpus else None,
+        "gpus": gpus,
+        "sm_arch": arch_of(gpus[0]["cc"]) if gpus else None,
+        "driver_version": probe["driver_version"],
+        "gpu_error": probe["error"],
+        "tools": tools,
+        "can_read_counters": None,
+        "generation_allowed": bool(gpus) and not missing,
+        "reason": "; ".join(reasons) or None,
+        "hardware_attempts": hw_attempts,
+        "python": platform.python_version(),
+        "packages": {n: _dist_version(n) for n in ("torch", "triton", "numpy", "pytest", "pytest-xdist",
+                                                   "hypothesis", "nvidia-cutlass")},
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def header_line(env: dict[str, Any]) -> str:
+    """One line for the pytest header: GPU, arch, driver and tool versions, or the reason there is no GPU."""
+    t = env["tools"]
+    tools = ", ".join(f"{n} {t[n]['version'] or 'found'}" if t[n]["path"] else f"{n} missing" for n in t)
+    pk = env["packages"]
+    libs = f"torch {pk.get('torch') or 'missing'}, triton {pk.get('triton') or 'missing'}"
+    if env["gpu"]:
+        g = env["gpu"]
+        gpu = f"{g['name']} (cc {g['cc']}, {env['sm_arch']}, {g['sm_count']} SMs, driver {env['driver_version']})"
+        if len(env["gpus"]) > 1:
+            gpu += f" +{len(env['gpus']) - 1} more"
+    else:
+        gpu = f"no GPU ({env['gpu_error']})"
+    return f"kopt: {gpu}; {tools}; {libs}"

@@ -1,0 +1,240 @@
+"""The pytest adapter: options, collection of one item per gate, reporting and SKILL.md's exit codes.
+
+Registered through the ``pytest11`` entry point ``kopt``. Gate logic lives in :mod:`pytest_kopt.gates`; this
+module only collects, runs and reports. Nothing here imports torch or touches CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from . import __version__, hardware
+from .errors import Blocked, ConfigError, KoptError
+from .gates import GATE_ORDER, GATES, Context, Gate
+from .settings import Settings, build_settings
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+ENV_KEY = pytest.StashKey[dict]()
+GPU_GROUP = "kopt-gpu"
+JSON_SCHEMA_VERSION = 1
+
+#: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
+OPTIONS = (
+    ("baseline", "Kernel to judge: a CUDA/CUTLASS .cu with extern \"C\" solve(), or a Triton .py", "PATH"),
+    ("ref", "Reference file defining reference(**kwargs), optional atol/rtol/workload_model/shapes", "PATH"),
+    ("dims", "Kernel dims as M=4096,N=4096,K=4096 or a JSON object", "DIMS"),
+    ("seeds", "Correctness seeds, comma-separated (default 7,19,41,73,101)", "SEEDS"),
+    ("atol", "Absolute tolerance, overriding the reference's atol", "FLOAT"),
+    ("rtol", "Relative tolerance, overriding the reference's rtol", "FLOAT"),
+    ("arch", "nvcc/Triton target arch such as sm_90a (default: the detected GPU's, else sm_90a)", "ARCH"),
+    ("json", "Write the session's JSON report to PATH ('-' for stdout)", "PATH"),
+    ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
+    ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
+    ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``kopt`` option group: every ``--kopt-*`` flag with its ini twin."""
+    group = parser.getgroup("kopt", "GPU kernel gates (pytest-kopt)")
+    for name, help_text, metavar in OPTIONS:
+        dest = "kopt_" + name.replace("-", "_")
+        group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
+        parser.addini(dest, help=help_text, default=None)
+
+
+def _settings(config: pytest.Config) -> Settings:
+    def get(name: str) -> Any:
+        dest = "kopt_" + name
+        value = config.getoption(dest)
+        return value if value is not None else config.getini(dest)
+
+    try:
+        return build_settings(get, Path(config.invocation_params.dir))
+    except ConfigError as exc:
+        raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Parse settings once, register markers, aim collection at the kernel, detect the hardware (controller only;
+    workers receive it through ``workerinput``)."""
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason when none is visible")
+    config.addinivalue_line("markers", "kopt(gate): a pytest-kopt gate item")
+    settings = _settings(config)
+    config.stash[SETTINGS_KEY] = settings
+    if not settings.active:
+        return
+    assert settings.baseline is not None
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(settings.baseline)]
+    elif not any(Path(a.split("::")[0]).resolve() == settings.baseline for a in config.args):
+        config.args.append(str(settings.baseline))
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "kopt_env" in workerinput:
+        config.stash[ENV_KEY] = workerinput["kopt_env"]
+        return
+    config.stash[ENV_KEY] = hardware.detect()
+    if config.getoption("dist", "no") == "load":
+        config.option.dist = "loadgroup"  # GPU gates share one xdist group, so they run one at a time
+    config.pluginmanager.register(KoptController(config), "kopt-controller")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The detected GPU and tools, one line."""
+    if ENV_KEY in config.stash:
+        return hardware.header_line(config.stash[ENV_KEY])
+    return None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Collect the ``--kopt-baseline`` file as a :class:`KoptFile`."""
+    settings = parent.config.stash.get(SETTINGS_KEY, None)
+    if settings is not None and settings.active and file_path.resolve() == settings.baseline:
+        return KoptFile.from_parent(parent, path=file_path)
+    return None
+
+
+class KoptFile(pytest.File):
+    """A kernel file: yields one :class:`KoptItem` per gate of :data:`~pytest_kopt.gates.GATES`."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        """Items in gate order; ``correctness`` once per seed (``correctness[seed=7]``)."""
+        settings = self.config.stash[SETTINGS_KEY]
+        for gate in GATES:
+            params = settings.seeds if gate.per_seed else (None,)
+            for param in params:
+                name = gate.name if param is None else f"{gate.name}[seed={param}]"
+                item = KoptItem.from_parent(self, name=name, gate=gate, param=param)
+                item.add_marker(pytest.mark.kopt(gate.name))
+                if gate.serial:
+                    item.add_marker(pytest.mark.gpu)
+                    item.add_marker(pytest.mark.xdist_group(GPU_GROUP))
+                yield item
+
+
+class KoptItem(pytest.Item):
+    """One gate run on one kernel; delegates to the gate function and renders its errors."""
+
+    def __init__(self, *, gate: Gate, param: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = gate
+        self.param = param
+
+    def _context(self) -> Context:
+        settings = self.config.stash[SETTINGS_KEY]
+        assert settings.baseline is not None and settings.ref is not None
+        cache = self.config.cache
+        cache_dir = cache.mkdir("kopt") if cache is not None else Path(tempfile.gettempdir()) / "pytest-kopt"
+        return Context(settings=settings, env=self.config.stash[ENV_KEY], kernel=settings.baseline,
+                       ref=settings.ref, display=self.nodeid.split("::")[0], cache_dir=Path(cache_dir))
+
+    def runtest(self) -> None:
+        """Run the gate; a Blocked prerequisite becomes a skip naming the gate that blocked it."""
+        self.user_properties.append(("kopt_gate", self.gate.name))
+        try:
+            outcome = self.gate.fn(self._context(), self.param)
+        except Blocked as exc:
+            self.user_properties.append(("kopt_status", "SKIPPED"))
+            pytest.skip(str(exc))
+        except KoptError as exc:
+            if not exc.gate:
+                exc.gate = self.gate.name
+            self.user_properties += [("kopt_status", exc.status), ("kopt_exit_code", exc.exit_code),
+                                     ("kopt_message", exc.message)]
+            raise
+        self.user_properties.append(("kopt_status", "PASSED"))
+        self.user_properties += [(k, v) for k, v in outcome.figures.items() if isinstance(v, (int, float, str, bool))]
+        if outcome.summary:
+            self.user_properties.append(("kopt_summary", outcome.summary))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        """Gate errors as their own text (file:line, message, details, fix); anything else as a traceback."""
+        if isinstance(excinfo.value, KoptError):
+            return excinfo.value.render()
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        """Location shown by pytest: the kernel file and the gate name."""
+        return self.path, None, f"kopt {self.name}"
+
+
+class KoptController:
+    """Session-level bookkeeping that exists only on the controller (or the single process without xdist):
+    hands the detected environment to xdist workers, collects every item's report, sets SKILL.md's exit code,
+    prints the summary and writes ``--kopt-json``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[dict[str, Any]] = []
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist: give each worker the detected environment (builtins only) so it never probes CUDA itself."""
+        node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep one record per kopt item: the call report, or the setup report when it skipped or failed there."""
+        props = dict(report.user_properties)
+        if report.when != "call" or "kopt_gate" not in props:
+            return
+        message = None
+        if report.skipped and isinstance(report.longrepr, tuple):
+            message = report.longrepr[2]
+        elif report.failed:
+            message = props.get("kopt_message") or str(report.longrepr).splitlines()[-1][:500]
+        self.records.append({"nodeid": report.nodeid, "gate": props.get("kopt_gate"), "outcome": report.outcome,
+                             "status": props.get("kopt_status", "SKIPPED" if report.skipped else
+                                                 ("ERROR" if report.failed else "PASSED")),
+                             "exit_code": props.get("kopt_exit_code"), "duration_s": round(report.duration, 4),
+                             "summary": props.get("kopt_summary"), "message": message,
+                             "figures": {k: v for k, v in props.items() if not k.startswith("kopt_")}})
+
+    def exit_code(self) -> int | None:
+        """SKILL.md's code of the earliest failing gate in table order (2, 3 or 4), or None when none failed."""
+        failed = [r for r in self.records if r["outcome"] == "failed" and r["exit_code"] is not None]
+        if not failed:
+            return None
+        first = min(failed, key=lambda r: GATE_ORDER.get(r["gate"] or "", 99))
+        return int(first["exit_code"])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Map pytest's "tests failed" (1) to SKILL.md's code when every failure is a gate's; write the JSON."""
+        code = self.exit_code()
+        other_failures = any(r["outcome"] == "failed" and r["exit_code"] is None for r in self.records)
+        if code is not None and session.exitstatus == pytest.ExitCode.TESTS_FAILED and not other_failures:
+            session.exitstatus = code
+        settings = self.config.stash[SETTINGS_KEY]
+        if settings.json_path:
+            doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
+                   "exit_code": int(session.exitstatus), "kernel": str(settings.baseline), "ref": str(settings.ref),
+                   "dims": settings.dims, "seeds": list(settings.seeds), "env": self.config.stash[ENV_KEY],
+                   "outdir": str(settings.outdir), "items": self.records}
+            text = json.dumps(doc, indent=2, default=str)
+            if settings.json_path == "-":
+                sys.stdout.write(text + "\n")
+            else:
+                Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
+                Path(settings.json_path).write_text(text + "\n")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One line per gate item: outcome and its key figures (or the reason it skipped/failed)."""
+        if not self.records:
+            return
+        tr = terminalreporter
+        tr.section("kopt gates")
+        order = {r["nodeid"]: i for i, r in enumerate(self.records)}
+        for r in sorted(self.records, key=lambda r: (GATE_ORDER.get(r["gate"] or "", 99), order[r["nodeid"]])):
+            name = r["nodeid"].split("::", 1)[-1]
+            text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")
+            tr.write_line(f"{name:<24} {r['status']:<20} {text}"[:400])
+        code = self.exit_code()
+        if code is not None:
+            tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
+                          f"4 configuration/contract)")

@@ -1,0 +1,83 @@
+"""The ``sass`` gate: ``cuobjdump --dump-sass`` of the built artifact, split and saved per kernel function."""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import HardwareError
+
+_FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
+#: An instruction line: ``/*0040*/  @!P0 IMAD.WIDE R2, R3, R4, R2 ;`` -> opcode ``IMAD.WIDE``.
+_INSN_RE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:\{\s*)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class SassFunction:
+    """SASS of one kernel function: ``opcodes`` counts each full mnemonic (``FFMA``, ``LDG.E.128``...)."""
+
+    name: str
+    arch: str
+    text: str
+    opcodes: dict[str, int]
+
+    @property
+    def instructions(self) -> int:
+        """Number of instructions (including NOPs and the final BRA loop)."""
+        return sum(self.opcodes.values())
+
+
+def parse_sass(dump: str) -> list[SassFunction]:
+    """Split ``cuobjdump --dump-sass`` text into functions. Returns [] when the dump holds no function."""
+    functions = []
+    arch = ""
+    matches = list(_FUNC_RE.finditer(dump))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(dump)
+        before = dump[: m.start()]
+        archs = re.findall(r"code for (sm_\w+)", before)
+        arch = archs[-1] if archs else arch
+        body = dump[m.start():end]
+        ops = collections.Counter(_INSN_RE.findall(body))
+        functions.append(SassFunction(name=m.group(1), arch=arch, text=body, opcodes=dict(ops)))
+    return functions
+
+
+def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 120.0) -> list[SassFunction]:
+    """Run ``cuobjdump --dump-sass`` on each artifact (.so or .cubin) and parse it.
+
+    Raises HardwareError when cuobjdump is missing, fails, or prints no function at all (an empty dump is a tool
+    error, never "patterns missing": FIELD.md §3).
+    """
+    if not cuobjdump:
+        raise HardwareError("cuobjdump not found (CUDA toolkit bin/, or triton's bundled copy)", gate="sass",
+                            fix="install the CUDA toolkit or pip install triton")
+    functions: list[SassFunction] = []
+    for art in artifacts:
+        try:
+            proc = subprocess.run([cuobjdump, "--dump-sass", art], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise HardwareError(f"cuobjdump ran past {timeout_s:.0f} s on {art}", gate="sass") from None
+        if proc.returncode != 0:
+            raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
+                                details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")
+        functions += parse_sass(proc.stdout)
+    if not functions:
+        raise HardwareError(f"cuobjdump printed no SASS function for {', '.join(artifacts)}", gate="sass",
+                            fix="the build holds no machine code (PTX only?): build with code=sm_XX")
+    return functions
+
+
+def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:
+    """Write one ``<function>.sass`` file per function into ``folder``; returns the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f in functions:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f.name)[:150]
+        p = folder / f"{safe}.sass"
+        p.write_text(f.text)
+        paths.append(str(p))
+    return paths

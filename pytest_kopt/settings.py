@@ -1,0 +1,198 @@
+"""The plugin's settings: parsed once from the ``--kopt-*`` options (or their ini twins) into a frozen dataclass.
+
+Parsing is plain Python; it raises :class:`~pytest_kopt.errors.ConfigError` naming the option and the fix, which
+the pytest layer turns into ``pytest.UsageError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+DEFAULT_SEEDS = (7, 19, 41, 73, 101)
+#: Arch used when no GPU is visible: the H200/H100 target with the arch-specific features (wgmma, setmaxnreg).
+DEFAULT_ARCH = "sm_90a"
+DEFAULT_GATE_TIMEOUT_S = 60.0
+DEFAULT_NCU_TIMEOUT_S = 300.0
+
+_ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Validated settings of one session.
+
+    ``dims`` maps each kernel scalar (``M``, ``N``, ``eps``...) to an int or float; ``seeds`` are the correctness
+    seeds; ``atol``/``rtol`` override the reference's values when not None; ``arch`` is an nvcc arch like
+    ``sm_90a`` or None (take the detected GPU's); timeouts are in seconds.
+    """
+
+    baseline: Path | None = None
+    ref: Path | None = None
+    dims: dict[str, int | float] = field(default_factory=dict)
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    atol: float | None = None
+    rtol: float | None = None
+    arch: str | None = None
+    json_path: str | None = None
+    outdir: Path = Path(".kopt")
+    gate_timeout_s: float = DEFAULT_GATE_TIMEOUT_S
+    ncu_timeout_s: float = DEFAULT_NCU_TIMEOUT_S
+
+    @property
+    def active(self) -> bool:
+        """True when a baseline kernel was given, i.e. the plugin has something to collect."""
+        return self.baseline is not None
+
+
+def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, int | float]:
+    """Parse ``M=4096,N=4096`` or a JSON object ``{"M": 4096}`` into ``{name: int | float}``.
+
+    Raises ConfigError (naming ``source``) on an empty name, a duplicate, a non-numeric value or bad JSON.
+    """
+    text = text.strip()
+    if not text:
+        return {}
+    raw: dict[str, Any]
+    if text.startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source}: not valid JSON ({exc.msg} at column {exc.colno})",
+                              fix='write it as M=4096,N=4096 or as a JSON object like {"M": 4096}') from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: JSON must be an object of name: number", fix='e.g. {"M": 4096}')
+    else:
+        raw = {}
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            name = name.strip().lstrip("-")
+            if not sep:
+                raise ConfigError(f"{source}: {part!r} has no '='", fix="write each dim as NAME=VALUE, e.g. M=4096")
+            if name in raw:
+                raise ConfigError(f"{source}: dim {name!r} given twice", fix="give each dim once")
+            raw[name] = value.strip()
+    dims: dict[str, int | float] = {}
+    for name, value in raw.items():
+        if not _NAME_RE.match(str(name)):
+            raise ConfigError(f"{source}: {name!r} is not a valid dim name", fix="use the C identifier of solve()'s parameter")
+        dims[str(name)] = _number(value, f"{source}: dim {name}")
+    return dims
+
+
+def _number(value: Any, what: str) -> int | float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: {value!r} is not a number", fix="give an integer or a float")
+    if isinstance(value, (int, float)):
+        return value
+    s = str(value).strip()
+    try:
+        return int(s, 0)
+    except ValueError:
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        raise ConfigError(f"{what}: {s!r} is not a number", fix="give an integer (4096) or a float (1e-5)") from None
+
+
+def parse_seeds(text: str, source: str = "--kopt-seeds") -> tuple[int, ...]:
+    """Parse ``7,19,41`` into a tuple of distinct non-negative ints; raises ConfigError naming ``source``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            seed = int(part)
+        except ValueError:
+            raise ConfigError(f"{source}: {part!r} is not an integer seed", fix="e.g. --kopt-seeds 7,19,41") from None
+        if seed < 0 or seed >= 2**63:
+            raise ConfigError(f"{source}: seed {seed} is out of range", fix="use seeds in [0, 2**63)")
+        if seed in seeds:
+            raise ConfigError(f"{source}: seed {seed} given twice", fix="give each seed once")
+        seeds.append(seed)
+    if not seeds:
+        raise ConfigError(f"{source}: no seed given", fix="e.g. --kopt-seeds 7,19,41")
+    return tuple(seeds)
+
+
+def parse_arch(text: str, source: str = "--kopt-arch") -> str:
+    """Validate an nvcc arch such as ``sm_90a`` or ``sm_80`` (``90a`` is accepted too); raises ConfigError."""
+    t = text.strip().lower()
+    if t.isdigit() or (t[:-1].isdigit() and t[-1:] in "af"):
+        t = "sm_" + t
+    if not _ARCH_RE.match(t):
+        raise ConfigError(f"{source}: {text!r} is not an arch", fix="write it like sm_90a (H100/H200) or sm_80 (A100)")
+    return t
+
+
+def _float(text: str, source: str, positive: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{source}: {text!r} is not a number", fix="give a float, e.g. 1e-3") from None
+    if value != value or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{source}: {text!r} must be {'> 0' if positive else '>= 0'}", fix="give a finite non-negative number")
+    return value
+
+
+def _path(text: str, source: str, base: Path, suffixes: tuple[str, ...]) -> Path:
+    path = Path(text)
+    if not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ConfigError(f"{source}: file {text!r} does not exist (looked in {base})", fix="give the path of an existing file")
+    if suffixes and path.suffix not in suffixes:
+        raise ConfigError(f"{source}: {text!r} must end in {' or '.join(suffixes)}",
+                          fix="give a CUDA/CUTLASS .cu file or a Triton .py file" if ".cu" in suffixes else "give a .py file")
+    return path.resolve()
+
+
+def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
+    """Build Settings from ``get(name)``, which returns the option value, the ini value or None.
+
+    ``name`` is the option's dest without prefix (``baseline``, ``dims``...). Relative paths are taken from
+    ``base`` (the invocation directory). Raises ConfigError for any bad value, naming the option.
+    """
+    def opt(name: str) -> Any:
+        value = get(name)
+        return None if value in (None, "") else value
+
+    baseline = opt("baseline")
+    ref = opt("ref")
+    if baseline is None:
+        if ref is not None or opt("dims") is not None:
+            raise ConfigError("--kopt-ref/--kopt-dims given without --kopt-baseline",
+                              fix="add --kopt-baseline path/to/kernel.cu (or .py)")
+        return Settings()
+    baseline_path = _path(str(baseline), "--kopt-baseline", base, (".cu", ".py"))
+    if ref is None:
+        raise ConfigError("--kopt-ref is missing", fix="add --kopt-ref path/to/ref.py (it defines reference(**kwargs))")
+    ref_path = _path(str(ref), "--kopt-ref", base, (".py",))
+    dims = parse_dims(str(opt("dims") or ""))
+    seeds = parse_seeds(str(opt("seeds"))) if opt("seeds") is not None else DEFAULT_SEEDS
+    atol = _float(str(opt("atol")), "--kopt-atol") if opt("atol") is not None else None
+    rtol = _float(str(opt("rtol")), "--kopt-rtol") if opt("rtol") is not None else None
+    arch = parse_arch(str(opt("arch"))) if opt("arch") is not None else None
+    outdir = Path(str(opt("outdir") or ".kopt"))
+    if not outdir.is_absolute():
+        outdir = base / outdir
+    timeout = _float(str(opt("timeout")), "--kopt-timeout", positive=True) if opt("timeout") is not None else DEFAULT_GATE_TIMEOUT_S
+    ncu_timeout = (_float(str(opt("ncu_timeout")), "--kopt-ncu-timeout", positive=True)
+                   if opt("ncu_timeout") is not None else DEFAULT_NCU_TIMEOUT_S)
+    json_path = opt("json")
+    if json_path is not None and json_path != "-":
+        json_path = os.fspath(Path(base, json_path)) if not os.path.isabs(json_path) else json_path
+    return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
+                    json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout)
