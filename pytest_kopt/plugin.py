@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -129,8 +128,8 @@ class KoptItem(pytest.Item):
     def _context(self) -> Context:
         settings = self.config.stash[SETTINGS_KEY]
         assert settings.baseline is not None and settings.ref is not None
-        cache = self.config.cache
-        cache_dir = cache.mkdir("kopt") if cache is not None else Path(tempfile.gettempdir()) / "pytest-kopt"
+        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
+        cache_dir = cache.mkdir("kopt") if cache is not None else self.config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=settings, env=self.config.stash[ENV_KEY], kernel=settings.baseline,
                        ref=settings.ref, display=self.nodeid.split("::")[0], cache_dir=Path(cache_dir))
 

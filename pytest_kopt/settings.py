@@ -62,8 +62,16 @@ def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, int | float]
         return {}
     raw: dict[str, Any]
     if text.startswith("{"):
+        def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            # json.loads keeps the last of a repeated key silently; a dim given twice is a mistake
+            obj: dict[str, Any] = {}
+            for key, value in pairs:
+                if key in obj:
+                    raise ConfigError(f"{source}: dim {key!r} given twice", fix="give each dim once")
+                obj[key] = value
+            return obj
         try:
-            raw = json.loads(text)
+            raw = json.loads(text, object_pairs_hook=no_duplicates)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}: not valid JSON ({exc.msg} at column {exc.colno})",
                               fix='write it as M=4096,N=4096 or as a JSON object like {"M": 4096}') from None

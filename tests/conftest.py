@@ -1,0 +1,42 @@
+"""Test-suite fixtures: GPU tests skip with the probe's reason when no CUDA GPU is visible."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import hardware
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_missing_reason() -> str | None:
+    """None when a CUDA context can be created, else the one-line reason."""
+    probe = hardware.probe_gpus()
+    return None if probe["gpus"] else f"no GPU: {probe['error']}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests (with the probe's reason) on machines without a GPU."""
+    gpu_items = [i for i in items if i.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_missing_reason()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def example(pytester: pytest.Pytester):
+    """Copy ``examples/<name>/`` into the pytester folder and return that folder's path."""
+    def copy(name: str) -> Path:
+        dest = pytester.path / name
+        shutil.copytree(EXAMPLES / name, dest)
+        return dest
+    return copy

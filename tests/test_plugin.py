@@ -1,0 +1,266 @@
+"""End-to-end tests of the plugin through pytester: every gate's pass and fail path, in each run mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pytest_kopt import hardware
+
+MODES = {"plain": [], "xdist-2": ["-n", "2"], "no-xdist": ["-p", "no:xdist"]}
+needs_nvcc = pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+needs_triton = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("triton") is None, reason="triton not installed")
+
+GOOD_CU = """\
+#include <cuda_runtime.h>
+__global__ void scale(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+extern "C" void solve(const float* x, float* y, int n) {
+    scale<<<(n + 255) / 256, 256>>>(x, y, n);
+}
+"""
+SCALE_REF = """\
+atol = 1e-6
+rtol = 1e-6
+def shapes(n):
+    return {"x": ((n,), "float32"), "y": ((n,), "float32")}
+def reference(x, y, n, **_):
+    y.copy_(2 * x)
+"""
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """pytest in a subprocess (the plugin starts child processes and must not share our interpreter)."""
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", *args, timeout=600)
+
+
+def outcomes(result: pytest.RunResult) -> dict[str, str]:
+    """Map each gate item (``compile``, ``correctness[seed=7]``...) to its kopt status from the summary table."""
+    table: dict[str, str] = {}
+    lines = result.outlines
+    if "kopt gates" not in "".join(lines):
+        return table
+    start = next(i for i, ln in enumerate(lines) if "kopt gates" in ln)
+    for line in lines[start + 1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isupper() and not line.startswith("="):
+            table[parts[0]] = parts[1]
+    return table
+
+
+@needs_nvcc
+@pytest.mark.parametrize("mode", MODES)
+def test_gemm_example_cpu_gates_pass(pytester: pytest.Pytester, example, mode: str) -> None:
+    """The README's main job: hardware, preflight, compile and sass pass; GPU gates pass on a GPU, else skip."""
+    ex = example("gemm")
+    result = run(pytester, "--kopt-baseline", str(ex / "gemm.cu"), "--kopt-ref", str(ex / "ref.py"),
+                 "--kopt-dims", "M=256,N=128,K=64", "--kopt-seeds", "7,19", *MODES[mode])
+    table = outcomes(result)
+    assert result.ret == 0, result.stdout.str()
+    for gate in ("hardware", "preflight", "compile", "sass"):
+        assert table[gate] == "PASSED", table
+    gpu_gates = ("correctness[seed=7]", "correctness[seed=19]", "timing", "ncu")
+    if hardware.probe_gpus()["gpus"]:
+        assert all(table[g] == "PASSED" for g in gpu_gates), table
+    else:
+        assert all(table[g] == "SKIPPED" for g in gpu_gates), table
+        result.stdout.fnmatch_lines(["*blocked by hardware: no GPU*"])
+    result.stdout.fnmatch_lines(["*sass*PASSED*sm_90a: _Z11sgemm_naive*"])
+
+
+def test_help_does_not_import_torch() -> None:
+    """``pytest --help`` lists the kopt options without importing torch or triton."""
+    code = ("import sys, pytest; rc = pytest.main(['--help']); "
+            "print('HEAVY', sorted(m for m in ('torch', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "--kopt-baseline=PATH" in out and "--kopt-dims=DIMS" in out
+    assert "HEAVY []" in out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_error_fails_compile_and_blocks_later_gates(pytester: pytest.Pytester, mode: str) -> None:
+    """A .cu that does not compile: compile fails with file:line, later gates skip naming compile, exit 2."""
+    pytester.makefile(".cu", bad=GOOD_CU.replace("y[i] = 2.0f * x[i];", "y[i] = 2.0f * x[i]  // missing ;\n"
+                                                  "    undefined_symbol_here;"))
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "bad.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=1000",
+                 *MODES[mode])
+    table = outcomes(result)
+    assert result.ret == 2, result.stdout.str()
+    assert table["compile"] == "COMPILE_ERROR"
+    assert table["preflight"] == "PASSED"
+    assert table["sass"] == "SKIPPED"
+    result.stdout.fnmatch_lines(["*bad.cu:5: error*"])
+    result.stdout.fnmatch_lines(["*sass*blocked by compile*"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_contract_fails_preflight_with_line_and_fix(pytester: pytest.Pytester, mode: str) -> None:
+    """solve() without extern "C": preflight fails naming file, line and fix; compile skips; exit 4."""
+    pytester.makefile(".cu", k=GOOD_CU.replace('extern "C" void solve', "void solve"))
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=1000", *MODES[mode])
+    table = outcomes(result)
+    assert result.ret == 4, result.stdout.str()
+    assert table["preflight"] == "CONTRACT_ERROR"
+    assert table["compile"] == "SKIPPED"
+    result.stdout.fnmatch_lines(['*[[]preflight[]] CONTRACT_ERROR: k.cu:6: solve() is not declared extern "C"*',
+                                 '*fix: declare it as: extern "C" void solve*'])
+    result.stdout.fnmatch_lines(["*compile*blocked by preflight*"])
+
+
+def test_missing_dim_fails_preflight(pytester: pytest.Pytester) -> None:
+    """A scalar of solve() without a value in --kopt-dims: preflight names it and the fix; exit 4."""
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "m=1000")
+    assert result.ret == 4
+    result.stdout.fnmatch_lines(["*k.cu:6: solve() scalar `int n` has no value in --kopt-dims*",
+                                 "*fix: add n=<value> to --kopt-dims*"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kopt-dims", "M=abc"], "*--kopt-dims: dim M: 'abc' is not a number*"),
+    (["--kopt-seeds", "7,x"], "*--kopt-seeds: 'x' is not an integer seed*"),
+    (["--kopt-arch", "hopper"], "*--kopt-arch: 'hopper' is not an arch*"),
+    (["--kopt-ref", "missing.py"], "*--kopt-ref: file 'missing.py' does not exist*"),
+])
+def test_bad_option_is_a_usage_error(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    """Bad option values stop the session before collection with pytest's usage error (exit 4)."""
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    base = {"--kopt-baseline": "k.cu", "--kopt-ref": "ref.py", "--kopt-dims": "n=10"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    result = run(pytester, *[x for kv in base.items() for x in kv])
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([message])
+
+
+def test_ini_twin_sets_options(pytester: pytest.Pytester) -> None:
+    """Every flag has an ini twin: the same job configured from the ini file alone."""
+    pytester.makefile(".cu", k=GOOD_CU.replace('extern "C" void solve', "void solve"))
+    pytester.makepyfile(ref=SCALE_REF)
+    pytester.makeini("[pytest]\nkopt_baseline = k.cu\nkopt_ref = ref.py\nkopt_dims = n=64\n")
+    result = run(pytester)
+    assert result.ret == 4
+    assert outcomes(result)["preflight"] == "CONTRACT_ERROR"
+
+
+SOFTMAX_WRONG = """\
+import torch, triton, triton.language as tl
+
+@triton.jit
+def k(out_ptr, in_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(in_ptr + row * n_cols + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + offs, tl.exp(x), mask=mask)   # forgot to normalise
+
+def setup(M, N, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, N, generator=g, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+def run_kernel(x, y):
+    k[(x.shape[0],)](y, x, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+"""
+
+
+@needs_triton
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_softmax_correct_and_wrong(pytester: pytest.Pytester, example, mode: str) -> None:
+    """Triton correctness runs for real (interpreter on the CPU): the example passes, a wrong kernel fails with
+    the error figures and the seed, exit 2, and the JSON report says the same."""
+    ex = example("softmax_triton")
+    ok = run(pytester, "--kopt-baseline", str(ex / "softmax.py"), "--kopt-ref", str(ex / "ref.py"),
+             "--kopt-dims", "M=16,N=100", "--kopt-seeds", "3,5", "--kopt-json", "ok.json", *MODES[mode])
+    table = outcomes(ok)
+    assert ok.ret == 0, ok.stdout.str()
+    assert table["compile"] == table["sass"] == table["correctness[seed=3]"] == table["correctness[seed=5]"] == "PASSED"
+    doc = json.loads((pytester.path / "ok.json").read_text())
+    corr = [i for i in doc["items"] if i["gate"] == "correctness"]
+    assert len(corr) == 2 and all(i["figures"]["max_abs_err"] < 1e-6 for i in corr)
+
+    pytester.makepyfile(wrong=SOFTMAX_WRONG)
+    bad = run(pytester, "--kopt-baseline", "wrong.py", "--kopt-ref", str(ex / "ref.py"), "--kopt-dims", "M=16,N=100",
+              "--kopt-seeds", "3", "--kopt-json", "bad.json", *MODES[mode])
+    assert bad.ret == 2, bad.stdout.str()
+    assert outcomes(bad)["correctness[seed=3]"] == "INCORRECT_NUMERICAL"
+    bad.stdout.fnmatch_lines(["*seed=3: output differs from the reference*",
+                              "*output y [[]16, 100[]]: 1600/1600 elements (100%) outside atol=1e-06*",
+                              "*replay: --kopt-seeds 3*"])
+    doc = json.loads((pytester.path / "bad.json").read_text())
+    assert doc["exit_code"] == 2
+    (item,) = [i for i in doc["items"] if i["gate"] == "correctness"]
+    assert item["status"] == "INCORRECT_NUMERICAL" and item["outcome"] == "failed"
+
+
+@needs_nvcc
+def test_junit_carries_figures(pytester: pytest.Pytester, example) -> None:
+    """Figures land in junit XML as properties of each item."""
+    ex = example("gemm")
+    result = run(pytester, "--kopt-baseline", str(ex / "gemm.cu"), "--kopt-ref", str(ex / "ref.py"),
+                 "--kopt-dims", "M=64,N=64,K=64", "--junitxml", "j.xml")
+    assert result.ret == 0
+    xml = (pytester.path / "j.xml").read_text()
+    assert '<property name="kopt_gate" value="compile"' in xml
+    assert '<property name="arch" value="sm_90a"' in xml
+    assert '<property name="sass_arch" value="sm_90a"' in xml
+
+
+def test_kernel_path_collected_alone(pytester: pytest.Pytester) -> None:
+    """With --kopt-baseline and no path arguments only the kernel's items are collected (not testpaths)."""
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF, test_other="def test_x():\n    assert False\n")
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                 "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "k.cu::compile" in out and "k.cu::correctness[seed=7]" in out and "test_other" not in out
+
+
+GPU_CRASH_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    __global__ void bad(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        y[i + 1000000000] = x[i];   // far out of bounds: illegal address
+    }
+    extern "C" void solve(const float* x, float* y, int n) { bad<<<(n + 255) / 256, 256>>>(x, y, n); }
+""")
+
+
+@pytest.mark.gpu
+@needs_nvcc
+def test_gpu_crashing_kernel_is_contained(pytester: pytest.Pytester) -> None:
+    """On a GPU: an illegal memory access fails correctness with the CUDA error; the session survives, exit 2."""
+    pytester.makefile(".cu", k=GPU_CRASH_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=4096",
+                 "--kopt-seeds", "7")
+    assert result.ret == 2, result.stdout.str()
+    table = outcomes(result)
+    assert table["correctness[seed=7]"] == "RUNTIME_ERROR"
+    assert table["timing"] == "SKIPPED" and table["sass"] == "PASSED"
+    result.stdout.fnmatch_lines(["*illegal*"])
+
+
+@pytest.mark.gpu
+@needs_nvcc
+def test_gpu_wrong_cuda_kernel_fails_correctness(pytester: pytest.Pytester) -> None:
+    """On a GPU: a kernel that skips the last element fails with the mismatch count and index."""
+    pytester.makefile(".cu", k=GOOD_CU.replace("if (i < n)", "if (i < n - 1)"))
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=4096",
+                 "--kopt-seeds", "7")
+    assert result.ret == 2, result.stdout.str()
+    result.stdout.fnmatch_lines(["*output y [[]4096[]]: 1/4096 elements*",
+                                 "*1 NaN/Inf where the reference is finite*", "*first bad indices [[]4095[]]*"])
