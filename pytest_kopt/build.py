@@ -163,6 +163,9 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
         except subprocess.TimeoutExpired:
             raise CompileError(f"nvcc ran past {timeout_s:.0f} s", gate="compile", path=display,
                                fix="raise --kopt-timeout or simplify the kernel (deep template instantiation?)") from None
+        except OSError as exc:
+            raise HardwareError(f"nvcc could not run: {exc}", gate="compile",
+                                fix="install the CUDA toolkit or put nvcc on PATH") from None
         seconds = time.perf_counter() - t0
         log = format_nvcc_errors(proc.stdout + proc.stderr, source, display)
         if proc.returncode != 0 or not tmp.is_file():
@@ -171,7 +174,7 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
                 fix = f"this code needs the arch-specific target: pass --kopt-arch {arch}a"
             elif "not supported on .target" in log:
                 fix = f"the instruction is not available on {arch}: choose a code path for this arch"
-            first = _first_error_line(log)
+            first = _first_error_line(log, display)
             raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
                                line=first, details=log.strip()[-4000:], fix=fix)
         os.replace(tmp, lib)
@@ -180,8 +183,9 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
         return BuildResult(str(lib), key, False, seconds, cmd, log)
 
 
-def _first_error_line(log: str) -> int | None:
-    m = re.search(r":(\d+): error", log)
+def _first_error_line(log: str, display: str) -> int | None:
+    # only the source's own errors: a header's line number is not a line of ``display``
+    m = re.search(rf"^{re.escape(display)}:(\d+): error", log, re.M)
     return int(m.group(1)) if m else None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ContractError
@@ -25,6 +25,8 @@ C_TYPES: dict[str, str] = {
     "unsigned char": "uint8", "uint8_t": "uint8", "bool": "bool",
 }
 _QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile", "struct"}
+#: C++ keywords among the type words: never a parameter name, so `unsigned int` alone is an unnamed parameter.
+_TYPE_KEYWORDS = {"int", "long", "short", "char", "signed", "unsigned", "float", "double", "bool", "void"}
 _SOLVE_RE = re.compile(r'extern\s+"C"\s*(?:\{[^}]*?)?(?:__host__\s+)?void\s+solve\s*\(([^)]*)\)', re.S)
 _CUTLASS_RE = re.compile(r'#\s*include\s*[<"](cutlass|cute)/')
 
@@ -49,11 +51,12 @@ class Param:
         return "input" if self.is_const else "output"
 
 
-def _strip_comments(source: str) -> str:
-    """Blank out // and /* */ comments and string literals other than "C", keeping offsets and newlines."""
+def _strip_comments(source: str, keep_strings: bool = False) -> str:
+    """Blank out // and /* */ comments and string literals other than "C" (all strings are kept with
+    ``keep_strings``), keeping offsets and newlines."""
     def blank(m: re.Match[str]) -> str:
         text = m.group(0)
-        if text == '"C"':
+        if text == '"C"' or (keep_strings and text.startswith('"')):
             return text
         return "".join(c if c == "\n" else " " for c in text)
     return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, source, flags=re.S)
@@ -103,7 +106,7 @@ def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
         before = tokens[:star_at]
         is_const = "const" in before
         words = [t for t in tokens if t not in _QUALIFIERS and t != "*"]
-        if len(words) < 2:
+        if len(words) < 2 or words[-1] in _TYPE_KEYWORDS:
             raise ContractError(f"solve() parameter `{decl}` has no name", gate="preflight", path=path, line=line,
                                 fix="name every parameter; scalars are matched to --kopt-dims by name")
         name = words[-1]
@@ -117,8 +120,10 @@ def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
     names = [p.name for p in params]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
+        # point at the first repeated declaration, where a compiler reports the redefinition
+        again = next(p for i, p in enumerate(params) if p.name in names[:i])
         raise ContractError(f"solve() has duplicate parameter names {sorted(dup)}", gate="preflight", path=path,
-                            line=params[0].line, fix="give each parameter its own name")
+                            line=again.line, fix="give each parameter its own name")
     if not any(p.role == "output" for p in params):
         raise ContractError("solve() has no output buffer (every pointer is const)", gate="preflight", path=path,
                             line=params[0].line, fix="drop const from the pointer(s) the kernel writes")
@@ -127,16 +132,19 @@ def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
 
 def is_cutlass(source: str) -> bool:
     """True when the source includes CUTLASS or CuTe headers (``#include <cutlass/...>`` or ``<cute/...>``)."""
-    return bool(_CUTLASS_RE.search(_strip_comments(source)))
+    # keep string literals: `#include "cutlass/..."` is one
+    return bool(_CUTLASS_RE.search(_strip_comments(source, keep_strings=True)))
 
 
 @dataclass(frozen=True, slots=True)
 class PyContract:
-    """What a Python file defines at module level: function names with their parameters, and literal constants."""
+    """What a Python file defines at module level: function names with their parameters, and literal constants
+    (None when not a literal) with the line of their assignment."""
 
     functions: dict[str, tuple[list[str], bool, int]]  # name -> (params, has **kwargs, line)
     constants: dict[str, object]
     uses_triton_jit: bool
+    constant_lines: dict[str, int] = field(default_factory=dict)
 
 
 def read_python(path: Path, gate: str = "preflight") -> PyContract:
@@ -149,18 +157,21 @@ def read_python(path: Path, gate: str = "preflight") -> PyContract:
                             fix="fix the Python syntax") from None
     functions: dict[str, tuple[list[str], bool, int]] = {}
     constants: dict[str, object] = {}
+    constant_lines: dict[str, int] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
             params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
             functions[node.name] = (params, a.kwarg is not None, node.lineno)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            constant_lines[node.targets[0].id] = node.lineno
             try:
                 constants[node.targets[0].id] = ast.literal_eval(node.value)
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 constants[node.targets[0].id] = None
     uses_jit = "triton.jit" in source or "@jit" in source
-    return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit)
+    return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
+                      constant_lines=constant_lines)
 
 
 def check_reference(path: Path) -> PyContract:
@@ -178,12 +189,14 @@ def check_reference(path: Path) -> PyContract:
             v = c.constants[tol]
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ContractError(f"{tol} = {v!r} is not a non-negative number literal", gate="preflight",
-                                    path=str(path), fix=f"write e.g. {tol} = 1e-3 at module level")
+                                    path=str(path), line=c.constant_lines.get(tol),
+                                    fix=f"write e.g. {tol} = 1e-3 at module level")
     return c
 
 
-def check_triton(path: Path, dims: dict[str, int | float]) -> PyContract:
-    """Check a Triton kernel file: ``setup(**dims, seed)`` and ``run_kernel(**inputs)`` and a ``@triton.jit``.
+def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = True) -> PyContract:
+    """Check a Triton kernel file: ``setup(**dims, seed)`` and ``run_kernel(**inputs)`` and (when
+    ``require_jit``) a ``@triton.jit``; a pure-Python candidate passes ``require_jit=False``.
 
     Raises ContractError when one is missing, or when ``setup`` cannot take a given dim or ``seed``.
     """
@@ -192,7 +205,7 @@ def check_triton(path: Path, dims: dict[str, int | float]) -> PyContract:
                       ("run_kernel", "def run_kernel(**inputs): launches the @triton.jit kernel")):
         if name not in c.functions:
             raise ContractError(f"no function `{name}` defined", gate="preflight", path=str(path), fix=fix)
-    if not c.uses_triton_jit:
+    if require_jit and not c.uses_triton_jit:
         raise ContractError("no @triton.jit kernel found", gate="preflight", path=str(path),
                             fix="decorate the kernel with @triton.jit")
     params, has_kwargs, line = c.functions["setup"]

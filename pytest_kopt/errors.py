@@ -33,8 +33,11 @@ class KoptError(Exception):
         line: int | None = None,
         fix: str | None = None,
         details: str | None = None,
+        status: str | None = None,
     ) -> None:
         super().__init__(message)
+        if status is not None:
+            self.status = status
         self.message = message
         self.gate = gate
         self.path = path
@@ -79,13 +82,15 @@ class CompileError(KoptError):
 
 
 class IncorrectError(KoptError):
-    """The kernel's output differs from the reference beyond ``atol + rtol*|ref|``, or is NaN/Inf (exit 2)."""
+    """The kernel's output is wrong (exit 2). ``status`` names the guard that caught it: INCORRECT_NUMERICAL,
+    INCORRECT_SHAPE, CONSTANT_OUTPUT, NONDETERMINISTIC, INPUT_INDEPENDENT, STALE_OUTPUT, INPUT_MUTATED,
+    OUTPUT_REPLACED or NOT_A_TENSOR (see :mod:`pytest_kopt.verdict`)."""
 
     status = "INCORRECT_NUMERICAL"
 
 
 class KernelRuntimeError(KoptError):
-    """The kernel crashed, raised a CUDA error or ran past the gate's timeout (exit code 2)."""
+    """The kernel crashed or raised a CUDA error (RUNTIME_ERROR), or ran past the gate's timeout (TIMEOUT); exit 2."""
 
     status = "RUNTIME_ERROR"
 
@@ -117,3 +122,7 @@ class Blocked(Exception):
         super().__init__(f"blocked by {gate}: {reason}")
         self.gate = gate
         self.reason = reason
+
+
+class NotApplicable(Exception):
+    """The gate does not apply to this kernel (a pure-Python candidate has nothing to compile); rendered as a skip."""

@@ -10,14 +10,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from . import build, contract, hardware, profile, sass, stats
-from .compare import compare
-from .errors import Blocked, CompileError, ContractError, HardwareError, IncorrectError, KoptError, TimingError
+import warnings
+
+from filelock import FileLock
+
+from .errors import (Blocked, CompileError, ContractError, HardwareError, IncorrectError, KernelRuntimeError, KoptError,
+                     NotApplicable, TimingError)
+from .inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan
+from .verdict import judge
+
+
+class KoptToleranceWarning(UserWarning):
+    """The reference's tolerance would pass a lower-precision (bf16/fp16) computation of an fp32/fp64 task."""
 from .runner import run_harness
 from .settings import DEFAULT_ARCH, Settings
 
@@ -50,13 +61,29 @@ class Context:
 
     @property
     def kind(self) -> str:
-        """``triton`` for a ``.py`` kernel, ``cuda`` for ``.cu`` (CUDA or CUTLASS)."""
-        return "triton" if self.kernel.suffix == ".py" else "cuda"
+        """``cuda`` for ``.cu`` (CUDA or CUTLASS); for ``.py``: ``triton`` when it has a ``@triton.jit`` kernel,
+        else ``python`` (a pure-Python/torch candidate with the same setup/run_kernel contract)."""
+        if self.kernel.suffix != ".py":
+            return "cuda"
+        return "triton" if contract.read_python(self.kernel).uses_triton_jit else "python"
 
     @property
     def outdir(self) -> Path:
-        """``<outdir>/<kernel stem>/``: bench.json, ncu_top.json, the .ncu-rep, sass/, correctness/."""
-        return self.settings.outdir / self.kernel.stem
+        """``<outdir>/<label>/`` (label: the kernel's stem, made unique): bench.json, ncu_top.json, the
+        .ncu-rep, sass/, correctness/."""
+        return self.settings.outdir / self.settings.label(self.kernel)
+
+    @property
+    def regimes(self) -> tuple[str, ...]:
+        """Value regimes for drawn inputs: the reference's ``regimes`` list, else the defaults."""
+        value = contract.read_python(self.ref).constants.get("regimes")
+        return tuple(value) if isinstance(value, (list, tuple)) and value else DEFAULT_REGIMES
+
+    @property
+    def extra_dims(self) -> list[dict[str, Any]]:
+        """Boundary shapes: the reference's ``extra_dims`` literal (a list of dicts of dims), else []."""
+        value = contract.read_python(self.ref).constants.get("extra_dims")
+        return [dict(d) for d in value] if isinstance(value, (list, tuple)) else []
 
     @property
     def arch(self) -> str:
@@ -101,6 +128,9 @@ def gate_hardware(ctx: Context, param: Any = None) -> Outcome:
     if ctx.kind == "cuda" and not _tool(ctx, "nvcc"):
         raise HardwareError("nvcc not found, so the .cu kernel cannot be built", gate="hardware",
                             fix="install the CUDA toolkit or set CUDA_HOME")
+    if ctx.kind == "triton" and not env.get("packages", {}).get("triton"):
+        raise HardwareError("triton is not installed, so the Triton kernel cannot be built", gate="hardware",
+                            fix="pip install triton")
     g = env.get("gpu") or {}
     figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
                "generation_allowed": env.get("generation_allowed")}
@@ -113,9 +143,19 @@ def gate_hardware(ctx: Context, param: Any = None) -> Outcome:
 def preflight(ctx: Context) -> list[contract.Param]:
     """The static contract check, shared by every later gate. Returns ``solve``'s parameters ([] for Triton).
     Raises ContractError (exit 4)."""
-    contract.check_reference(ctx.ref)
-    if ctx.kind == "triton":
-        contract.check_triton(ctx.kernel, ctx.settings.dims)
+    c = contract.check_reference(ctx.ref)
+    regimes = c.constants.get("regimes")
+    if "regimes" in c.constants and (not isinstance(regimes, (list, tuple)) or not regimes
+                                     or any(r not in REGIMES for r in regimes)):
+        raise ContractError(f"regimes = {regimes!r} is not a list of {', '.join(REGIMES)}", gate="preflight",
+                            path=str(ctx.ref), fix='e.g. regimes = ["normal", "uniform", "small_int", "wide"]')
+    extra = c.constants.get("extra_dims")
+    if "extra_dims" in c.constants and (not isinstance(extra, (list, tuple)) or not all(
+            isinstance(d, dict) and all(isinstance(v, (int, float)) for v in d.values()) for d in extra)):
+        raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
+                            path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
+    if ctx.kind in ("triton", "python"):
+        contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
         return []
     source = ctx.kernel.read_text(errors="replace")
     params = contract.parse_solve_signature(source, ctx.display)
@@ -126,8 +166,9 @@ def preflight(ctx: Context) -> list[contract.Param]:
 def gate_preflight(ctx: Context, param: Any = None) -> Outcome:
     """Check the kernel and reference contracts without running anything."""
     params = preflight(ctx)
-    if ctx.kind == "triton":
-        return Outcome({"kind": "triton"}, "triton: setup/run_kernel/@triton.jit found; ref.reference found")
+    if ctx.kind in ("triton", "python"):
+        what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
+        return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found")
     kind = "cutlass" if contract.is_cutlass(ctx.kernel.read_text(errors="replace")) else "cuda"
     sig = ", ".join(f"{'const ' if p.is_const else ''}{p.ctype}{'*' if p.is_pointer else ''} {p.name}" for p in params)
     return Outcome({"kind": kind, "inputs": sum(p.role == "input" for p in params),
@@ -149,6 +190,8 @@ def ensure_built(ctx: Context) -> build.BuildResult:
     preflight contract fails."""
     _blocked_by_preflight(ctx)
     root = ctx.cache_dir / "builds"
+    if ctx.kind == "python":
+        return build.BuildResult(str(ctx.kernel), _sha(ctx.kernel.read_bytes()), True, 0.0, [], "")
     if ctx.kind == "cuda":
         source = ctx.kernel.read_text(errors="replace")
         nvcc = _tool(ctx, "nvcc")
@@ -158,6 +201,7 @@ def ensure_built(ctx: Context) -> build.BuildResult:
     device = "cuda" if ctx.gpu else "cpu"
 
     def run_child(req: dict[str, Any]) -> dict[str, Any]:
+        req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
         return run_harness(req, gate="compile", timeout_s=max(300.0, ctx.settings.gate_timeout_s), path=ctx.display,
                            workdir=ctx.work)
 
@@ -167,6 +211,9 @@ def ensure_built(ctx: Context) -> build.BuildResult:
 
 def gate_compile(ctx: Context, param: Any = None) -> Outcome:
     """Compile the kernel for the target arch (content-addressed cache)."""
+    if ctx.kind == "python":
+        _blocked_by_preflight(ctx)
+        raise NotApplicable("pure-Python candidate (no @triton.jit kernel): nothing to compile")
     res = ensure_built(ctx)
     figures = {"arch": ctx.arch, "cache_hit": res.cache_hit, "compile_s": round(res.seconds, 3), "build_key": res.key}
     where = res.artifact if not res.cubins else f"{len(res.cubins)} cubin(s) in {res.artifact}"
@@ -181,7 +228,7 @@ def _device_for(ctx: Context, gate: str) -> str:
     """``cuda`` with a GPU; ``cpu`` for Triton through its interpreter; otherwise Blocked with the reason."""
     if ctx.gpu:
         return "cuda"
-    if ctx.kind == "triton" and gate == "correctness":
+    if ctx.kind in ("triton", "python") and gate == "correctness":
         return "cpu"
     raise Blocked("hardware", f"no GPU: {ctx.env.get('gpu_error') or 'no CUDA device'}")
 
@@ -193,36 +240,81 @@ def _blocked_build(ctx: Context) -> build.BuildResult:
         raise Blocked("compile", exc.message) from None
 
 
-def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildResult) -> dict[str, Any]:
+def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildResult,
+             dims: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
     env: dict[str, str] = {}
-    if ctx.kind == "triton":
-        env["TRITON_CACHE_DIR"] = str(Path(res.artifact))
+    if ctx.kind in ("triton", "python"):
+        env["TRITON_CACHE_DIR"] = str(Path(res.artifact)) if ctx.kind == "triton" else str(ctx.cache_dir / "triton")
         if device == "cpu":
             env["TRITON_INTERPRET"] = "1"
     return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
-            "ref": str(ctx.ref), "dims": ctx.settings.dims, "seed": seed, "device": device,
-            "atol": ctx.settings.atol, "rtol": ctx.settings.rtol, "arch": ctx.arch, "env": env, "timing": TIMING}
+            "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
+            "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
+            "arch": ctx.arch, "env": env, "timing": TIMING}
 
 
-def _fingerprint(ctx: Context, res: build.BuildResult, seed: int, device: str) -> str:
+def _sha(*parts: Any) -> str:
     h = hashlib.sha256()
-    for part in (res.key, ctx.ref.read_bytes(), json.dumps(ctx.settings.dims, sort_keys=True), str(seed), device,
-                 str(ctx.settings.atol), str(ctx.settings.rtol)):
-        h.update(part if isinstance(part, bytes) else part.encode())
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
     return h.hexdigest()[:24]
 
 
-def gate_correctness(ctx: Context, seed: int) -> Outcome:
-    """One seed: fresh inputs, NaN-poisoned outputs, reference on pristine copies, element-wise
-    |out - ref| <= atol + rtol*|ref|. Writes ``correctness/seed_<S>.json``. Raises IncorrectError (exit 2)."""
+def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
+    """Run (or reuse) the reference in its own child process on the candidate's spec; returns ``{"npz",
+    "tolerances"}``. Cached under ``<cache>/refs/<key>`` where the key covers the reference file, spec, scalars,
+    plan, seeds, dims, device, tolerance overrides and any integer inputs taken from ``setup``."""
+    key = _sha(ctx.ref.read_bytes(), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
+               req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"))
+    folder = ctx.cache_dir / "refs"
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = folder / f"{key}.json"
+    with FileLock(str(folder / f"{key}.lock")):
+        if meta.is_file() and (folder / f"{key}.npz").is_file():
+            return {**json.loads(meta.read_text()), "npz": str(folder / f"{key}.npz"), "cache_hit": True}
+        rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
+                "setup_npz": cand.get("npz"), "env": {}}
+        result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=str(ctx.ref), workdir=ctx.work)
+        os.replace(result["npz"], folder / f"{key}.npz")
+        meta.write_text(json.dumps({"tolerances": result["tolerances"]}))
+        return {"tolerances": result["tolerances"], "npz": str(folder / f"{key}.npz"), "cache_hit": False}
+
+
+def _fingerprint(ctx: Context, res: build.BuildResult, case: dict[str, Any], device: str) -> str:
+    return _sha(res.key, ctx.ref.read_bytes(), ctx.settings.dims, case, device, ctx.settings.atol,
+                ctx.settings.rtol, ctx.regimes)
+
+
+def correctness_cases(ctx: Context) -> list[dict[str, Any]]:
+    """One case per validation seed (``index``, ``seed``, ``dims`` None = the session's), then one per entry of
+    the reference's ``extra_dims`` (boundary shapes) with the first seed."""
+    cases: list[dict[str, Any]] = [{"index": i, "seed": s, "dims": None} for i, s in enumerate(ctx.settings.seeds)]
+    for j, extra in enumerate(ctx.extra_dims):
+        cases.append({"index": len(cases), "seed": ctx.settings.seeds[0], "dims": {**ctx.settings.dims, **extra}})
+    return cases
+
+
+_GUARD_STATUS = {"not_a_tensor": ("NOT_A_TENSOR", "an output or input is no longer a plain torch.Tensor"),
+                 "buffer_replaced": ("OUTPUT_REPLACED", "the call replaced a buffer's storage instead of writing "
+                                                        "into it (aliasing another tensor?)"),
+                 "input_mutated": ("INPUT_MUTATED", "the call modified its inputs")}
+
+
+def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
+    """One case: harness-owned inputs drawn from the seed's plan, outputs NaN-poisoned before every call, three
+    candidate calls (twice on set A, once on set B in the same buffers), the reference in its own process, and the
+    guards of :func:`pytest_kopt.verdict.judge`. Writes ``correctness/<case>.json``. Raises IncorrectError (with
+    the guard's status), KernelRuntimeError (crash, CUDA error, TIMEOUT) or ContractError."""
     device = _device_for(ctx, "correctness")
     res = _blocked_build(ctx)
-    record_path = ctx.outdir / "correctness" / f"seed_{seed}.json"
-    record: dict[str, Any] = {"seed": seed, "device": device, "fingerprint": _fingerprint(ctx, res, seed, device),
+    record_path = ctx.outdir / "correctness" / f"{case_label(case)}.json"
+    record: dict[str, Any] = {"case": case, "device": device, "fingerprint": _fingerprint(ctx, res, case, device),
                               "passed": False}
     try:
-        outcome = _check_seed(ctx, res, seed, device, record)
+        outcome = _check_case(ctx, res, case, device, record)
         record["passed"] = True
         return outcome
     except KoptError as exc:
@@ -232,51 +324,103 @@ def gate_correctness(ctx: Context, seed: int) -> Outcome:
         _write_json(record_path, record)
 
 
-def _check_seed(ctx: Context, res: build.BuildResult, seed: int, device: str, record: dict[str, Any]) -> Outcome:
+def case_label(case: dict[str, Any]) -> str:
+    """``seed=7`` for a seed case, ``M=1,N=1,K=1`` for a boundary-shape case (its dims that differ)."""
+    if case.get("dims"):
+        return ",".join(f"{k}={v}" for k, v in case["dims"].items())
+    return f"seed={case['seed']}"
+
+
+def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], device: str,
+                record: dict[str, Any]) -> Outcome:
     import numpy as np
 
-    req = _request(ctx, "correctness", device, seed, res)
-    result = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                         workdir=ctx.work)
-    npz = result["out"] + ".npz"
-    atol, rtol = result["atol"], result["rtol"]
-    worst: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
-    failures = []
-    with np.load(npz) as data:
-        for name in result["outputs"]:
-            try:
-                cmp = compare(name, data[f"cand__{name}"], data[f"ref__{name}"], atol, rtol)
-            except ValueError as exc:
-                raise IncorrectError(str(exc), gate="correctness", path=ctx.display) from None
-            worst["max_abs_err"] = max(worst["max_abs_err"], cmp.max_abs_err)
-            worst["max_rel_err"] = max(worst["max_rel_err"], cmp.max_rel_err)
-            worst["mismatched"] += cmp.mismatched
-            if not cmp.ok:
-                failures.append(cmp.describe(atol, rtol))
-    os.unlink(npz)
-    record.update(worst, atol=atol, rtol=rtol, tol_source=result["tol_source"])
-    figures = {"seed": seed, "device": device, "atol": atol, "rtol": rtol, **worst}
-    if failures:
-        raise IncorrectError(f"seed={seed}: output differs from the reference", gate="correctness", path=ctx.display,
-                             details="\n".join(failures) + f"\n(tolerances from {result['tol_source']}; replay: "
-                             f"--kopt-seeds {seed})", fix="fix the kernel; the indices above show where it is wrong")
-    how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" else device
-    return Outcome(figures, f"seed={seed} on {how}: max abs err {worst['max_abs_err']:.3g}, "
-                            f"max rel err {worst['max_rel_err']:.3g} (atol={atol:g}, rtol={rtol:g})")
+    seed = int(case["seed"])
+    replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
+        else f"replay: --kopt-seeds {seed}"
+    req = _request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
+    cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
+                       workdir=ctx.work)
+    record["plan"] = req["plan"]
+    for key, (status, what) in _GUARD_STATUS.items():
+        if cand["guards"].get(key):
+            raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
+                                 path=ctx.display, status=status, fix="write results into the output buffers "
+                                 "in place and leave the inputs untouched", details=replay)
+    try:
+        ref = reference_outputs(ctx, req, cand)
+        tols = {n: (t["atol"], t["rtol"]) for n, t in ref["tolerances"].items()}
+        with np.load(cand["npz"]) as c, np.load(ref["npz"]) as r:
+            arrays = {**{k: c[k] for k in c.files}, **{k: r[k] for k in r.files}}
+        v = judge(cand["outputs"], arrays, tols)
+    finally:
+        if os.path.exists(cand["npz"]):
+            os.unlink(cand["npz"])
+    for w in v.warnings:
+        warnings.warn(KoptToleranceWarning(f"{ctx.display}: {w}"), stacklevel=1)
+    first = next(iter(ref["tolerances"].values()))
+    atol, rtol = first["atol"], first["rtol"]
+    record.update(v.figures, status=v.status, atol=atol, rtol=rtol, warnings=list(v.warnings),
+                  reference_cache_hit=ref["cache_hit"])
+    figures = {"seed": seed, "regime": req["plan"]["regime"], "device": device, "atol": atol, "rtol": rtol,
+               **v.figures}
+    if v.warnings:
+        figures["tolerance_warning"] = v.warnings[0]
+    if not v.ok:
+        raise IncorrectError(f"seed={seed} ({req['plan']['regime']} inputs): {v.message}", gate="correctness",
+                             path=ctx.display, status=v.status,
+                             details="\n".join(v.details) + f"\n(tolerances from {first['atol_source']}/"
+                             f"{first['rtol_source']}; {replay})",
+                             fix="fix the kernel; the indices above show where it is wrong")
+    how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" and ctx.kind == "triton" else device
+    return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
+                            f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
+                            f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")
 
 
 def _require_correct(ctx: Context, res: build.BuildResult, device: str) -> None:
-    """Blocked unless every validation seed passed correctness for this exact build (runs missing seeds now)."""
-    for seed in ctx.settings.seeds:
-        path = ctx.outdir / "correctness" / f"seed_{seed}.json"
+    """Blocked unless every correctness case passed for this exact build (runs missing cases now)."""
+    for case in correctness_cases(ctx):
+        path = ctx.outdir / "correctness" / f"{case_label(case)}.json"
         rec = json.loads(path.read_text()) if path.is_file() else None
-        if rec is None or rec.get("fingerprint") != _fingerprint(ctx, res, seed, device):
+        if rec is None or rec.get("fingerprint") != _fingerprint(ctx, res, case, device):
             try:
-                gate_correctness(ctx, seed)
+                gate_correctness(ctx, case)
             except KoptError as exc:
-                raise Blocked("correctness", f"seed={seed}: {exc.message}") from None
+                raise Blocked("correctness", f"{case_label(case)}: {exc.message}") from None
         elif not rec.get("passed"):
-            raise Blocked("correctness", f"seed={seed}: {rec.get('message', 'failed')}")
+            raise Blocked("correctness", f"{case_label(case)}: {rec.get('message', 'failed')}")
+
+
+def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
+    """One candidate call (first seed's inputs) under ``compute-sanitizer --tool <tool>``; writes
+    ``sanitizer_<tool>.json``. Any reported error fails with status SANITIZER_<TOOL> (racecheck sets SKILL.md's
+    ``race_safe``)."""
+    device = _device_for(ctx, "sanitizer")
+    sanitizer = hardware.find_tool("compute-sanitizer")
+    if not sanitizer:
+        raise Blocked("hardware", "compute-sanitizer not found (CUDA toolkit bin/)")
+    res = _blocked_build(ctx)
+    req = _request(ctx, "candidate", device, ctx.settings.seeds[0], res)
+    req["calls"] = 1
+    prefix = [sanitizer, "--tool", tool, "--print-limit", "20", "--target-processes", "all"]
+    result = run_harness(req, gate="sanitizer", timeout_s=max(600.0, ctx.settings.gate_timeout_s * 10),
+                         path=ctx.display, workdir=ctx.work, prefix=prefix)
+    if result.get("npz") and os.path.exists(result["npz"]):
+        os.unlink(result["npz"])
+    text = result.get("stdout", "")
+    counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    errors = sum(counts)
+    _write_json(ctx.outdir / f"sanitizer_{tool}.json", {"tool": tool, "errors": errors, "summaries": counts,
+                                                         "output_tail": text[-4000:]})
+    if not counts:
+        raise HardwareError(f"compute-sanitizer printed no ERROR SUMMARY for {tool}", gate="sanitizer",
+                            path=ctx.display, details=text[-2000:])
+    if errors:
+        raise KernelRuntimeError(f"compute-sanitizer {tool} found {errors} error(s)", gate="sanitizer",
+                                 path=ctx.display, status=f"SANITIZER_{tool.upper()}", details=text[-3000:],
+                                 fix="fix the reported accesses/races; the first ones are listed above")
+    return Outcome({"tool": tool, "errors": 0}, f"{tool}: 0 errors")
 
 
 def gate_timing(ctx: Context, param: Any = None) -> Outcome:
@@ -301,7 +445,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     timing_valid = k.stability != "unstable"
     bench = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
              "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
-             "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": None,
+             "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": _race_safe(ctx),
              "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
              "robust_cv": k.robust_cv, "stability": k.stability, "samples_ms": result["kernel_ms"],
              "reference": {"median_ms": r.median_ms, "robust_cv": r.robust_cv, "samples_ms": result["reference_ms"]},
@@ -317,6 +461,14 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     extra = f", {figures['gflops']:.1f} GFLOP/s" if "gflops" in figures else ""
     return Outcome(figures, f"median {k.median_ms:.4f} ms (robust CV {k.robust_cv:.3f}, {k.stability}, n={k.n}), "
                             f"reference {r.median_ms:.4f} ms, speedup {figures['speedup_vs_ref']:.2f}x{extra}", (path,))
+
+
+def _race_safe(ctx: Context) -> bool | None:
+    """SKILL.md's ``race_safe``: from this session's racecheck record, None when racecheck did not run."""
+    path = ctx.outdir / "sanitizer_racecheck.json"
+    if "racecheck" not in ctx.settings.sanitizer or not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("errors") == 0
 
 
 def gate_ncu(ctx: Context, param: Any = None) -> Outcome:
@@ -355,6 +507,8 @@ def gate_ncu(ctx: Context, param: Any = None) -> Outcome:
 
 def gate_sass(ctx: Context, param: Any = None) -> Outcome:
     """``cuobjdump --dump-sass`` of the build, one ``sass/<function>.sass`` per kernel function."""
+    if ctx.kind == "python":
+        raise NotApplicable("pure-Python candidate: no GPU code to disassemble")
     res = _blocked_build(ctx)
     artifacts = list(res.cubins) if res.cubins else [res.artifact]
     functions = sass.dump_sass(_tool(ctx, "cuobjdump"), artifacts)
@@ -386,6 +540,7 @@ GATES: tuple[Gate, ...] = (
     Gate("preflight", gate_preflight, "hardware", False),
     Gate("compile", gate_compile, "preflight", False, artifact="build cache"),
     Gate("correctness", gate_correctness, "compile", True, per_seed=True, artifact="correctness/seed_<S>.json"),
+    Gate("sanitizer", gate_sanitizer, "correctness", True, artifact="sanitizer_<tool>.json"),
     Gate("timing", gate_timing, "correctness", True, artifact="bench.json"),
     Gate("ncu", gate_ncu, "correctness", True, artifact="kernel.ncu-rep, ncu_top.json"),
     Gate("sass", gate_sass, "compile", False, artifact="sass/<function>.sass"),

@@ -48,10 +48,6 @@ def load_module(path: str, name: str) -> Any:
 # ----------------------------------------------------------------------------------------------- inputs
 
 
-def _torch_dtype(torch: Any, name: str) -> Any:
-    return getattr(torch, name)
-
-
 def _poison(torch: Any, t: Any) -> None:
     if t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
@@ -88,30 +84,124 @@ def _shape_table(ref: Any, dims: dict[str, Any], params: list[dict[str, Any]], r
     return table
 
 
-def make_cuda_buffers(torch: Any, params: list[dict[str, Any]], dims: dict[str, Any], ref: Any, ref_path: str,
-                      seed: int, device: str) -> dict[str, Any]:
-    """Fresh tensors for every pointer of ``solve``: inputs drawn from N(0, 1) (floats) or U{0..15} (integers)
-    with ``seed``; outputs NaN-poisoned (integers: a sentinel)."""
+def _contiguous_stride(shape: list[int]) -> list[int]:
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(1, n)
+    return list(reversed(stride))
+
+
+def fill_drawn(torch: Any, t: Any, plan: dict[str, Any], gen: Any) -> None:
+    """Fill ``t`` in place following the plan's regime (see :func:`pytest_kopt.inputs.draw_plan`); integer
+    tensors get U{0..15}, booleans U{0, 1}."""
+    shape, dev = tuple(t.shape), t.device
+    if t.dtype.is_floating_point:
+        r = plan["regime"]
+        if r == "uniform":
+            v = (torch.rand(shape, generator=gen, device=dev) * 2 - 1) * plan["scale"]
+        elif r == "small_int":
+            v = torch.randint(plan["int_lo"], plan["int_hi"] + 1, shape, generator=gen, device=dev).float()
+        elif r == "wide":
+            mag = (torch.rand(shape, generator=gen, device=dev) * 2 - 1) * plan["decades"]
+            v = torch.randn(shape, generator=gen, device=dev) * torch.pow(10.0, mag)
+        else:
+            v = torch.randn(shape, generator=gen, device=dev) * plan["scale"]
+        t.copy_(v)
+    elif t.dtype == torch.bool:
+        t.copy_(torch.randint(0, 2, shape, generator=gen, device=dev).bool())
+    else:
+        t.copy_(torch.randint(0, 16, shape, generator=gen, device=dev))
+
+
+class Inputs:
+    """The buffers of one problem instance, owned by the harness: every tensor is a fresh plain ``torch.Tensor``
+    allocated here (so a candidate's ``setup`` cannot hand in subclasses, proxies or aliased views).
+
+    ``spec`` lists the buffers in call order: ``{name, role (input|output), shape, stride, dtype, source}``;
+    ``source`` is ``drawn`` (filled from the plan), ``make_inputs`` (the reference's generator) or ``setup``
+    (integer/bool tensors from a Triton ``setup``, kept as given and shipped to the reference process).
+    ``scalars`` holds non-tensor arguments (dims and ``setup``'s plain values)."""
+
+    def __init__(self, torch: Any, spec: list[dict[str, Any]], scalars: dict[str, Any], device: str) -> None:
+        self.torch = torch
+        self.spec = spec
+        self.scalars = scalars
+        self.device = device
+        self.tensors: dict[str, Any] = {}
+        for s in spec:
+            self.tensors[s["name"]] = torch.empty_strided(s["shape"], s["stride"], dtype=getattr(torch, s["dtype"]),
+                                                          device=device)
+
+    @property
+    def outputs(self) -> list[str]:
+        """Names of the output buffers."""
+        return [s["name"] for s in self.spec if s["role"] == "output"]
+
+    def fill(self, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any], given: dict[str, Any]) -> None:
+        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs."""
+        torch = self.torch
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        made: dict[str, Any] = {}
+        if callable(getattr(ref, "make_inputs", None)):
+            made = dict(ref.make_inputs(seed=int(seed), **dims))
+        for s in self.spec:
+            t = self.tensors[s["name"]]
+            if s["role"] == "output":
+                _poison(torch, t)
+            elif s["name"] in made:
+                t.copy_(torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape))
+            elif s["source"] == "setup":
+                t.copy_(given[s["name"]])
+            else:
+                fill_drawn(torch, t, plan, gen)
+
+    def poison_outputs(self) -> None:
+        """NaN (or a sentinel) into every output before a call."""
+        for name in self.outputs:
+            _poison(self.torch, self.tensors[name])
+
+    def kwargs(self) -> dict[str, Any]:
+        """Arguments by name: tensors and scalars."""
+        return {**self.scalars, **self.tensors}
+
+
+def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims: dict[str, Any],
+                     made: dict[str, Any]) -> list[dict[str, Any]]:
+    """Buffer spec of a CUDA ``solve``: dtype from the signature, shape from ``make_inputs``, ``shapes()`` or the
+    flat fallback."""
     shapes = _shape_table(ref, dims, params, ref_path)
-    gen = torch.Generator(device=device).manual_seed(int(seed))
-    buffers: dict[str, Any] = {}
+    spec = []
     for p in params:
         if p["role"] == "scalar":
             continue
-        dtype = _torch_dtype(torch, p["dtype"])
-        shape = shapes[p["name"]]
-        if p["role"] == "input":
-            if dtype.is_floating_point:
-                t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-            elif dtype == torch.bool:
-                t = torch.randint(0, 2, shape, generator=gen, device=device).to(dtype)
-            else:
-                t = torch.randint(0, 16, shape, generator=gen, device=device).to(dtype)
+        shape = list(made[p["name"]].shape) if p["name"] in made else list(shapes[p["name"]])
+        spec.append({"name": p["name"], "role": p["role"], "shape": shape, "stride": _contiguous_stride(shape),
+                     "dtype": p["dtype"], "source": "make_inputs" if p["name"] in made else "drawn"})
+    return spec
+
+
+def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Spec, scalars and kept integer tensors from a Triton/Python ``setup()`` result."""
+    if not isinstance(setup_result, dict) or "inputs" not in setup_result or "outputs" not in setup_result:
+        raise HarnessError("contract", f"{path}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
+    inputs = dict(setup_result["inputs"])
+    outputs = list(setup_result["outputs"])
+    for name in outputs:
+        if not isinstance(inputs.get(name), torch.Tensor):
+            raise HarnessError("contract", f"{path}: output {name!r} is not a tensor among setup()'s inputs")
+    spec, scalars, kept = [], {}, {}
+    for name, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            role = "output" if name in outputs else "input"
+            source = "drawn" if (role == "output" or v.dtype.is_floating_point) else "setup"
+            spec.append({"name": name, "role": role, "shape": list(v.shape), "stride": list(v.stride()),
+                         "dtype": str(v.dtype).replace("torch.", ""), "source": source})
+            if source == "setup":
+                kept[name] = v.detach().cpu().contiguous()
         else:
-            t = torch.empty(shape, device=device, dtype=dtype)
-            _poison(torch, t)
-        buffers[p["name"]] = t.contiguous()
-    return buffers
+            scalars[name] = v
+    return spec, scalars, kept
 
 
 class CudaKernel:
@@ -146,11 +236,10 @@ class CudaKernel:
 # ----------------------------------------------------------------------------------------------- modes
 
 
-class Problem:
-    """One candidate + reference, ready to call: ``run()`` calls the candidate on ``buffers``, ``reference()``
-    calls ``reference(**kwargs)`` on pristine copies."""
+class Candidate:
+    """The candidate side: loads the kernel, builds the harness-owned :class:`Inputs`, calls the kernel."""
 
-    def __init__(self, req: dict[str, Any], seed: int) -> None:
+    def __init__(self, req: dict[str, Any]) -> None:
         import torch
 
         self.torch = torch
@@ -158,128 +247,187 @@ class Problem:
         self.device = req["device"]
         self.dims = req["dims"]
         self.ref = load_module(req["ref"], "kopt_reference")
-        if not callable(getattr(self.ref, "reference", None)):
-            raise HarnessError("contract", f"{req['ref']}: reference is not a function")
-        self.kernel: Any
+        self.kept: dict[str, Any] = {}
+        seed = int(req["seed"])
+        made: dict[str, Any] = {}
+        if callable(getattr(self.ref, "make_inputs", None)):
+            try:
+                made = dict(self.ref.make_inputs(seed=seed, **self.dims))
+            except Exception as exc:
+                raise HarnessError("contract", f"{req['ref']}: make_inputs() raised {type(exc).__name__}: {exc}") from exc
         if req["kind"] == "cuda":
-            self.kernel = CudaKernel(req["library"], req["params"], self.dims)
-            self.buffers = make_cuda_buffers(torch, req["params"], self.dims, self.ref, req["ref"], seed, self.device)
-            self.outputs = [p["name"] for p in req["params"] if p["role"] == "output"]
+            self.kernel: Any = CudaKernel(req["library"], req["params"], self.dims)
+            spec = spec_from_params(self.ref, req["ref"], req["params"], self.dims, made)
+            scalars: dict[str, Any] = {}
         else:
-            self.kernel = load_module(req["kernel"], "kopt_triton_kernel")
-            kwargs = dict(self.dims)
-            kwargs["seed"] = int(seed)
+            self.kernel = load_module(req["kernel"], "kopt_candidate")
             import inspect
+            kwargs = dict(self.dims)
+            kwargs["seed"] = seed
             sig = inspect.signature(self.kernel.setup)
             if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
                 kwargs["device"] = self.device
             try:
-                spec = self.kernel.setup(**kwargs)
+                result = self.kernel.setup(**kwargs)
             except Exception as exc:
                 raise HarnessError("contract", f"{req['kernel']}: setup() raised {type(exc).__name__}: {exc}") from exc
-            if not isinstance(spec, dict) or "inputs" not in spec or "outputs" not in spec:
-                raise HarnessError("contract", f"{req['kernel']}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
-            self.buffers = dict(spec["inputs"])
-            self.outputs = list(spec["outputs"])
-            for name in self.outputs:
-                if name not in self.buffers:
-                    raise HarnessError("contract", f"{req['kernel']}: output {name!r} is not among setup()'s inputs")
-            for name, t in self.buffers.items():
+            spec, scalars, self.kept = spec_from_setup(torch, result, req["kernel"])
+            for s in spec:
+                if s["name"] in made:
+                    s["source"] = "make_inputs"
+            for name, t in result["inputs"].items():
                 if isinstance(t, torch.Tensor) and t.device.type != torch.device(self.device).type:
                     raise HarnessError("contract", f"{req['kernel']}: setup() put {name!r} on {t.device}, expected "
                                        f"{self.device}; add a `device` parameter to setup() and create tensors on it")
-        for name in self.outputs:
-            _poison(torch, self.buffers[name])
-        self.pristine = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.buffers.items()}
-
-    def run(self, buffers: dict[str, Any] | None = None) -> None:
-        """Call the candidate once and wait for it; raises HarnessError('runtime') on a CUDA error."""
-        b = self.buffers if buffers is None else buffers
-        if self.req["kind"] == "cuda":
-            self.kernel(b)
-            self.kernel.check()
-        else:
-            self.kernel.run_kernel(**b)
-            if self.device == "cuda":
-                self.torch.cuda.synchronize()
+        self.inputs = Inputs(torch, spec, scalars, self.device)
+        self.inputs.fill(req["plan"], seed, self.ref, self.dims, self.kept)
 
     def launch(self) -> None:
-        """Call the candidate once without waiting (for timing)."""
+        """Call the candidate once without waiting."""
         if self.req["kind"] == "cuda":
-            self.kernel(self.buffers)
+            self.kernel(self.inputs.tensors)
         else:
-            self.kernel.run_kernel(**self.buffers)
+            self.kernel.run_kernel(**self.inputs.kwargs())
 
-    def ref_buffers(self) -> dict[str, Any]:
-        """Fresh copies of the pristine inputs, with NaN-poisoned outputs, for one reference call."""
-        b = {k: (v.clone() if isinstance(v, self.torch.Tensor) else v) for k, v in self.pristine.items()}
-        return b
-
-    def reference(self, b: dict[str, Any]) -> None:
-        """Call ``reference(**dims, **buffers)``; raises HarnessError('contract') if it raises."""
-        kwargs = {**self.dims, **b}
-        try:
-            self.ref.reference(**kwargs)
-        except Exception as exc:
-            raise HarnessError("contract", f"{self.req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
-        if self.device == "cuda":
+    def run(self) -> None:
+        """Call the candidate once and wait; raises HarnessError('runtime') on a CUDA error."""
+        self.launch()
+        if self.req["kind"] == "cuda":
+            self.kernel.check()
+        elif self.device == "cuda":
             self.torch.cuda.synchronize()
-
-    def tolerances(self) -> tuple[float, float, str]:
-        """(atol, rtol, source): the command-line override, else the reference's, else the defaults 1e-3/1e-3."""
-        atol, rtol = self.req.get("atol"), self.req.get("rtol")
-        src = []
-        if atol is None:
-            atol = getattr(self.ref, "atol", None)
-            src.append("ref.atol" if atol is not None else "default atol")
-            atol = DEFAULT_ATOL if atol is None else float(atol)
-        else:
-            src.append("--kopt-atol")
-        if rtol is None:
-            rtol = getattr(self.ref, "rtol", None)
-            src.append("ref.rtol" if rtol is not None else "default rtol")
-            rtol = DEFAULT_RTOL if rtol is None else float(rtol)
-        else:
-            src.append("--kopt-rtol")
-        return float(atol), float(rtol), ", ".join(src)
 
 
 def _to_numpy(torch: Any, t: Any) -> Any:
     t = t.detach()
-    if t.dtype in (torch.bfloat16,):
+    if t.dtype == torch.bfloat16:
         t = t.float()  # exact: every bf16 value is a float32 value
     return t.cpu().numpy()
 
 
-def mode_correctness(req: dict[str, Any]) -> dict[str, Any]:
-    """Run candidate and reference for one seed; save both outputs to ``<out>.npz`` for the parent to compare."""
+def _guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, Any]) -> dict[str, list[str]]:
+    """After a call: buffers replaced or no longer plain tensors, and inputs the call modified."""
+    found: dict[str, list[str]] = {"not_a_tensor": [], "buffer_replaced": [], "input_mutated": []}
+    for s in inp.spec:
+        t = inp.tensors[s["name"]]
+        if type(t) is not torch.Tensor:
+            found["not_a_tensor"].append(f"{s['name']} is {type(t).__module__}.{type(t).__qualname__}")
+        elif t.data_ptr() != ptrs[s["name"]] or list(t.shape) != s["shape"]:
+            found["buffer_replaced"].append(s["name"])
+        elif s["role"] == "input" and not torch.equal(t, pristine[s["name"]]):
+            n = int((t != pristine[s["name"]]).sum())
+            found["input_mutated"].append(f"{s['name']} ({n} elements changed)")
+    return found
+
+
+def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
+    """Correctness, candidate side. Inputs set A: call 1 and call 2 (fresh poisoned outputs each); set B (new values
+    written into the same input buffers, so a result cached by pointer shows): call 3. Saves ``cand1__``,
+    ``cand2__``, ``candB__`` arrays and the spec for the reference process."""
     import numpy as np
 
-    seed = int(req["seed"])
-    prob = Problem(req, seed)
-    torch = prob.torch
-    t0 = time.perf_counter()
-    prob.run()
-    cand_ms = (time.perf_counter() - t0) * 1e3
-    rb = prob.ref_buffers()
-    for name in prob.outputs:
-        _poison(torch, rb[name])
-    prob.reference(rb)
+    cand = Candidate(req)
+    torch, inp = cand.torch, cand.inputs
+    ptrs = {n: t.data_ptr() for n, t in inp.tensors.items()}
+    pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
     arrays: dict[str, Any] = {}
-    for name in prob.outputs:
-        c, r = prob.buffers[name], rb[name]
-        if not isinstance(c, torch.Tensor):
-            raise HarnessError("contract", f"output {name!r} is not a tensor")
-        if r.dtype.is_floating_point and bool(torch.isnan(r).all()) and r.numel() > 0:
-            raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (all NaN); "
-                               "write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
-        arrays[f"cand__{name}"] = _to_numpy(torch, c)
-        arrays[f"ref__{name}"] = _to_numpy(torch, r)
+    t0 = time.perf_counter()
+    cand.run()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    guards = _guards(torch, inp, ptrs, pristine)
+    if any(guards.values()):
+        return {"spec": inp.spec, "guards": guards, "outputs": inp.outputs}
+    for name in inp.outputs:
+        arrays[f"cand1__{name}"] = _to_numpy(torch, inp.tensors[name])
+    if req.get("calls", 3) >= 2:
+        inp.poison_outputs()
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"cand2__{name}"] = _to_numpy(torch, inp.tensors[name])
+        inp.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"candB__{name}"] = _to_numpy(torch, inp.tensors[name])
+    import hashlib
+    setup_sha = hashlib.sha256()
+    for name, t in sorted(cand.kept.items()):
+        arrays[f"setup__{name}"] = t.numpy()
+        setup_sha.update(name.encode() + t.numpy().tobytes())
     np.savez(req["out"] + ".npz", **arrays)
-    atol, rtol, src = prob.tolerances()
-    return {"outputs": prob.outputs, "atol": atol, "rtol": rtol, "tol_source": src, "first_call_ms": cand_ms,
-            "dtypes": {n: str(prob.buffers[n].dtype).replace("torch.", "") for n in prob.outputs},
-            "shapes": {n: list(prob.buffers[n].shape) for n in prob.outputs}}
+    return {"spec": inp.spec, "setup_sha": setup_sha.hexdigest(), "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
+            "guards": guards, "outputs": inp.outputs, "first_call_ms": first_ms, "npz": req["out"] + ".npz"}
+
+
+def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
+    """Correctness, reference side, in its own process (the candidate can neither see nor patch it): the same
+    inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A and set B, and on set A with
+    float inputs rounded to bf16 and fp16 (for the tolerance sanity check). Saves ``ref__``, ``refB__``,
+    ``low_bf16__``, ``low_fp16__`` arrays."""
+    import numpy as np
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    if not callable(getattr(ref, "reference", None)):
+        raise HarnessError("contract", f"{req['ref']}: reference is not a function")
+    device, dims = req["device"], req["dims"]
+    given = {}
+    if req.get("setup_npz"):
+        with np.load(req["setup_npz"]) as data:
+            given = {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device)
+                     for k in data.files if k.startswith("setup__")}
+    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    arrays: dict[str, Any] = {}
+
+    def call(tag: str) -> None:
+        try:
+            ref.reference(**inp.kwargs())
+        except Exception as exc:
+            raise HarnessError("contract", f"{req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for name in inp.outputs:
+            t = inp.tensors[name]
+            if t.dtype.is_floating_point and t.numel() and bool(torch.isnan(t).all()):
+                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (all NaN); "
+                                   "write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
+            arrays[f"{tag}__{name}"] = _to_numpy(torch, t)
+
+    inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    call("ref")
+    low = [s for s in inp.spec if s["role"] == "input" and s["dtype"] in ("float32", "float64")]
+    if low and req.get("low_precision", True):
+        pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in low}
+        for dtype in ("bfloat16", "float16"):
+            for s in low:
+                t = inp.tensors[s["name"]]
+                t.copy_(pristine[s["name"]].to(getattr(torch, dtype)).to(t.dtype))
+            inp.poison_outputs()
+            call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
+    inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
+    call("refB")
+    np.savez(req["out"] + ".npz", **arrays)
+    tol = {}
+    for name in inp.outputs:
+        tol[name] = tolerances(ref, name, req.get("atol"), req.get("rtol"))
+    return {"npz": req["out"] + ".npz", "tolerances": tol}
+
+
+def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
+    """(atol, rtol) of output ``name``: the command line, else the reference's (a number, or a dict keyed by output
+    name), else 1e-3 / 1e-3 (upstream's defaults); with where each came from."""
+    out: dict[str, Any] = {}
+    for key, cli, default in (("atol", atol_cli, DEFAULT_ATOL), ("rtol", rtol_cli, DEFAULT_RTOL)):
+        if cli is not None:
+            out[key], out[f"{key}_source"] = float(cli), f"--kopt-{key}"
+            continue
+        v = getattr(ref, key, None)
+        if isinstance(v, dict):
+            v = v.get(name)
+        if v is None:
+            out[key], out[f"{key}_source"] = default, "default"
+        else:
+            out[key], out[f"{key}_source"] = float(v), f"ref.{key}"
+    return out
 
 
 def _time_calls(torch: Any, fn: Any, flush: Any, warmup_ms: float, min_reps: int, max_reps: int,
@@ -309,40 +457,40 @@ def _time_calls(torch: Any, fn: Any, flush: Any, warmup_ms: float, min_reps: int
 
 def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
     """Time the candidate and the reference on the same inputs (first seed); return both sample lists in ms."""
-    prob = Problem(req, int(req["seed"]))
-    torch = prob.torch
-    if prob.device != "cuda":
+    cand = Candidate(req)
+    torch = cand.torch
+    if cand.device != "cuda":
         raise HarnessError("runtime", "timing needs a CUDA device")
-    prob.run()  # first call: module load / JIT outside the measurement; checks the launch once
+    cand.run()  # first call: module load / JIT outside the measurement; checks the launch once
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
     flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")  # FIELD.md: write >= 2x L2 to flush it
     t = req["timing"]
-    kernel_ms = _time_calls(torch, prob.launch, flush, t["warmup_ms"], t["min_reps"], t["max_reps"], t["budget_s"])
-    prob.run()  # surfaces an error raised by any timed launch
-    rb = prob.ref_buffers()
-    ref_ms = _time_calls(torch, lambda: prob.reference(rb), flush, t["warmup_ms"], t["min_reps"], t["max_reps"],
-                         t["budget_s"])
+    kernel_ms = _time_calls(torch, cand.launch, flush, t["warmup_ms"], t["min_reps"], t["max_reps"], t["budget_s"])
+    cand.run()  # surfaces an error raised by any timed launch
+    ref_kwargs = {**cand.dims, **cand.inputs.scalars, **{k: v.clone() for k, v in cand.inputs.tensors.items()}}
+    ref_ms = _time_calls(torch, lambda: cand.ref.reference(**ref_kwargs), flush, t["warmup_ms"], t["min_reps"],
+                         t["max_reps"], t["budget_s"])
     workload = None
-    if callable(getattr(prob.ref, "workload_model", None)):
+    if callable(getattr(cand.ref, "workload_model", None)):
         try:
-            workload = {k: float(v) for k, v in dict(prob.ref.workload_model(**prob.dims)).items()}
+            workload = {k: float(v) for k, v in dict(cand.ref.workload_model(**cand.dims)).items()}
         except Exception as exc:
             raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised {type(exc).__name__}: {exc}") from exc
-    return {"kernel_ms": kernel_ms, "reference_ms": ref_ms, "workload": workload, "l2_bytes": l2, "flush_bytes": 2 * l2,
-            "gpu": torch.cuda.get_device_name(0)}
+    return {"kernel_ms": kernel_ms, "reference_ms": ref_ms, "workload": workload, "l2_bytes": l2,
+            "flush_bytes": 2 * l2, "gpu": torch.cuda.get_device_name(0)}
 
 
 def mode_profile(req: dict[str, Any]) -> dict[str, Any]:
     """Under ncu: warm up, then one candidate call inside the NVTX range ``kopt_target`` (the only one profiled)."""
-    prob = Problem(req, int(req["seed"]))
-    torch = prob.torch
-    prob.run()
+    cand = Candidate(req)
+    torch = cand.torch
+    cand.run()
     torch.cuda.nvtx.range_push("kopt_target")
-    prob.launch()
+    cand.launch()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
-    prob.run()
+    cand.run()
     return {}
 
 
@@ -362,8 +510,7 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     from triton.runtime.jit import JITFunction
 
     if req["device"] == "cuda":
-        prob = Problem(req, int(req["seed"]))
-        prob.run()
+        Candidate(req).run()
         return {"mode": "jit"}
     captured: list[tuple[Any, tuple, dict]] = []
     original = JITFunction.run
@@ -373,8 +520,7 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
 
     JITFunction.run = capture  # type: ignore[method-assign]
     try:
-        prob = Problem(req, int(req["seed"]))
-        prob.kernel.run_kernel(**prob.buffers)
+        Candidate(req).launch()
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
     if not captured:
@@ -420,7 +566,7 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     return {"mode": "aot", "kernels": names}
 
 
-MODES = {"correctness": mode_correctness, "timing": mode_timing, "profile": mode_profile,
+MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mode_timing, "profile": mode_profile,
          "triton_build": mode_triton_build}
 
 

@@ -14,8 +14,9 @@ from typing import Any, Iterator
 import pytest
 
 from . import __version__, hardware
-from .errors import Blocked, ConfigError, KoptError
-from .gates import GATE_ORDER, GATES, Context, Gate
+from .errors import Blocked, ConfigError, KoptError, NotApplicable
+from .gates import GATE_ORDER, GATES, Context, Gate, case_label, correctness_cases
+from .inputs import fresh_session_seed
 from .settings import Settings, build_settings
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -28,7 +29,9 @@ OPTIONS = (
     ("baseline", "Kernel to judge: a CUDA/CUTLASS .cu with extern \"C\" solve(), or a Triton .py", "PATH"),
     ("ref", "Reference file defining reference(**kwargs), optional atol/rtol/workload_model/shapes", "PATH"),
     ("dims", "Kernel dims as M=4096,N=4096,K=4096 or a JSON object", "DIMS"),
-    ("seeds", "Correctness seeds, comma-separated (default 7,19,41,73,101)", "SEEDS"),
+    ("candidate", "Another kernel to judge in the same session (repeatable)", "PATH"),
+    ("seed", "Session seed the correctness seeds derive from: an integer, or 'last' (default: drawn now)", "N"),
+    ("seeds", "Explicit correctness seeds, comma-separated (instead of --kopt-seed)", "SEEDS"),
     ("atol", "Absolute tolerance, overriding the reference's atol", "FLOAT"),
     ("rtol", "Relative tolerance, overriding the reference's rtol", "FLOAT"),
     ("arch", "nvcc/Triton target arch such as sm_90a (default: the detected GPU's, else sm_90a)", "ARCH"),
@@ -36,7 +39,9 @@ OPTIONS = (
     ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
+    ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
 )
+SEED_CACHE_KEY = "kopt/session_seed"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,15 +49,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kopt", "GPU kernel gates (pytest-kopt)")
     for name, help_text, metavar in OPTIONS:
         dest = "kopt_" + name.replace("-", "_")
+        if name == "candidate":
+            group.addoption(f"--kopt-{name}", dest=dest, action="append", default=None, metavar=metavar,
+                            help=help_text)
+            parser.addini(dest, help=help_text, type="paths", default=[])
+            continue
         group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
         parser.addini(dest, help=help_text, default=None)
 
 
+def _session_seed(config: pytest.Config, given: Any) -> str | None:
+    """The session seed as text: xdist workers take the controller's; ``last`` reads pytest's cache; nothing
+    given draws a fresh one (unless ``--kopt-seeds`` lists the seeds). Raises UsageError for ``last`` without one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "kopt_session_seed" in workerinput:
+        return workerinput["kopt_session_seed"]
+    if given in (None, "") and (config.getoption("kopt_seeds") or config.getini("kopt_seeds")):
+        return None
+    cache = getattr(config, "cache", None)
+    if str(given).strip().lower() == "last":
+        last = cache.get(SEED_CACHE_KEY, None) if cache is not None else None
+        if last is None:
+            raise pytest.UsageError("pytest-kopt: --kopt-seed last: no earlier session seed is recorded in the "
+                                    "pytest cache\n  fix: run once without it, or pass --kopt-seed N")
+        return str(last)
+    if given in (None, ""):
+        return str(fresh_session_seed())
+    return str(given)
+
+
 def _settings(config: pytest.Config) -> Settings:
-    def get(name: str) -> Any:
+    def raw(name: str) -> Any:
         dest = "kopt_" + name
         value = config.getoption(dest)
+        if name == "candidate":
+            return value or [str(p) for p in config.getini(dest)]
         return value if value is not None else config.getini(dest)
+
+    seed = _session_seed(config, raw("seed")) if raw("baseline") not in (None, "") else raw("seed")
+
+    def get(name: str) -> Any:
+        return seed if name == "seed" else raw(name)
 
     try:
         return build_settings(get, Path(config.invocation_params.dir))
@@ -71,32 +108,52 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     assert settings.baseline is not None
     if config.args_source != pytest.Config.ArgsSource.ARGS:
-        config.args = [str(settings.baseline)]
-    elif not any(Path(a.split("::")[0]).resolve() == settings.baseline for a in config.args):
-        config.args.append(str(settings.baseline))
+        config.args = [str(k) for k in settings.kernels]
+    else:
+        for kernel in settings.kernels:
+            if not any(Path(a.split("::")[0]).resolve() == kernel for a in config.args):
+                config.args.append(str(kernel))
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "kopt_env" in workerinput:
         config.stash[ENV_KEY] = workerinput["kopt_env"]
         return
     config.stash[ENV_KEY] = hardware.detect()
+    cache = getattr(config, "cache", None)
+    if settings.session_seed is not None and cache is not None:
+        cache.set(SEED_CACHE_KEY, settings.session_seed)
     if config.getoption("dist", "no") == "load":
         config.option.dist = "loadgroup"  # GPU gates share one xdist group, so they run one at a time
     config.pluginmanager.register(KoptController(config), "kopt-controller")
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """The detected GPU and tools, one line."""
-    if ENV_KEY in config.stash:
-        return hardware.header_line(config.stash[ENV_KEY])
-    return None
+    if ENV_KEY not in config.stash:
+        return None
+    settings = config.stash[SETTINGS_KEY]
+    if settings.session_seed is not None:
+        seeds = f"kopt seed: {settings.session_seed} (replay: --kopt-seed {settings.session_seed})"
+    else:
+        seeds = f"kopt seeds: {','.join(map(str, settings.seeds))}"
+    return [hardware.header_line(config.stash[ENV_KEY]), seeds]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect the ``--kopt-baseline`` file as a :class:`KoptFile`."""
     settings = parent.config.stash.get(SETTINGS_KEY, None)
-    if settings is not None and settings.active and file_path.resolve() == settings.baseline:
+    if settings is not None and settings.active and file_path.resolve() in settings.kernels:
         return KoptFile.from_parent(parent, path=file_path)
     return None
+
+
+def context(config: pytest.Config, kernel: Path, nodeid: str) -> Context:
+    """The gate context of one kernel file, from the session's settings and environment."""
+    settings = config.stash[SETTINGS_KEY]
+    assert settings.ref is not None
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
+    return Context(settings=settings, env=config.stash[ENV_KEY], kernel=Path(kernel).resolve(), ref=settings.ref,
+                   display=nodeid.split("::")[0], cache_dir=Path(cache_dir))
 
 
 class KoptFile(pytest.File):
@@ -105,15 +162,21 @@ class KoptFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         """Items in gate order; ``correctness`` once per seed (``correctness[seed=7]``)."""
         settings = self.config.stash[SETTINGS_KEY]
+        ctx = context(self.config, self.path, self.nodeid)
         for gate in GATES:
-            params = settings.seeds if gate.per_seed else (None,)
-            for param in params:
-                name = gate.name if param is None else f"{gate.name}[seed={param}]"
-                item = KoptItem.from_parent(self, name=name, gate=gate, param=param)
+            if gate.name == "correctness":
+                params: list[Any] = [(c, f"[{case_label(c)}]") for c in correctness_cases(ctx)]
+            elif gate.name == "sanitizer":
+                params = [(t, f"[{t}]") for t in settings.sanitizer]
+            else:
+                params = [(None, "")]
+            for param, suffix in params:
+                item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, param=param)
                 item.add_marker(pytest.mark.kopt(gate.name))
                 if gate.serial:
-                    item.add_marker(pytest.mark.gpu)
                     item.add_marker(pytest.mark.xdist_group(GPU_GROUP))
+                    if gate.name != "correctness" or ctx.kind == "cuda":
+                        item.add_marker(pytest.mark.gpu)
                 yield item
 
 
@@ -125,19 +188,14 @@ class KoptItem(pytest.Item):
         self.gate = gate
         self.param = param
 
-    def _context(self) -> Context:
-        settings = self.config.stash[SETTINGS_KEY]
-        assert settings.baseline is not None and settings.ref is not None
-        cache = getattr(self.config, "cache", None)  # absent under -p no:cacheprovider
-        cache_dir = cache.mkdir("kopt") if cache is not None else self.config.rootpath / ".pytest_cache" / "d" / "kopt"
-        return Context(settings=settings, env=self.config.stash[ENV_KEY], kernel=settings.baseline,
-                       ref=settings.ref, display=self.nodeid.split("::")[0], cache_dir=Path(cache_dir))
-
     def runtest(self) -> None:
         """Run the gate; a Blocked prerequisite becomes a skip naming the gate that blocked it."""
         self.user_properties.append(("kopt_gate", self.gate.name))
         try:
-            outcome = self.gate.fn(self._context(), self.param)
+            outcome = self.gate.fn(context(self.config, self.path, self.nodeid), self.param)
+        except NotApplicable as exc:
+            self.user_properties.append(("kopt_status", "NOT_APPLICABLE"))
+            pytest.skip(f"not applicable: {exc}")
         except Blocked as exc:
             self.user_properties.append(("kopt_status", "SKIPPED"))
             pytest.skip(str(exc))
@@ -158,9 +216,9 @@ class KoptItem(pytest.Item):
             return excinfo.value.render()
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
+    def reportinfo(self) -> tuple[Path, int, str]:
         """Location shown by pytest: the kernel file and the gate name."""
-        return self.path, None, f"kopt {self.name}"
+        return self.path, 0, f"kopt {self.name}"
 
 
 class KoptController:
@@ -174,14 +232,21 @@ class KoptController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: give each worker the detected environment (builtins only) so it never probes CUDA itself."""
+        """xdist: give each worker the detected environment and the session seed (builtins only), so workers never
+        probe CUDA themselves and collect the same items."""
         node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+        seed = self.config.stash[SETTINGS_KEY].session_seed
+        if seed is not None:
+            node.workerinput["kopt_session_seed"] = str(seed)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep one record per kopt item: the call report, or the setup report when it skipped or failed there."""
         props = dict(report.user_properties)
-        if report.when != "call" or "kopt_gate" not in props:
+        if "kopt" not in report.keywords:
             return
+        if report.when != "call" and not (report.when == "setup" and not report.passed):
+            return
+        props.setdefault("kopt_gate", report.nodeid.split("::")[-1].split("[")[0])
         message = None
         if report.skipped and isinstance(report.longrepr, tuple):
             message = report.longrepr[2]

@@ -43,7 +43,7 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
                               start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         tail = _tail((exc.stdout or b"") if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace"))
-        raise KernelRuntimeError(f"timed out after {timeout_s:.0f} s", gate=gate, path=path, details=tail,
+        raise KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, details=tail, status="TIMEOUT",
                                  fix="look for an infinite loop or a deadlock; raise --kopt-timeout if the kernel "
                                      "is simply slow") from None
     result_file = Path(out + ".json")

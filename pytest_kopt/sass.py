@@ -61,6 +61,9 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
             proc = subprocess.run([cuobjdump, "--dump-sass", art], capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise HardwareError(f"cuobjdump ran past {timeout_s:.0f} s on {art}", gate="sass") from None
+        except OSError as exc:
+            raise HardwareError(f"cuobjdump could not run: {exc}", gate="sass",
+                                fix="install the CUDA toolkit or pip install triton") from None
         if proc.returncode != 0:
             raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
                                 details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")

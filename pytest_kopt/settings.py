@@ -20,6 +20,9 @@ DEFAULT_SEEDS = (7, 19, 41, 73, 101)
 DEFAULT_ARCH = "sm_90a"
 DEFAULT_GATE_TIMEOUT_S = 60.0
 DEFAULT_NCU_TIMEOUT_S = 300.0
+#: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
+SEED_COUNT = 5
+SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 _ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -30,7 +33,8 @@ class Settings:
     """Validated settings of one session.
 
     ``dims`` maps each kernel scalar (``M``, ``N``, ``eps``...) to an int or float; ``seeds`` are the correctness
-    seeds; ``atol``/``rtol`` override the reference's values when not None; ``arch`` is an nvcc arch like
+    seeds, derived from ``session_seed`` unless ``--kopt-seeds`` listed them (then ``session_seed`` is None);
+    ``candidates`` are further kernels judged in the same session; ``sanitizer`` lists compute-sanitizer tools; ``atol``/``rtol`` override the reference's values when not None; ``arch`` is an nvcc arch like
     ``sm_90a`` or None (take the detected GPU's); timeouts are in seconds.
     """
 
@@ -45,6 +49,23 @@ class Settings:
     outdir: Path = Path(".kopt")
     gate_timeout_s: float = DEFAULT_GATE_TIMEOUT_S
     ncu_timeout_s: float = DEFAULT_NCU_TIMEOUT_S
+    candidates: tuple[Path, ...] = ()
+    session_seed: int | None = None
+    sanitizer: tuple[str, ...] = ()
+
+    @property
+    def kernels(self) -> tuple[Path, ...]:
+        """The baseline, then every ``--kopt-candidate``, without repeats."""
+        out: list[Path] = []
+        for k in ((self.baseline,) if self.baseline else ()) + self.candidates:
+            if k not in out:
+                out.append(k)
+        return tuple(out)
+
+    def label(self, kernel: Path) -> str:
+        """Folder name of a kernel's artifacts: its stem, or ``<parent>_<stem>`` when two kernels share a stem."""
+        same = [k for k in self.kernels if k.stem == kernel.stem]
+        return kernel.stem if len(same) < 2 else f"{kernel.parent.name}_{kernel.stem}"
 
     @property
     def active(self) -> bool:
@@ -189,7 +210,30 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
         raise ConfigError("--kopt-ref is missing", fix="add --kopt-ref path/to/ref.py (it defines reference(**kwargs))")
     ref_path = _path(str(ref), "--kopt-ref", base, (".py",))
     dims = parse_dims(str(opt("dims") or ""))
-    seeds = parse_seeds(str(opt("seeds"))) if opt("seeds") is not None else DEFAULT_SEEDS
+    session_seed: int | None = None
+    seed_text = str(opt("seed")) if opt("seed") is not None else None
+    if opt("seeds") is not None:
+        seeds = parse_seeds(str(opt("seeds")))
+    elif seed_text is None:
+        seeds = DEFAULT_SEEDS  # the plugin passes a drawn session seed; plain callers get SKILL.md's fixed list
+    else:
+        try:
+            session_seed = int(seed_text)
+        except ValueError:
+            raise ConfigError(f"--kopt-seed: {seed_text!r} is not an integer",
+                              fix="e.g. --kopt-seed 12345, or --kopt-seed last") from None
+        if not 0 <= session_seed < 2**63:
+            raise ConfigError(f"--kopt-seed: {session_seed} is out of range", fix="use a seed in [0, 2**63)")
+        from .inputs import derive_seeds
+        seeds = derive_seeds(session_seed, SEED_COUNT)
+    candidates = tuple(_path(str(c), "--kopt-candidate", base, (".cu", ".py")) for c in (get("candidate") or ()))
+    sanitizer: tuple[str, ...] = ()
+    if opt("sanitizer") is not None:
+        sanitizer = tuple(t.strip() for t in str(opt("sanitizer")).split(",") if t.strip())
+        for t in sanitizer:
+            if t not in SANITIZER_TOOLS:
+                raise ConfigError(f"--kopt-sanitizer: unknown tool {t!r}",
+                                  fix=f"choose from {','.join(SANITIZER_TOOLS)}")
     atol = _float(str(opt("atol")), "--kopt-atol") if opt("atol") is not None else None
     rtol = _float(str(opt("rtol")), "--kopt-rtol") if opt("rtol") is not None else None
     arch = parse_arch(str(opt("arch"))) if opt("arch") is not None else None
@@ -203,4 +247,5 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     if json_path is not None and json_path != "-":
         json_path = os.fspath(Path(base, json_path)) if not os.path.isabs(json_path) else json_path
     return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
-                    json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout)
+                    json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
+                    candidates=candidates, session_seed=session_seed, sanitizer=sanitizer)

@@ -23,7 +23,7 @@ def gpu_missing_reason() -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``gpu``-marked tests (with the probe's reason) on machines without a GPU."""
-    gpu_items = [i for i in items if i.get_closest_marker("gpu")]
+    gpu_items = [i for i in items if isinstance(i, pytest.Function) and i.get_closest_marker("gpu")]
     if not gpu_items:
         return
     reason = gpu_missing_reason()

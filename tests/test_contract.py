@@ -377,7 +377,7 @@ def test_triton_missing_function(tmp_path, old, new, missing):
 
 
 def test_triton_missing_jit(tmp_path):
-    k = _write(tmp_path, "k.py", TRITON.replace("@triton.jit\n", ""))
+    k = _write(tmp_path, "k.py", TRITON.replace("    @triton.jit\n", ""))
     err = _contract_error(check_triton, k, {"N": 1}, path=str(k), line=None)
     assert err.message == "no @triton.jit kernel found"
 

@@ -1,0 +1,119 @@
+"""The correctness verdict: from the candidate's and the reference's arrays to one status (FIELD.md §2 guards).
+
+Plain numpy, in the pytest process: the candidate's process produces arrays, never the verdict. Arrays are keyed
+``<tag>__<output>`` with tags ``cand1`` (first call), ``cand2`` (second call, same inputs), ``candB`` (new values
+in the same input buffers), ``ref``/``refB`` (reference on those inputs) and ``low_bf16``/``low_fp16`` (reference
+on inputs rounded to that precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from .compare import Comparison, compare
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``status`` is PASSED or the first guard that failed; ``details`` one line per finding; ``figures`` the
+    worst errors of the first call over all outputs; ``warnings`` tolerance-sanity notes (never a failure)."""
+
+    status: str
+    message: str = ""
+    details: tuple[str, ...] = ()
+    figures: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when every guard passed."""
+        return self.status == "PASSED"
+
+
+def _constant(a: np.ndarray) -> bool:
+    if a.size < 2:
+        return False
+    flat = a.reshape(-1)
+    return bool(np.all(flat == flat[0]))
+
+
+def tolerance_scale(low: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
+    """The largest error of ``low`` against ``ref`` as a multiple of the tolerance: max |low - ref| / (atol +
+    rtol*|ref|). Tolerances scaled by less than this reject ``low``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = ref.astype(np.float64)
+        ratio = np.abs(low.astype(np.float64) - r) / (atol + rtol * np.abs(r))
+    finite = ratio[np.isfinite(ratio)]
+    return float(finite.max()) if finite.size else float("inf")
+
+
+def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[str, tuple[float, float]]) -> Verdict:
+    """Apply the guards in order and return the first failure, else PASSED.
+
+    Order, per output: INCORRECT_SHAPE; CONSTANT_OUTPUT (all elements equal while the reference's are not: catches
+    all-zero output that a loose atol would pass); INCORRECT_NUMERICAL (|out - ref| <= atol + rtol*|ref|, NaN/Inf
+    fails); NONDETERMINISTIC (the second call on the same inputs fails: uninitialised reads, races);
+    INPUT_INDEPENDENT (new input values, bit-identical output, while the reference's output changed); STALE_OUTPUT
+    (new values in the same buffers give a wrong result: a result cached by pointer). Tolerance warnings: the
+    reference itself on inputs rounded to bf16/fp16 passes the tolerance, so a lower-precision kernel would too.
+    """
+    details: list[str] = []
+    warnings: list[str] = []
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+    status = "PASSED"
+    message = ""
+
+    def fail(st: str, msg: str) -> None:
+        nonlocal status, message
+        if status == "PASSED":
+            status, message = st, msg
+
+    for name in outputs:
+        atol, rtol = tols[name]
+        c1, r = arrays[f"cand1__{name}"], arrays[f"ref__{name}"]
+        if c1.shape != r.shape:
+            fail("INCORRECT_SHAPE", f"output {name} has shape {list(c1.shape)}, the reference {list(r.shape)}")
+            continue
+        first: Comparison = compare(name, c1, r, atol, rtol)
+        worst["max_abs_err"] = max(worst["max_abs_err"], first.max_abs_err)
+        worst["max_rel_err"] = max(worst["max_rel_err"], first.max_rel_err)
+        worst["mismatched"] += first.mismatched
+        if _constant(c1) and not _constant(r):
+            fail("CONSTANT_OUTPUT", f"output {name}: every element is {c1.reshape(-1)[0]!r} but the reference's vary")
+            details.append(f"output {name}: constant {c1.reshape(-1)[0]!r} ({first.describe(atol, rtol)})")
+            continue
+        if not first.ok:
+            fail("INCORRECT_NUMERICAL", "output differs from the reference")
+            details.append(first.describe(atol, rtol))
+            continue
+        if f"cand2__{name}" in arrays:
+            second = compare(name, arrays[f"cand2__{name}"], r, atol, rtol)
+            if not second.ok:
+                fail("NONDETERMINISTIC", f"output {name}: a second call on the same inputs is wrong "
+                     "(reads of uninitialised memory or a race?)")
+                details.append("second call: " + second.describe(atol, rtol))
+                continue
+        if f"candB__{name}" in arrays and f"refB__{name}" in arrays:
+            cb, rb = arrays[f"candB__{name}"], arrays[f"refB__{name}"]
+            if np.array_equal(cb, c1, equal_nan=True) and not np.array_equal(rb, r, equal_nan=True):
+                fail("INPUT_INDEPENDENT", f"output {name}: new input values give the identical output "
+                     "(the result does not depend on the inputs, or was cached)")
+                details.append(f"output {name}: unchanged after new input values were written")
+                continue
+            third = compare(name, cb, rb, atol, rtol)
+            if not third.ok:
+                fail("STALE_OUTPUT", f"output {name}: wrong after new values were written into the same input "
+                     "buffers (a result cached by pointer?)")
+                details.append("new values, same buffers: " + third.describe(atol, rtol))
+                continue
+        for tag, label in (("low_bf16", "bf16"), ("low_fp16", "fp16")):
+            low = arrays.get(f"{tag}__{name}")
+            if low is not None and compare(name, low, r, atol, rtol).ok:
+                s = tolerance_scale(low, r, atol, rtol)
+                warnings.append(f"output {name}: the reference on inputs rounded to {label} passes atol={atol:g}, "
+                                f"rtol={rtol:g}, so a {label} kernel could pass; tolerances below "
+                                f"atol={atol * s:.3g}, rtol={rtol * s:.3g} would reject it")
+    return Verdict(status=status, message=message, details=tuple(details), figures=worst, warnings=tuple(warnings))

@@ -1,0 +1,245 @@
+"""Tests for pytest_kopt.build: nvcc builds into the content-addressed cache, compile errors, header tracking.
+
+The nvcc tests compile for sm_90a (no GPU is needed to build); the module is skipped when nvcc is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt.build import (
+    BuildResult,
+    build_cuda,
+    format_nvcc_errors,
+    local_headers,
+    nvcc_command,
+)
+from pytest_kopt.errors import CompileError, HardwareError
+from pytest_kopt.hardware import find_tool, tool_version
+
+NVCC = find_tool("nvcc")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin)"),
+]
+ARCH = "sm_90a"
+
+KERNEL = """\
+#include "h.cuh"
+
+__global__ void scale_k(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = SCALE * x[i];
+}
+
+extern "C" void solve(const float* x, float* y, int n) {
+    scale_k<<<(n + 255) / 256, 256>>>(x, y, n);
+}
+"""
+
+
+def _build(source: Path, cache: Path, **kw) -> BuildResult:
+    return build_cuda(source, ARCH, cache, NVCC, tool_version(NVCC) if NVCC else None, False, **kw)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One real build (h.cuh with SCALE 2.0f), then a second call on the same source, then a header edit."""
+    src_dir = tmp_path_factory.mktemp("src")
+    cache = tmp_path_factory.mktemp("cache")
+    source = src_dir / "scale.cu"
+    source.write_text(KERNEL)
+    header = src_dir / "h.cuh"
+    header.write_text("#pragma once\n#define SCALE 2.0f\n")
+    first = _build(source, cache)
+    second = _build(source, cache)
+    header.write_text("#pragma once\n#define SCALE 3.0f\n")
+    edited = _build(source, cache)
+    return {"source": source, "header": header, "cache": cache, "first": first, "second": second, "edited": edited}
+
+
+def test_first_build_writes_library_and_manifest(built):
+    r, cache = built["first"], built["cache"]
+    assert r.cache_hit is False
+    assert re.fullmatch(r"[0-9a-f]{24}", r.key)
+    assert r.artifact == str(cache / r.key / "kernel.so")
+    assert Path(r.artifact).is_file()
+    assert Path(r.artifact).read_bytes()[:4] == b"\x7fELF"
+    assert not (cache / r.key / "kernel.so.tmp").exists()
+    assert r.seconds > 0.0
+    assert r.command[0] == NVCC
+    assert "-gencode=arch=compute_90a,code=sm_90a" in r.command
+    assert str(built["source"]) in r.command
+    assert str(cache / r.key / "kopt_shim.cu") in r.command
+    manifest = json.loads((cache / r.key / "manifest.json").read_text())
+    assert manifest["command"] == r.command
+    assert manifest["headers"] == [str(built["header"].resolve())]
+    assert manifest["parts"]["arch"] == ARCH
+
+
+def test_library_sass_follows_the_header(built):
+    cuobjdump = find_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found (no CUDA toolkit bin/ and no triton wheel)")
+    from pytest_kopt.sass import dump_sass
+    (first,) = dump_sass(cuobjdump, [built["first"].artifact])
+    (edited,) = dump_sass(cuobjdump, [built["edited"].artifact])
+    assert first.name == edited.name == "_Z7scale_kPKfPfi"
+    assert first.arch == edited.arch == "sm_90a"
+    # SCALE 2.0f * x compiles to x + x; after the header edit, 3.0f * x is a multiply
+    assert (first.opcodes.get("FADD"), first.opcodes.get("FMUL")) == (1, None)
+    assert (edited.opcodes.get("FADD"), edited.opcodes.get("FMUL")) == (None, 1)
+    assert first.opcodes["LDG.E"] == first.opcodes["STG.E"] == 1
+
+
+def test_second_call_is_a_cache_hit(built):
+    first, second = built["first"], built["second"]
+    assert second.cache_hit is True
+    assert second.key == first.key
+    assert second.artifact == first.artifact
+    assert second.seconds == 0.0
+    assert second.command == first.command
+
+
+def test_header_edit_changes_key_and_rebuilds(built):
+    first, edited = built["first"], built["edited"]
+    assert edited.key != first.key
+    assert edited.cache_hit is False
+    assert Path(edited.artifact).is_file()
+    assert Path(first.artifact).is_file()  # the old build stays in the cache
+    assert sorted(p.name for p in built["cache"].iterdir()) == sorted([first.key, edited.key])
+
+
+BAD = """\
+extern "C" void solve(const float* x, float* y, int n) {
+    int a = 0;
+    int b = a +;
+    y[0] = x[0] + b;
+}
+"""
+
+
+def test_syntax_error_raises_compile_error_with_line(tmp_path):
+    source = tmp_path / "bad.cu"
+    source.write_text(BAD)
+    with pytest.raises(CompileError) as info:
+        _build(source, tmp_path / "cache", display="kernels/bad.cu")
+    err = info.value
+    assert err.gate == "compile"
+    assert err.path == "kernels/bad.cu"
+    assert err.line == 3
+    assert "kernels/bad.cu:3: error: expected an expression" in err.details
+    assert f"{source}(3)" not in err.details
+    assert err.message.startswith("nvcc failed (exit ")
+    assert err.fix == "fix the compiler errors above"
+    assert err.render().startswith("[compile] COMPILE_ERROR: kernels/bad.cu:3: nvcc failed")
+    assert list((tmp_path / "cache").glob("*/kernel.so")) == []
+
+
+def test_error_in_a_header_is_not_put_on_the_source_line(tmp_path):
+    (tmp_path / "h.cuh").write_text("#pragma once\n\nint broken = ;\n")
+    source = tmp_path / "k.cu"
+    source.write_text('#include "h.cuh"\nextern "C" void solve(float* y, int n) { y[0] = n; }\n')
+    with pytest.raises(CompileError) as info:
+        _build(source, tmp_path / "cache", display="k.cu")
+    err = info.value
+    assert f"{tmp_path / 'h.cuh'}:3: error: expected an expression" in err.details
+    assert err.path == "k.cu"
+    assert err.line is None
+
+
+def test_timeout_raises_compile_error(tmp_path):
+    source = tmp_path / "k.cu"
+    source.write_text('extern "C" void solve(float* y, int n) { y[0] = n; }\n')
+    with pytest.raises(CompileError, match=r"nvcc ran past 0 s") as info:
+        _build(source, tmp_path / "cache", timeout_s=0.01, display="k.cu")
+    assert info.value.path == "k.cu"
+    assert "--kopt-timeout" in info.value.fix
+
+
+def test_missing_nvcc_raises_hardware_error(tmp_path):
+    source = tmp_path / "k.cu"
+    source.write_text(KERNEL)
+    with pytest.raises(HardwareError) as info:
+        build_cuda(source, ARCH, tmp_path / "cache", None, None, False)
+    assert info.value.gate == "compile"
+    assert "nvcc not found" in info.value.message
+    assert info.value.fix
+    assert not (tmp_path / "cache").exists()
+
+
+def test_nvcc_that_cannot_run_raises_hardware_error(tmp_path):
+    fake = tmp_path / "nvcc"
+    fake.write_text("not executable")
+    source = tmp_path / "k.cu"
+    source.write_text('extern "C" void solve(float* y, int n) { y[0] = n; }\n')
+    with pytest.raises(HardwareError) as info:
+        build_cuda(source, ARCH, tmp_path / "cache", str(fake), None, False)
+    assert info.value.gate == "compile"
+    assert "nvcc could not run" in info.value.message
+    assert info.value.fix
+
+
+# ---- pure helpers (no nvcc run) ----
+
+def test_format_nvcc_errors_rewrites_the_source_only():
+    source = Path("/work/run/kernel.cu")
+    log = ("/work/run/kernel.cu(12): error: identifier \"foo\" is undefined\n"
+           "      foo(1);\n"
+           "      ^\n"
+           "\n"
+           "/work/run/kernel.cu(30): warning #177-D: variable \"t\" was declared but never referenced\n"
+           "/usr/include/h.cuh(4): error: expected a \";\"\n"
+           "kernel.cu(7): error: relative path form\n"
+           "2 errors detected in the compilation of \"/work/run/kernel.cu\".\n")
+    assert format_nvcc_errors(log, source, "kernels/kernel.cu") == (
+        "kernels/kernel.cu:12: error: identifier \"foo\" is undefined\n"
+        "      foo(1);\n"
+        "      ^\n"
+        "\n"
+        "kernels/kernel.cu:30: warning #177-D: variable \"t\" was declared but never referenced\n"
+        "/usr/include/h.cuh:4: error: expected a \";\"\n"
+        "kernels/kernel.cu:7: error: relative path form\n"
+        "2 errors detected in the compilation of \"/work/run/kernel.cu\".\n")
+
+
+def test_format_nvcc_errors_leaves_other_text_alone():
+    log = "ptxas info    : Used 10 registers\nnvcc fatal   : Unsupported gpu architecture 'compute_99'\n"
+    assert format_nvcc_errors(log, Path("k.cu"), "k.cu") == log
+
+
+def test_local_headers_recursion(tmp_path):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include <cuda_runtime.h>\n  #  include "inc/b.cuh"\n'
+                                   '// not followed: #include "missing.cuh"\n')
+    (tmp_path / "a.cuh").write_text('#pragma once\n#include "inc/b.cuh"\n')
+    # b.cuh includes c.cuh relative to its own folder, and a.cuh back again (a cycle)
+    (tmp_path / "inc" / "b.cuh").write_text('#include "c.cuh"\n#include "../a.cuh"\n#include "e.cuh"\n')
+    (tmp_path / "inc" / "c.cuh").write_text("#define C 1\n")
+    (tmp_path / "extra" / "e.cuh").write_text('#include "f.cuh"\n')
+    (tmp_path / "extra" / "f.cuh").write_text("\n")
+    assert local_headers(tmp_path / "k.cu") == sorted([
+        (tmp_path / "a.cuh").resolve(), (tmp_path / "inc" / "b.cuh").resolve(), (tmp_path / "inc" / "c.cuh").resolve()])
+    assert local_headers(tmp_path / "k.cu", include_dirs=(tmp_path / "extra",)) == sorted([
+        (tmp_path / "a.cuh").resolve(), (tmp_path / "inc" / "b.cuh").resolve(), (tmp_path / "inc" / "c.cuh").resolve(),
+        (tmp_path / "extra" / "e.cuh").resolve(), (tmp_path / "extra" / "f.cuh").resolve()])
+
+
+def test_local_headers_none_and_missing_source(tmp_path):
+    (tmp_path / "k.cu").write_text("#include <cstdio>\nint main() {}\n")
+    assert local_headers(tmp_path / "k.cu") == []
+    assert local_headers(tmp_path / "nope.cu") == []
+
+
+def test_nvcc_command_flags():
+    cmd = nvcc_command("nvcc", Path("/s/k.cu"), Path("/c/shim.cu"), Path("/c/o.so"), "sm_90a", (Path("/inc"),), False)
+    assert cmd == ["nvcc", "-O3", "-lineinfo", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+                   "-gencode=arch=compute_90a,code=sm_90a", "-o", "/c/o.so", "/s/k.cu", "/c/shim.cu", "-I", "/inc"]
+    cut = nvcc_command("nvcc", Path("k.cu"), Path("shim.cu"), Path("o.so"), "sm_80", (), True)
+    assert cut[:3] == ["nvcc", "--expt-relaxed-constexpr", "--expt-extended-lambda"]
+    assert "-gencode=arch=compute_80,code=sm_80" in cut
