@@ -302,7 +302,7 @@ def _to_numpy(torch: Any, t: Any) -> Any:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()  # exact: every bf16 value is a float32 value
-    return t.cpu().numpy()
+    return t.cpu().numpy().copy()  # on the CPU .numpy() shares memory with the (reused) buffer
 
 
 def _guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, Any]) -> dict[str, list[str]]:
@@ -322,8 +322,9 @@ def _guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, A
 
 def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     """Correctness, candidate side. Inputs set A: call 1 and call 2 (fresh poisoned outputs each); set B (new values
-    written into the same input buffers, so a result cached by pointer shows): call 3. Saves ``cand1__``,
-    ``cand2__``, ``candB__`` arrays and the spec for the reference process."""
+    written into the same input buffers, so a result cached by pointer shows): call 3; set B again in new buffers:
+    call 4. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and the spec for the reference
+    process."""
     import numpy as np
 
     cand = Candidate(req)
@@ -348,6 +349,13 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
         cand.run()
         for name in inp.outputs:
             arrays[f"candB__{name}"] = _to_numpy(torch, inp.tensors[name])
+        # set B's values again, in freshly allocated buffers: tells "cached by address" from "ignores its inputs"
+        cand.inputs = Inputs(torch, inp.spec, inp.scalars, cand.device)
+        cand.inputs.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"candC__{name}"] = _to_numpy(torch, cand.inputs.tensors[name])
+        cand.inputs = inp
     import hashlib
     setup_sha = hashlib.sha256()
     for name, t in sorted(cand.kept.items()):
@@ -398,9 +406,13 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     if low and req.get("low_precision", True):
         pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in low}
         for dtype in ("bfloat16", "float16"):
+            changed = False
             for s in low:
                 t = inp.tensors[s["name"]]
                 t.copy_(pristine[s["name"]].to(getattr(torch, dtype)).to(t.dtype))
+                changed = changed or not torch.equal(t, pristine[s["name"]])
+            if not changed:
+                continue  # e.g. small integers: exact in this precision, so the check says nothing
             inp.poison_outputs()
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)

@@ -173,10 +173,10 @@ class KoptFile(pytest.File):
             for param, suffix in params:
                 item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, param=param)
                 item.add_marker(pytest.mark.kopt(gate.name))
-                if gate.serial:
-                    item.add_marker(pytest.mark.xdist_group(GPU_GROUP))
-                    if gate.name != "correctness" or ctx.kind == "cuda":
-                        item.add_marker(pytest.mark.gpu)
+                if gate.serial and (ctx.gpu or gate.name != "correctness"):
+                    item.add_marker(pytest.mark.xdist_group(GPU_GROUP))  # one GPU item at a time
+                if gate.serial and (gate.name != "correctness" or ctx.kind == "cuda"):
+                    item.add_marker(pytest.mark.gpu)
                 yield item
 
 
@@ -294,10 +294,14 @@ class KoptController:
         tr = terminalreporter
         tr.section("kopt gates")
         order = {r["nodeid"]: i for i, r in enumerate(self.records)}
-        for r in sorted(self.records, key=lambda r: (GATE_ORDER.get(r["gate"] or "", 99), order[r["nodeid"]])):
-            name = r["nodeid"].split("::", 1)[-1]
+        rows = sorted(self.records, key=lambda r: (r["nodeid"].split("::")[0], GATE_ORDER.get(r["gate"] or "", 99),
+                                                   order[r["nodeid"]]))
+        kernels = {r["nodeid"].split("::")[0] for r in rows}
+        width = max(len(r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]) for r in rows)
+        for r in rows:
+            name = r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]
             text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")
-            tr.write_line(f"{name:<24} {r['status']:<20} {text}"[:400])
+            tr.write_line(f"{name:<{width}} {r['status']:<20} {text}"[:400])
         code = self.exit_code()
         if code is not None:
             tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "

@@ -2,7 +2,7 @@
 
 Plain numpy, in the pytest process: the candidate's process produces arrays, never the verdict. Arrays are keyed
 ``<tag>__<output>`` with tags ``cand1`` (first call), ``cand2`` (second call, same inputs), ``candB`` (new values
-in the same input buffers), ``ref``/``refB`` (reference on those inputs) and ``low_bf16``/``low_fp16`` (reference
+in the same input buffers), ``candC`` (set B's values in new buffers), ``ref``/``refB`` (reference on those inputs) and ``low_bf16``/``low_fp16`` (reference
 on inputs rounded to that precision).
 """
 
@@ -55,9 +55,10 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
 
     Order, per output: INCORRECT_SHAPE; CONSTANT_OUTPUT (all elements equal while the reference's are not: catches
     all-zero output that a loose atol would pass); INCORRECT_NUMERICAL (|out - ref| <= atol + rtol*|ref|, NaN/Inf
-    fails); NONDETERMINISTIC (the second call on the same inputs fails: uninitialised reads, races);
-    INPUT_INDEPENDENT (new input values, bit-identical output, while the reference's output changed); STALE_OUTPUT
-    (new values in the same buffers give a wrong result: a result cached by pointer). Tolerance warnings: the
+    fails); NONDETERMINISTIC (the second call on the same inputs fails: uninitialised reads, races); then set B
+    (new values in the same buffers) must pass, else STALE_OUTPUT when the same values in new buffers (``candC``)
+    pass (a result cached by address), INPUT_INDEPENDENT when the output is bit-identical to set A's while the
+    reference's changed, INCORRECT_NUMERICAL otherwise. Tolerance warnings: the
     reference itself on inputs rounded to bf16/fp16 passes the tolerance, so a lower-precision kernel would too.
     """
     details: list[str] = []
@@ -98,15 +99,17 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 continue
         if f"candB__{name}" in arrays and f"refB__{name}" in arrays:
             cb, rb = arrays[f"candB__{name}"], arrays[f"refB__{name}"]
-            if np.array_equal(cb, c1, equal_nan=True) and not np.array_equal(rb, r, equal_nan=True):
-                fail("INPUT_INDEPENDENT", f"output {name}: new input values give the identical output "
-                     "(the result does not depend on the inputs, or was cached)")
-                details.append(f"output {name}: unchanged after new input values were written")
-                continue
             third = compare(name, cb, rb, atol, rtol)
             if not third.ok:
-                fail("STALE_OUTPUT", f"output {name}: wrong after new values were written into the same input "
-                     "buffers (a result cached by pointer?)")
+                cc = arrays.get(f"candC__{name}")
+                if cc is not None and compare(name, cc, rb, atol, rtol).ok:
+                    fail("STALE_OUTPUT", f"output {name}: wrong after new values were written into the same input "
+                         "buffers, right in new buffers (a result cached by address)")
+                elif np.array_equal(cb, c1, equal_nan=True) and not np.array_equal(rb, r, equal_nan=True):
+                    fail("INPUT_INDEPENDENT", f"output {name}: new input values give the identical output "
+                         "(the result does not depend on the inputs, or was computed once and replayed)")
+                else:
+                    fail("INCORRECT_NUMERICAL", f"output {name}: wrong on a second set of input values")
                 details.append("new values, same buffers: " + third.describe(atol, rtol))
                 continue
         for tag, label in (("low_bf16", "bf16"), ("low_fp16", "fp16")):

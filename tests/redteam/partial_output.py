@@ -1,0 +1,10 @@
+"""S9/partial: skips the last row. Expected: INCORRECT_NUMERICAL (poisoned NaN left there)."""
+import torch
+
+def setup(M, N, seed, device="cuda"):
+    x = torch.empty(M, N, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+
+def run_kernel(x, y):
+    y[:-1].copy_(torch.softmax(x[:-1], dim=-1))

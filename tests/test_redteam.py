@@ -1,0 +1,130 @@
+"""The red-team corpus (tests/redteam/): every attack fails correctness with its status, honest kernels pass.
+
+One pytest session judges the whole corpus (``--kopt-candidate``), the way an agent's branches are judged; the
+verdicts are read from the ``--kopt-json`` report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import hardware
+
+REDTEAM = Path(__file__).parent / "redteam"
+
+#: candidate file -> the status its correctness items must get (CPU corpus, Triton through the interpreter).
+EXPECTED = {
+    "honest_python.py": "PASSED",
+    "honest_triton.py": "PASSED",
+    "cache_by_content.py": "PASSED",  # right output every call: a timing attack, defeated by fresh timing inputs
+    "partial_output.py": "INCORRECT_NUMERICAL",
+    "first_block_triton.py": "INCORRECT_NUMERICAL",
+    "passthrough.py": "INCORRECT_NUMERICAL",
+    "fp16_compute.py": "INCORRECT_NUMERICAL",
+    "zero_input.py": "INPUT_MUTATED",
+    "alias_output.py": "OUTPUT_REPLACED",
+    "subclass_output.py": "NOT_A_TENSOR",
+    "cache_by_pointer.py": "STALE_OUTPUT",
+    "first_call_only.py": "INPUT_INDEPENDENT",
+    "constant_output.py": "CONSTANT_OUTPUT",
+    "freed_reference_memory.py": {"INCORRECT_NUMERICAL", "CONSTANT_OUTPUT"},
+}
+needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None,
+                                  reason="triton not installed")
+
+
+def _statuses(doc: dict) -> dict[str, set[str]]:
+    by_kernel: dict[str, set[str]] = {}
+    for item in doc["items"]:
+        if item["gate"] == "correctness":
+            by_kernel.setdefault(item["nodeid"].split("::")[0].split("/")[-1], set()).add(item["status"])
+    return by_kernel
+
+
+@needs_triton
+def test_redteam_corpus_cpu(pytester: pytest.Pytester) -> None:
+    """Every CPU attack is caught with the expected status; the honest kernels pass (no false alarm)."""
+    for f in REDTEAM.glob("*.py"):
+        shutil.copy(f, pytester.path / f.name)
+    names = sorted(EXPECTED)
+    args = ["--kopt-baseline", names[0], "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=8,N=64",
+            "--kopt-seeds", "3,5", "--kopt-json", "report.json", "-n", "2", "-p", "no:cacheprovider"]
+    for name in names[1:]:
+        args += ["--kopt-candidate", name]
+    result = pytester.runpytest_subprocess(*args, timeout=900)
+    doc = json.loads((pytester.path / "report.json").read_text())
+    got = _statuses(doc)
+    wrong = {}
+    for name, want in EXPECTED.items():
+        allowed = want if isinstance(want, set) else {want}
+        if not got.get(name) or not got[name] <= allowed:
+            wrong[name] = (sorted(got.get(name, [])), sorted(allowed))
+    assert not wrong, f"{wrong}\n{result.stdout.str()[-3000:]}"
+    assert result.ret == 2  # kernel validation failures, and nothing else
+    caught = sum(1 for n, w in EXPECTED.items() if w != "PASSED")
+    assert caught == 11
+
+
+def test_crash_and_hang_among_good_candidates(pytester: pytest.Pytester) -> None:
+    """One crashing and one hanging candidate among good ones: exactly those two fail, with their errors."""
+    for name in ("honest_python.py", "crash.py", "hang.py", "ref_softmax.py"):
+        shutil.copy(REDTEAM / name, pytester.path / name)
+    shutil.copy(REDTEAM / "honest_python.py", pytester.path / "honest_copy.py")
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "honest_python.py", "--kopt-candidate", "crash.py", "--kopt-candidate", "hang.py",
+        "--kopt-candidate", "honest_copy.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16",
+        "--kopt-seeds", "3", "--kopt-timeout", "15", "--kopt-json", "r.json", "-p", "no:cacheprovider", timeout=600)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    failed = {(i["nodeid"], i["status"]) for i in doc["items"] if i["outcome"] == "failed"}
+    assert failed == {("crash.py::correctness[seed=3]", "RUNTIME_ERROR"),
+                      ("hang.py::correctness[seed=3]", "TIMEOUT")}, result.stdout.str()
+    passed = {i["nodeid"] for i in doc["items"] if i["outcome"] == "passed" and i["gate"] == "correctness"}
+    assert passed == {"honest_python.py::correctness[seed=3]", "honest_copy.py::correctness[seed=3]"}
+    result.stdout.fnmatch_lines(["*killed by SIGABRT*", "*timed out after 15 s*"])
+    assert result.ret == 2
+
+
+GPU_CASES = {
+    # accumulates into the output without zeroing it: the NaN poison shows it
+    "accumulate_unzeroed.cu": ("y[i] += 2.0f * x[i];", "INCORRECT_NUMERICAL"),
+    # keeps a device-global scratch across calls: right the first time, wrong the second
+    "persistent_scratch.cu": ("scratch[i] += 2.0f * x[i]; y[i] = scratch[i];", "NONDETERMINISTIC"),
+    # never finishes
+    "hang.cu": ("while (x[i] == x[i]) { }", "TIMEOUT"),
+    # writes far out of bounds
+    "oob_write.cu": ("y[i + 100000000] = 2.0f * x[i];", "RUNTIME_ERROR"),
+}
+GPU_TEMPLATE = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    __device__ float scratch[1 << 20];
+    __global__ void k(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) { BODY }
+    }
+    extern "C" void solve(const float* x, float* y, int n) { k<<<(n + 255) / 256, 256>>>(x, y, n); }
+""")
+SCALE_REF = "atol = 1e-6\nrtol = 1e-6\ndef reference(x, y, n, **_):\n    y.copy_(2 * x)\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+def test_redteam_corpus_gpu(pytester: pytest.Pytester) -> None:
+    """On a GPU: CUDA attacks (unzeroed accumulation, state kept across calls, hang, out-of-bounds write)."""
+    names = sorted(GPU_CASES)
+    for name, (body, _) in GPU_CASES.items():
+        (pytester.path / name).write_text(GPU_TEMPLATE.replace("BODY", body))
+    (pytester.path / "honest.cu").write_text(GPU_TEMPLATE.replace("BODY", "y[i] = 2.0f * x[i];"))
+    pytester.makepyfile(ref=SCALE_REF)
+    args = ["--kopt-baseline", "honest.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=65536", "--kopt-seeds", "3",
+            "--kopt-timeout", "30", "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness"]
+    for name in names:
+        args += ["--kopt-candidate", name]
+    result = pytester.runpytest_subprocess(*args, timeout=900)
+    got = _statuses(json.loads((pytester.path / "r.json").read_text()))
+    want = {name: {status} for name, (_, status) in GPU_CASES.items()} | {"honest.cu": {"PASSED"}}
+    assert got == want, result.stdout.str()[-3000:]
