@@ -75,11 +75,12 @@ def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
     text = _strip_comments(source)
     m = _SOLVE_RE.search(text)
     if m is None:
-        plain = re.search(r"\bvoid\s+solve\s*\(", text)
+        plain = re.search(r"\bvoid\s+solve\s*\(([^)]*)\)", text)
         if plain:
+            params = " ".join(plain.group(1).split())
             raise ContractError('solve() is not declared extern "C", so its symbol name is mangled',
                                 gate="preflight", path=path, line=_line_of(text, plain.start()),
-                                fix='declare it as: extern "C" void solve(const float* A, float* C, int N)')
+                                fix=f'declare it as: extern "C" void solve({params})')
         raise ContractError('no host function `extern "C" void solve(...)` found', gate="preflight", path=path,
                             fix='add extern "C" void solve(...) that launches the kernel: const T* = input, '
                                 'T* = output, integer scalars = dims')

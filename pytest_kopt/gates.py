@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +33,11 @@ class KoptToleranceWarning(UserWarning):
 from .runner import run_harness
 from .settings import DEFAULT_ARCH, Settings
 
-#: Timing policy of the skeleton gate (issue 4 replaces it with adaptive stopping): warmup 100 ms wall time, then
-#: at least 10 samples and 1 s, at most 200 samples.
-TIMING = {"warmup_ms": 100.0, "min_reps": 10, "max_reps": 200, "budget_s": 1.0}
+#: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
+#: 0.5% (nvbench's default noise target) with at least 10 samples and 0.2 s, or 2 s / 2000 samples; up to 8
+#: rotating input sets within a quarter of the free device memory.
+TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 2.0, "max_samples": 2000,
+          "target_rse": 0.005, "max_sets": 8, "mem_fraction": 0.25}
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,14 @@ def preflight(ctx: Context) -> list[contract.Param]:
     source = ctx.kernel.read_text(errors="replace")
     params = contract.parse_solve_signature(source, ctx.display)
     contract.check_dims(params, ctx.settings.dims, ctx.display)
+    ref_params, ref_kwargs, line = c.functions["reference"]
+    known = {p.name for p in params} | set(ctx.settings.dims)
+    unknown = [n for n in ref_params if n not in known]
+    if unknown and not ref_kwargs:
+        raise ContractError(f"reference() takes {', '.join(unknown)}, which solve() and --kopt-dims do not provide "
+                            f"(solve's buffers: {', '.join(p.name for p in params if p.is_pointer)})",
+                            gate="preflight", path=str(ctx.ref), line=line,
+                            fix="name reference()'s parameters after solve()'s, or accept **kwargs")
     return params
 
 
@@ -276,8 +287,9 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
             return {**json.loads(meta.read_text()), "npz": str(folder / f"{key}.npz"), "cache_hit": True}
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
                 "setup_npz": cand.get("npz"), "env": {}}
-        result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                             path=str(ctx.ref), workdir=ctx.work)
+        with device_lock(ctx, req["device"]):
+            result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                                 path=str(ctx.ref), workdir=ctx.work)
         os.replace(result["npz"], folder / f"{key}.npz")
         meta.write_text(json.dumps({"tolerances": result["tolerances"]}))
         return {"tolerances": result["tolerances"], "npz": str(folder / f"{key}.npz"), "cache_hit": False}
@@ -339,8 +351,9 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = _request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
-    cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                       workdir=ctx.work)
+    with device_lock(ctx, device):
+        cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
+                           workdir=ctx.work)
     record["plan"] = req["plan"]
     for key, (status, what) in _GUARD_STATUS.items():
         if cand["guards"].get(key):
@@ -404,8 +417,9 @@ def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
     req = _request(ctx, "candidate", device, ctx.settings.seeds[0], res)
     req["calls"] = 1
     prefix = [sanitizer, "--tool", tool, "--print-limit", "20", "--target-processes", "all"]
-    result = run_harness(req, gate="sanitizer", timeout_s=max(600.0, ctx.settings.gate_timeout_s * 10),
-                         path=ctx.display, workdir=ctx.work, prefix=prefix)
+    with gpu_lock(ctx):
+        result = run_harness(req, gate="sanitizer", timeout_s=max(600.0, ctx.settings.gate_timeout_s * 10),
+                             path=ctx.display, workdir=ctx.work, prefix=prefix)
     if result.get("npz") and os.path.exists(result["npz"]):
         os.unlink(result["npz"])
     text = result.get("stdout", "")
@@ -423,44 +437,161 @@ def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
     return Outcome({"tool": tool, "errors": 0}, f"{tool}: 0 errors")
 
 
+def gpu_lock(ctx: Context) -> FileLock:
+    """The per-GPU lock (keyed by GPU UUID, in the system temp dir so separate sessions share it): timing, ncu,
+    the sanitizer and GPU correctness never run two at once on one GPU. Taken around one child process at a time,
+    never nested."""
+    uuid = (ctx.env.get("gpu") or {}).get("uuid", "nogpu")
+    return FileLock(os.path.join(tempfile.gettempdir(), f"pytest-kopt-{uuid}.lock"))
+
+
+def device_lock(ctx: Context, device: str) -> Any:
+    """:func:`gpu_lock` for work on the GPU, a no-op context for CPU work (the Triton interpreter)."""
+    import contextlib
+
+    return gpu_lock(ctx) if device == "cuda" else contextlib.nullcontext()
+
+
+def device_peaks(ctx: Context) -> dict[str, Any] | None:
+    """Measured ceilings of this GPU (copy bandwidth, bf16/fp32 matmul FLOP/s), measured once and cached per GPU
+    UUID under ``<cache>/peaks/``. None without a GPU."""
+    gpu = ctx.env.get("gpu")
+    if not gpu:
+        return None
+    path = ctx.cache_dir / "peaks" / f"{gpu['uuid']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return json.loads(path.read_text())
+        with gpu_lock(ctx):
+            result = run_harness({"mode": "peaks"}, gate="timing", timeout_s=300.0, path=ctx.display,
+                                 workdir=ctx.work)
+        peaks = {k: result[k] for k in ("dram_bytes_per_s", "bf16_flops", "fp32_flops", "gpu", "method")}
+        _write_json(path, peaks)
+        return peaks
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f} µs" if x < 0.1 else f"{x:.4f} ms"
+
+
 def gate_timing(ctx: Context, param: Any = None) -> Outcome:
-    """CUDA-event timing of the kernel and of the reference (L2 flushed before each call); median, robust CV,
-    stability (SKILL.md). Writes ``bench.json``. Raises TimingError when unstable (robust CV > 0.10)."""
+    """Time the kernel and (in its own process) the reference: rotating input sets with fresh values, L2 flushed
+    before every call, adaptive stopping on the median's standard error, NVML clocks. Writes ``bench.json`` with
+    SKILL.md's fields. Fails with UNSTABLE_TIMING (robust CV > 0.10), SUSPECT (under the roofline floor from the
+    measured peaks, or host clock far beyond the event time: work on another stream), or the guard status of the
+    timed-output check (a timed call's output is checked against the reference in another process)."""
+    import numpy as np
+
     device = _device_for(ctx, "timing")
     res = _blocked_build(ctx)
     _require_correct(ctx, res, device)
+    peaks = device_peaks(ctx)
     req = _request(ctx, "timing", device, ctx.settings.seeds[0], res)
-    result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=ctx.display,
-                         workdir=ctx.work)
-    k = stats.summarize(result["kernel_ms"])
-    r = stats.summarize(result["reference_ms"])
+    with gpu_lock(ctx):
+        result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=ctx.display, workdir=ctx.work)
+    # the timed output check: the reference, in its own process, on the inputs of the last timed call
+    try:
+        creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
+                "inputs_npz": result["npz"], "env": {}}
+        with gpu_lock(ctx):
+            check = run_harness(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                                path=str(ctx.ref), workdir=ctx.work)
+        with np.load(result["npz"]) as c, np.load(check["npz"]) as r:
+            arrays = {**{k: c[k] for k in c.files if k.startswith("cand1__")}, **{k: r[k] for k in r.files}}
+        outputs = [k.removeprefix("ref__") for k in arrays if k.startswith("ref__")]
+        verdict = judge(outputs, arrays, {n: (t["atol"], t["rtol"]) for n, t in check["tolerances"].items()})
+    finally:
+        for f in (result.get("npz"), locals().get("check", {}).get("npz")):
+            if f and os.path.exists(f):
+                os.unlink(f)
+    ref_result = _reference_timing(ctx, req, result)
+    k = stats.describe(result["event_ms"])
+    r = stats.describe(ref_result["event_ms"])
+    host_med = statistics.median(result["host_ms"])
+    gap = host_med - k.median_ms - result["host_overhead_ms"]
     wm = result.get("workload") or {}
+    floor = stats.roofline_floor_ms(wm.get("flops"), wm.get("bytes_min"),
+                                    max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
+                                    or None, (peaks or {}).get("dram_bytes_per_s"))
+    throttled = result.get("throttled")
+    speedup, sp_lo, sp_hi = stats.bootstrap_ratio_ci(ref_result["event_ms"], result["event_ms"])
     figures: dict[str, Any] = {"median_ms": k.median_ms, "mean_ms": k.mean_ms, "min_ms": k.min_ms,
-                               "robust_cv": round(k.robust_cv, 5), "stability": k.stability, "samples": k.n,
-                               "ref_median_ms": r.median_ms, "speedup_vs_ref": r.median_ms / k.median_ms}
+                               "p10_ms": k.p10_ms, "p90_ms": k.p90_ms, "ci95_low_ms": k.ci95_low_ms,
+                               "ci95_high_ms": k.ci95_high_ms, "robust_cv": round(k.robust_cv, 5),
+                               "median_rse": round(k.median_rse, 5), "stability": k.stability, "samples": k.n,
+                               "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
+                               "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
+                               "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi}
+    if throttled is not None:
+        figures["throttled_samples"] = sum(throttled)
     if wm.get("flops") is not None:
         figures["gflops"] = wm["flops"] / (k.median_ms * 1e-3) / 1e9
     if wm.get("bytes_min") is not None:
         figures["gbytes_per_s"] = wm["bytes_min"] / (k.median_ms * 1e-3) / 1e9
-    timing_valid = k.stability != "unstable"
+    if floor is not None:
+        figures["roofline_floor_ms"] = floor
+    suspect = []
+    if floor is not None and k.median_ms < floor:
+        suspect.append(f"median {_ms(k.median_ms)} is under the roofline floor {_ms(floor)} (bytes_min / measured "
+                       f"bandwidth, flops / measured peak, each with {stats.FLOOR_HEADROOM:g}x headroom)")
+    # work outside the timed stream: the host saw the device busy far longer than the events did
+    if gap > max(0.05, 0.25 * k.median_ms):
+        suspect.append(f"the host clock (synchronised) saw {_ms(host_med)} per call but CUDA events {_ms(k.median_ms)}"
+                       " (work on another stream or a background thread?)")
+    timing_valid = k.stability != "unstable" and not suspect and verdict.ok
+    dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
     bench = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
              "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
              "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": _race_safe(ctx),
              "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
-             "robust_cv": k.robust_cv, "stability": k.stability, "samples_ms": result["kernel_ms"],
-             "reference": {"median_ms": r.median_ms, "robust_cv": r.robust_cv, "samples_ms": result["reference_ms"]},
-             "speedup_vs_ref": figures["speedup_vs_ref"], "workload": wm or None,
+             "robust_cv": k.robust_cv, "stability": k.stability, "distribution": dist,
+             "samples_ms": result["event_ms"], "host_ms": result["host_ms"], "throttled": throttled,
+             "nvml": result.get("nvml"), "stop_reason": result["stop_reason"],
+             "reference": {**{f: getattr(r, f) for f in r.__dataclass_fields__}, "samples_ms": ref_result["event_ms"]},
+             "speedup_vs_ref": speedup, "speedup_ci95": [sp_lo, sp_hi], "workload": wm or None,
              "gflops": figures.get("gflops"), "gbytes_per_s": figures.get("gbytes_per_s"),
-             "timing_method": {**TIMING, "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes")},
+             "roofline_floor_ms": floor, "peaks": peaks, "suspect": suspect, "timed_output_check": verdict.status,
+             "timing_method": {**TIMING, "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
+                               "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True},
              "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
     path = _write_json(ctx.outdir / "bench.json", bench)
-    if not timing_valid:
+    if not verdict.ok:
+        raise IncorrectError(f"a timed call's output is wrong: {verdict.message}", gate="timing", path=ctx.display,
+                             status=verdict.status, details="\n".join(verdict.details),
+                             fix="the kernel behaves differently while timed (cached results, stale pointers)")
+    if suspect:
+        raise TimingError("; ".join(suspect), gate="timing", path=ctx.display, status="SUSPECT",
+                          fix="synchronise all work inside solve()/run_kernel(); check workload_model's bytes_min")
+    if k.stability == "unstable":
         raise TimingError(f"timing is unstable: robust CV {k.robust_cv:.3f} > 0.10 over {k.n} samples "
-                          f"(median {k.median_ms:.4f} ms)", gate="timing", path=ctx.display,
+                          f"(median {_ms(k.median_ms)})", gate="timing", path=ctx.display,
                           fix="make sure nothing else runs on the GPU; a kernel of a few µs needs more samples")
     extra = f", {figures['gflops']:.1f} GFLOP/s" if "gflops" in figures else ""
-    return Outcome(figures, f"median {k.median_ms:.4f} ms (robust CV {k.robust_cv:.3f}, {k.stability}, n={k.n}), "
-                            f"reference {r.median_ms:.4f} ms, speedup {figures['speedup_vs_ref']:.2f}x{extra}", (path,))
+    if throttled:
+        extra += f", {sum(throttled)} throttled samples"
+    return Outcome(figures, f"median {_ms(k.median_ms)} [{_ms(k.ci95_low_ms)}, {_ms(k.ci95_high_ms)}] (robust CV "
+                            f"{k.robust_cv:.3f}, {k.stability}, n={k.n}, {result['stop_reason']}), reference "
+                            f"{_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]{extra}", (path,))
+
+
+def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
+    """The reference timed in its own process on the candidate's spec; cached per (reference, spec, dims, GPU)
+    under ``<cache>/refs/`` so a session's candidates share one measurement of it."""
+    key = _sha("time", ctx.ref.read_bytes(), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
+               req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
+    path = ctx.cache_dir / "refs" / f"{key}.timing.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return json.loads(path.read_text())
+        rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
+        with gpu_lock(ctx):
+            result = run_harness(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                                 path=str(ctx.ref), workdir=ctx.work)
+        _write_json(path, {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"]})
+        return result
 
 
 def _race_safe(ctx: Context) -> bool | None:
@@ -483,8 +614,9 @@ def gate_ncu(ctx: Context, param: Any = None) -> Outcome:
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report = ctx.outdir / "kernel.ncu-rep"
     req = _request(ctx, "profile", device, ctx.settings.seeds[0], res)
-    result = run_harness(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display, workdir=ctx.work,
-                         prefix=profile.ncu_prefix(ncu, report.with_suffix("")))
+    with gpu_lock(ctx):
+        result = run_harness(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
+                             workdir=ctx.work, prefix=profile.ncu_prefix(ncu, report.with_suffix("")))
     profile.check_ncu_output(result.get("stdout", ""))
     if not report.is_file():
         from .errors import ProfilerError

@@ -442,55 +442,251 @@ def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | No
     return out
 
 
-def _time_calls(torch: Any, fn: Any, flush: Any, warmup_ms: float, min_reps: int, max_reps: int,
-                budget_s: float) -> list[float]:
-    """Time ``fn`` with CUDA events, L2 flushed (``flush.zero_()``) before every call outside the timed window.
+class Clocks:
+    """NVML (nvidia-ml-py) readings of the GPU: SM clock (MHz), temperature (C) and throttle reasons; inert when
+    NVML is missing. ``throttled`` follows nvbench: a power/thermal slowdown reason, or an SM clock under 75% of
+    the maximum."""
 
-    Warmup: calls until ``warmup_ms`` of wall time and at least 3 calls. Then repeats until ``min_reps`` samples
-    and ``budget_s`` seconds spent, or ``max_reps``. Returns the samples in ms."""
-    t_end = time.perf_counter() + warmup_ms / 1e3
-    n = 0
-    while n < 3 or time.perf_counter() < t_end:
-        fn()
+    # nvmlClocksThrottleReason* bits that mean the clock was pulled down (SW power cap, HW slowdown, SW/HW thermal,
+    # HW power brake); idle, application clocks and sync boost are not slowdowns.
+    SLOWDOWN = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+    def __init__(self) -> None:
+        self.nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0) \
+                if os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].isdigit() else 0
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.max_sm = pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM)
+            self.nvml = pynvml
+        except Exception:  # no NVML: readings are reported as unavailable
+            self.nvml = None
+
+    def read(self) -> dict[str, Any] | None:
+        """One reading, or None without NVML."""
+        if self.nvml is None:
+            return None
+        n = self.nvml
+        try:
+            sm = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)
+            temp = n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)
+            reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
+        except Exception:
+            return None
+        return {"sm_mhz": sm, "temp_c": temp, "reasons": int(reasons),
+                "throttled": bool(reasons & self.SLOWDOWN) or sm < 0.75 * self.max_sm}
+
+
+def _reset_persisting_l2() -> None:
+    """cuCtxResetPersistingL2Cache: lines a kernel pinned with an access-policy window survive a normal flush."""
+    try:
+        ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache()
+    except (OSError, AttributeError):
+        pass
+
+
+def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str, Any]) -> dict[str, Any]:
+    """The timing loop shared by kernel and reference timing.
+
+    Per sample, outside the timed window: refresh the next rotating set's values (once every set has been used),
+    flush L2 (write 2x its size), reset persisting L2 lines, read NVML. Timed: CUDA events around one
+    ``launch(set)``; then a device-wide synchronize, whose host-clock time is kept beside the event time (work put
+    on another stream shows up there). Warmup by time (``warmup_ms``), then samples until
+    :func:`pytest_kopt.stats.should_stop`. Returns per-sample lists (ms) and the stop reason."""
+    from pytest_kopt.stats import should_stop
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    clocks = Clocks()
+    t_end = time.perf_counter() + t["warmup_ms"] / 1e3
+    i = 0
+    while i < 3 or time.perf_counter() < t_end:
+        launch(sets[i % len(sets)])
         torch.cuda.synchronize()
-        n += 1
-    samples: list[float] = []
+        i += 1
+    # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
+    tiny = torch.empty(1, device="cuda")
+    over = []
+    for _ in range(20):
+        h0 = time.perf_counter()
+        tiny.zero_()
+        torch.cuda.synchronize()
+        over.append((time.perf_counter() - h0) * 1e3)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < max_reps and (len(samples) < min_reps or time.perf_counter() < deadline):
+    event_ms: list[float] = []
+    host_ms: list[float] = []
+    throttled: list[bool] = []
+    readings: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    reason = None
+    k = 0
+    while reason is None:
+        s = sets[k % len(sets)]
+        if k >= len(sets):
+            refresh(s, k)
         flush.zero_()
+        _reset_persisting_l2()
+        before = clocks.read()
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
         start.record()
-        fn()
+        launch(s)
         stop.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(stop))
-    return samples
+        h1 = time.perf_counter()
+        event_ms.append(start.elapsed_time(stop))
+        host_ms.append((h1 - h0) * 1e3)
+        after = clocks.read()
+        if before and after:
+            throttled.append(before["throttled"] or after["throttled"])
+            if k % 16 == 0:
+                readings.append(after)
+        k += 1
+        reason = should_stop(event_ms, time.perf_counter() - t0, target_rse=t["target_rse"],
+                             min_samples=t["min_samples"], min_time_s=t["min_time_s"], budget_s=t["budget_s"],
+                             max_samples=t["max_samples"])
+    import statistics
+    return {"event_ms": event_ms, "host_ms": host_ms, "host_overhead_ms": statistics.median(over),
+            "throttled": throttled if throttled else None, "nvml": readings or None, "stop_reason": reason,
+            "rotating_sets": len(sets), "l2_bytes": l2, "flush_bytes": 2 * l2, "warmup_calls": i}
+
+
+def _rotating_sets(torch: Any, first: Inputs, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any],
+                   kept: dict[str, Any], t: dict[str, Any]) -> list[Inputs]:
+    """``first`` plus up to ``max_sets - 1`` more input sets (different values, different addresses), as many as
+    fit in ``mem_fraction`` of the free device memory."""
+    set_bytes = sum(x.numel() * x.element_size() for x in first.tensors.values()) or 1
+    free = torch.cuda.mem_get_info()[0]
+    count = max(1, min(int(t["max_sets"]), int(free * t["mem_fraction"] // set_bytes)))
+    sets = [first]
+    for j in range(1, count):
+        extra = Inputs(torch, first.spec, first.scalars, first.device)
+        extra.fill(plan, seed + 7919 * j, ref, dims, kept)
+        sets.append(extra)
+    return sets
 
 
 def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
-    """Time the candidate and the reference on the same inputs (first seed); return both sample lists in ms."""
+    """Time the candidate (see :func:`measure`) over rotating input sets. Saves the last timed call's inputs and
+    outputs to ``<out>.npz`` so the parent can check them against the reference in another process."""
+    import numpy as np
+
     cand = Candidate(req)
     torch = cand.torch
     if cand.device != "cuda":
         raise HarnessError("runtime", "timing needs a CUDA device")
-    cand.run()  # first call: module load / JIT outside the measurement; checks the launch once
-    props = torch.cuda.get_device_properties(0)
-    l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
-    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")  # FIELD.md: write >= 2x L2 to flush it
+    cand.run()  # module load / JIT outside the measurement; checks the launch once
     t = req["timing"]
-    kernel_ms = _time_calls(torch, cand.launch, flush, t["warmup_ms"], t["min_reps"], t["max_reps"], t["budget_s"])
-    cand.run()  # surfaces an error raised by any timed launch
-    ref_kwargs = {**cand.dims, **cand.inputs.scalars, **{k: v.clone() for k, v in cand.inputs.tensors.items()}}
-    ref_ms = _time_calls(torch, lambda: cand.ref.reference(**ref_kwargs), flush, t["warmup_ms"], t["min_reps"],
-                         t["max_reps"], t["budget_s"])
+    sets = _rotating_sets(torch, cand.inputs, req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept, t)
+    last_seed = {"seed": int(req["seed"])}
+
+    def launch(s: Inputs) -> None:
+        cand.inputs = s
+        cand.launch()
+
+    def refresh(s: Inputs, k: int) -> None:
+        last_seed["seed"] = int(req["seed"]) + 104729 * (k + 1)
+        s.fill(req["plan"], last_seed["seed"], cand.ref, cand.dims, cand.kept)
+
+    result = measure(torch, sets, launch, refresh, t)
+    last = sets[(len(result["event_ms"]) - 1) % len(sets)]
+    cand.inputs = last
+    cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
+    arrays = {f"in__{s['name']}": _to_numpy(torch, last.tensors[s["name"]]) for s in last.spec if s["role"] == "input"}
+    # the check call above rewrote the outputs from the same inputs; a stale timed output shows up as a mismatch too
+    arrays.update({f"cand1__{n}": _to_numpy(torch, last.tensors[n]) for n in last.outputs})
+    np.savez(req["out"] + ".npz", **arrays)
     workload = None
     if callable(getattr(cand.ref, "workload_model", None)):
         try:
             workload = {k: float(v) for k, v in dict(cand.ref.workload_model(**cand.dims)).items()}
         except Exception as exc:
             raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised {type(exc).__name__}: {exc}") from exc
-    return {"kernel_ms": kernel_ms, "reference_ms": ref_ms, "workload": workload, "l2_bytes": l2,
-            "flush_bytes": 2 * l2, "gpu": torch.cuda.get_device_name(0)}
+    return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
+            "scalars": {k: v for k, v in cand.inputs.scalars.items() if isinstance(v, (int, float, str))},
+            "gpu": torch.cuda.get_device_name(0)}
+
+
+def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
+    """Time ``reference(**kwargs)`` in its own process the same way the candidate is timed (so a candidate cannot
+    slow it down to inflate its speedup)."""
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    dims = req["dims"]
+    first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")
+    first.fill(req["plan"], int(req["seed"]), ref, dims, {})
+    t = req["timing"]
+    sets = _rotating_sets(torch, first, req["plan"], int(req["seed"]), ref, dims, {}, t)
+
+    def launch(s: Inputs) -> None:
+        ref.reference(**s.kwargs())
+
+    def refresh(s: Inputs, k: int) -> None:
+        s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), ref, dims, {})
+
+    return measure(torch, sets, launch, refresh, t)
+
+
+def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
+    """Reference side of the timing gate's output check: the reference on the inputs saved from a timed call."""
+    import numpy as np
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    dims = req["dims"]
+    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])
+    with np.load(req["inputs_npz"]) as data:
+        for s in inp.spec:
+            if s["role"] == "input":
+                inp.tensors[s["name"]].copy_(torch.from_numpy(data[f"in__{s['name']}"]).to(inp.tensors[s["name"]].dtype))
+    inp.poison_outputs()
+    ref.reference(**inp.kwargs())
+    torch.cuda.synchronize()
+    np.savez(req["out"] + ".npz", **{f"ref__{n}": _to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
+    return {"npz": req["out"] + ".npz", "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol"))
+                                                       for n in inp.outputs}}
+
+
+def mode_peaks(req: dict[str, Any]) -> dict[str, Any]:
+    """Measured ceilings of this GPU: device-to-device copy bandwidth (bytes read + written per s, 1 GiB copy) and
+    dense matmul rates (bf16 8192^3 and fp32 without TF32, 4096^3), each the median of 10 event-timed runs."""
+    import statistics
+
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def med(fn: Any, reps: int = 10) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(out)
+
+    n = 2**28  # 1 GiB of fp32
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    copy_s = med(lambda: dst.copy_(src))
+    del src, dst
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    bf16_s = med(lambda: x @ x)
+    y = torch.randn(4096, 4096, device="cuda")
+    fp32_s = med(lambda: y @ y)
+    return {"dram_bytes_per_s": 2 * 4 * n / copy_s, "bf16_flops": 2 * 8192**3 / bf16_s,
+            "fp32_flops": 2 * 4096**3 / fp32_s, "gpu": torch.cuda.get_device_name(0),
+            "method": "torch copy 1 GiB (read+write), bf16 8192^3 and fp32 (no TF32) 4096^3 matmul, median of 10"}
 
 
 def mode_profile(req: dict[str, Any]) -> dict[str, Any]:
@@ -578,7 +774,8 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     return {"mode": "aot", "kernels": names}
 
 
-MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mode_timing, "profile": mode_profile,
+MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mode_timing,
+         "time_reference": mode_time_reference, "check_outputs": mode_check_outputs, "peaks": mode_peaks, "profile": mode_profile,
          "triton_build": mode_triton_build}
 
 

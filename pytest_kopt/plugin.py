@@ -229,6 +229,7 @@ class KoptController:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[dict[str, Any]] = []
+        self.stdout_doc: str | None = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -280,12 +281,18 @@ class KoptController:
                    "exit_code": int(session.exitstatus), "kernel": str(settings.baseline), "ref": str(settings.ref),
                    "dims": settings.dims, "seeds": list(settings.seeds), "env": self.config.stash[ENV_KEY],
                    "outdir": str(settings.outdir), "items": self.records}
-            text = json.dumps(doc, indent=2, default=str)
             if settings.json_path == "-":
-                sys.stdout.write(text + "\n")
+                self.stdout_doc = json.dumps(doc, default=str)  # printed last, in pytest_unconfigure
             else:
+                text = json.dumps(doc, indent=2, default=str)
                 Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
                 Path(settings.json_path).write_text(text + "\n")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """``--kopt-json -``: the document as the very last line of stdout (one line: ``tail -n 1`` reads it)."""
+        if self.stdout_doc is not None:
+            sys.stdout.write("\n" + self.stdout_doc + "\n")
+            sys.stdout.flush()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One line per gate item: outcome and its key figures (or the reason it skipped/failed)."""

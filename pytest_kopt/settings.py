@@ -24,6 +24,8 @@ DEFAULT_NCU_TIMEOUT_S = 300.0
 SEED_COUNT = 5
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
+#: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
+KNOWN_SM = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121}
 _ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -161,8 +163,12 @@ def parse_arch(text: str, source: str = "--kopt-arch") -> str:
     t = text.strip().lower()
     if t.isdigit() or (t[:-1].isdigit() and t[-1:] in "af"):
         t = "sm_" + t
-    if not _ARCH_RE.match(t):
+    m = _ARCH_RE.match(t)
+    if not m:
         raise ConfigError(f"{source}: {text!r} is not an arch", fix="write it like sm_90a (H100/H200) or sm_80 (A100)")
+    if int(m.group(1)) not in KNOWN_SM:
+        raise ConfigError(f"{source}: {text!r} is not a CUDA GPU architecture",
+                          fix=f"use one of sm_{', sm_'.join(map(str, sorted(KNOWN_SM)))} (with 'a' for arch-specific)")
     return t
 
 

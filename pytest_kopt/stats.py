@@ -47,3 +47,126 @@ def summarize(samples_ms: list[float]) -> TimingStats:
     return TimingStats(n=len(samples_ms), median_ms=med, mean_ms=statistics.fmean(samples_ms),
                        min_ms=min(samples_ms), max_ms=max(samples_ms), mad_ms=mad, robust_cv=cv,
                        stability=stability_class(cv))
+
+
+#: Asymptotic standard error of the sample median of a normal population: sqrt(pi/2) * sigma / sqrt(n).
+MEDIAN_SE_FACTOR = 1.2533
+
+
+def quantile(samples: list[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) by linear interpolation between order statistics (numpy's default method).
+    Raises ValueError on an empty list."""
+    if not samples:
+        raise ValueError("no samples")
+    xs = sorted(samples)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median_rse(samples: list[float]) -> float:
+    """Relative standard error of the median: 1.2533 * (1.4826 * MAD) / (median * sqrt(n)) (dimensionless);
+    inf for fewer than 2 samples. The robust sigma keeps one outlier from stalling the stopping rule."""
+    if len(samples) < 2:
+        return float("inf")
+    med = statistics.median(samples)
+    mad = statistics.median(abs(x - med) for x in samples)
+    return MEDIAN_SE_FACTOR * MAD_TO_SIGMA * mad / (med * len(samples) ** 0.5) if med > 0 else float("inf")
+
+
+def should_stop(samples: list[float], elapsed_s: float, *, target_rse: float = 0.005, min_samples: int = 10,
+                min_time_s: float = 0.0, budget_s: float = 2.0, max_samples: int = 2000) -> str | None:
+    """Adaptive stopping rule; returns why to stop (``converged``, ``budget``, ``max_samples``) or None.
+
+    Converged: at least ``min_samples`` samples and ``min_time_s`` seconds, and the median's relative standard error
+    below ``target_rse`` (default 0.5%, nvbench's default noise target). ``budget_s`` caps the measurement time and
+    ``max_samples`` the count, once ``min_samples`` exist."""
+    n = len(samples)
+    if n >= max_samples:
+        return "max_samples"
+    if n < min_samples:
+        return None
+    if elapsed_s >= min_time_s and median_rse(samples) < target_rse:
+        return "converged"
+    if elapsed_s >= budget_s:
+        return "budget"
+    return None
+
+
+def bootstrap_median_ci(samples: list[float], level: float = 0.95, n_boot: int = 2000,
+                        seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median (ms in, ms out), ``n_boot`` resamples with a fixed
+    ``seed`` so the report is reproducible. Raises ValueError on an empty list."""
+    import numpy as np
+
+    if not samples:
+        raise ValueError("no samples")
+    a = np.asarray(samples, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(meds, alpha)), float(np.quantile(meds, 1 - alpha))
+
+
+def bootstrap_ratio_ci(num: list[float], den: list[float], level: float = 0.95, n_boot: int = 2000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """median(num) / median(den) with a percentile-bootstrap CI, resampling both lists independently.
+    Returns (ratio, low, high). A speedup of B over A is ``bootstrap_ratio_ci(times_A, times_B)``."""
+    import numpy as np
+
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    ra = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    rb = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    ratios = ra / rb
+    alpha = (1 - level) / 2
+    return (float(np.median(a) / np.median(b)), float(np.quantile(ratios, alpha)),
+            float(np.quantile(ratios, 1 - alpha)))
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Full description of timing samples (ms): SKILL.md's median/robust CV plus p10/p90, IQR, the median's relative
+    standard error and its bootstrap 95% CI."""
+
+    n: int
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_ms: float
+    robust_cv: float
+    stability: str
+    median_rse: float
+    ci95_low_ms: float
+    ci95_high_ms: float
+
+
+def describe(samples_ms: list[float]) -> Distribution:
+    """Describe samples (ms). Raises ValueError on an empty list or a non-positive median."""
+    s = summarize(samples_ms)
+    lo, hi = bootstrap_median_ci(samples_ms)
+    return Distribution(n=s.n, median_ms=s.median_ms, mean_ms=s.mean_ms, min_ms=s.min_ms, max_ms=s.max_ms,
+                        p10_ms=quantile(samples_ms, 0.10), p90_ms=quantile(samples_ms, 0.90),
+                        iqr_ms=quantile(samples_ms, 0.75) - quantile(samples_ms, 0.25), robust_cv=s.robust_cv,
+                        stability=s.stability, median_rse=median_rse(samples_ms), ci95_low_ms=lo, ci95_high_ms=hi)
+
+
+#: A measured time below the roofline floor computed from peaks scaled by this headroom is physically implausible
+#: (measured peaks are what torch achieves; a hand kernel can beat them by a little, not by 25%).
+FLOOR_HEADROOM = 1.25
+
+
+def roofline_floor_ms(flops: float | None, bytes_min: float | None, peak_flops: float | None,
+                      peak_bytes_per_s: float | None) -> float | None:
+    """The physics floor in ms: max(flops / peak FLOP/s, bytes_min / peak bytes/s), each peak raised by
+    FLOOR_HEADROOM. None when neither term is known; a 0-FLOP workload (a transpose) uses bytes only."""
+    terms = []
+    if flops and peak_flops:
+        terms.append(flops / (peak_flops * FLOOR_HEADROOM))
+    if bytes_min and peak_bytes_per_s:
+        terms.append(bytes_min / (peak_bytes_per_s * FLOOR_HEADROOM))
+    return max(terms) * 1e3 if terms else None

@@ -196,8 +196,8 @@ def test_triton_softmax_correct_and_wrong(pytester: pytest.Pytester, example, mo
               "--kopt-seeds", "3", "--kopt-json", "bad.json", *MODES[mode])
     assert bad.ret == 2, bad.stdout.str()
     assert outcomes(bad)["correctness[seed=3]"] == "INCORRECT_NUMERICAL"
-    bad.stdout.fnmatch_lines(["*seed=3: output differs from the reference*",
-                              "*output y [[]16, 100[]]: 1600/1600 elements (100%) outside atol=1e-06*",
+    bad.stdout.fnmatch_lines(["*seed=3 (normal inputs): output differs from the reference*",
+                              "*output y [[]16, 100[]]: 1600/1600 elements (100%) outside atol=1e-07*",
                               "*replay: --kopt-seeds 3*"])
     doc = json.loads((pytester.path / "bad.json").read_text())
     assert doc["exit_code"] == 2
@@ -225,7 +225,7 @@ def test_kernel_path_collected_alone(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
                  "--collect-only", "-q")
     out = result.stdout.str()
-    assert "k.cu::compile" in out and "k.cu::correctness[seed=7]" in out and "test_other" not in out
+    assert "k.cu::compile" in out and "k.cu::correctness[seed=" in out and "test_other" not in out
 
 
 GPU_CRASH_CU = textwrap.dedent("""\
