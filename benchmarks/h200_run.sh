@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Runs the README's main job on both examples and the GPU tests on a GPU machine; logs and reports go to $OUT.
-# Usage (device machine): bash benchmarks/h200_run.sh
+# GPU-machine check: the README's main job on both examples, the timing-fidelity benchmark, the GPU tests.
+# Usage (device machine): bash benchmarks/h200_run.sh [examples|tests|all]; logs and reports go to $OUT.
 set -u
 OUT=${OUT:-/tmp/kopt-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+what=${1:-all}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/smi.txt"
-t0=$(date +%s)
-python3 -m pytest --kopt-baseline examples/gemm/gemm.cu --kopt-ref examples/gemm/ref.py \
-  --kopt-dims M=4096,N=4096,K=4096 --kopt-json "$OUT/gemm.json" --kopt-outdir "$OUT/kopt" -rs 2>&1 | tee "$OUT/gemm.log"
-echo "gemm rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - t0 ))s"
-t0=$(date +%s)
-python3 -m pytest --kopt-baseline examples/softmax_triton/softmax.py --kopt-ref examples/softmax_triton/ref.py \
-  --kopt-dims M=4096,N=1024 --kopt-json "$OUT/softmax.json" --kopt-outdir "$OUT/kopt" -rs 2>&1 | tee "$OUT/softmax.log"
-echo "softmax rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - t0 ))s"
-if [ "${KOPT_GPU_TESTS:-1}" = 1 ]; then
-  python3 -m pytest tests -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+if [ "$what" = examples ] || [ "$what" = all ]; then
+  for ex in "gemm/gemm.cu gemm/ref.py M=4096,N=4096,K=4096" "softmax_triton/softmax.py softmax_triton/ref.py M=4096,N=1024"; do
+    set -- $ex
+    t0=$(date +%s)
+    python3 -m pytest --kopt-baseline examples/$1 --kopt-ref examples/$2 --kopt-dims $3 --kopt-seed 1 \
+      --kopt-json "$OUT/$(basename $1).json" --kopt-outdir "$OUT/kopt" -rs -p no:randomly 2>&1 | tee "$OUT/$(basename $1).log" | sed -n '/kopt gates/,$p'
+    echo "$1 rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - t0 ))s"
+  done
+  ncu --import "$OUT/kopt/gemm/kernel.ncu-rep" --csv --page raw > "$OUT/kopt/gemm_raw.csv" 2>/dev/null
+  ncu --import "$OUT/kopt/softmax/kernel.ncu-rep" --csv --page raw > "$OUT/kopt/softmax_raw.csv" 2>/dev/null
+  python3 benchmarks/timing_fidelity.py --out "$OUT/kopt" 2>&1 | tail -12
+  tar czf "$OUT/kopt.tgz" -C "$OUT" kopt && rm -rf "$OUT/kopt"
+fi
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest tests -m gpu -q -rs -p no:cacheprovider -p no:randomly 2>&1 | tee "$OUT/gpu-tests.log" | tail -30
 fi

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import build, contract, hardware, profile, sass, stats
+from . import roofline as roofline_mod
+from .ncu_csv import metric_value
 import warnings
 
 from filelock import FileLock
 
 from .errors import (Blocked, CompileError, ContractError, HardwareError, IncorrectError, KernelRuntimeError, KoptError,
-                     NotApplicable, TimingError)
+                     NotApplicable, ProfilerError, TimingError)
 from .inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan
 from .verdict import judge
 
@@ -603,8 +605,10 @@ def _race_safe(ctx: Context) -> bool | None:
 
 
 def gate_ncu(ctx: Context, param: Any = None) -> Outcome:
-    """Profile one call of the kernel (NVTX range only) with ncu; keep ``kernel.ncu-rep``, write ``ncu_top.json``.
-    Skips when counters cannot be read (ERR_NVGPUCTRPERM); raises ProfilerError (exit 3) otherwise."""
+    """Profile one call of the kernel (NVTX range only) with ncu, adaptive set (SKILL.md 3a: full below 10 ms of
+    this session's timed median, light above; a full replay that times out or fails is retried once with the light
+    set); keep ``kernel.ncu-rep``, write ``ncu_top.json`` (set, reason, attempts, per-axis top metrics, every
+    registry metric). Skips when counters cannot be read (ERR_NVGPUCTRPERM); ProfilerError (exit 3) otherwise."""
     device = _device_for(ctx, "ncu")
     ncu = _tool(ctx, "ncu")
     if not ncu:
@@ -613,28 +617,96 @@ def gate_ncu(ctx: Context, param: Any = None) -> Outcome:
     _require_correct(ctx, res, device)
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report = ctx.outdir / "kernel.ncu-rep"
-    req = _request(ctx, "profile", device, ctx.settings.seeds[0], res)
-    with gpu_lock(ctx):
-        result = run_harness(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
-                             workdir=ctx.work, prefix=profile.ncu_prefix(ncu, report.with_suffix("")))
-    profile.check_ncu_output(result.get("stdout", ""))
-    if not report.is_file():
-        from .errors import ProfilerError
-        raise ProfilerError("ncu wrote no report (no kernel ran inside the kopt_target range?)", gate="ncu",
-                            path=ctx.display, details=result.get("stdout", "")[-2000:])
-    top = profile.summarize_launches(profile.import_report(ncu, report))
-    top["report"] = str(report)
+    bench = ctx.outdir / "bench.json"
+    timed = json.loads(bench.read_text()).get("median_ms") if bench.is_file() else None
+    chosen, reason = profile.choose_set(timed)
+    registry = roofline_mod.load_registry()
+    attempts: list[dict[str, Any]] = []
+    launches = None
+    for set_name in ([chosen, "light"] if chosen == "full" else [chosen]):
+        req = _request(ctx, "profile", device, ctx.settings.seeds[0], res)
+        if report.exists():
+            report.unlink()
+        try:
+            with gpu_lock(ctx):
+                result = run_harness(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
+                                     workdir=ctx.work, prefix=profile.ncu_prefix(
+                                         ncu, report.with_suffix(""), registry["metric_sets"][set_name]))
+            profile.check_ncu_output(result.get("stdout", ""))
+            if not report.is_file():
+                raise ProfilerError("ncu wrote no report (no kernel ran inside the kopt_target range?)", gate="ncu",
+                                    path=ctx.display, details=result.get("stdout", "")[-2000:])
+            launches = profile.import_report(ncu, report)
+            attempts.append({"set": set_name, "ok": True})
+            chosen = set_name
+            break
+        except (KernelRuntimeError, ProfilerError) as exc:
+            attempts.append({"set": set_name, "ok": False, "status": exc.status, "error": exc.message})
+            if set_name == "light" or chosen != "full":
+                raise ProfilerError(f"ncu failed with the {set_name} set: {exc.message}", gate="ncu",
+                                    path=ctx.display, details=exc.details,
+                                    fix="run the kernel outside ncu first; raise --kopt-ncu-timeout") from None
+    assert launches is not None
+    top = profile.summarize_launches(launches)
+    main_launch = max(launches, key=lambda ln: metric_value(ln, "gpu__time_duration.sum") or 0.0)
+    table = roofline_mod.metric_table(main_launch, registry)
+    top.update({"report": str(report), "set": chosen, "set_reason": reason, "attempts": attempts,
+                "ncu_num": NCU_NUM, "top": roofline_mod.top_metrics(table, registry, NCU_NUM), "metrics": table,
+                "kernel": main_launch.kernel_name})
     path = _write_json(ctx.outdir / "ncu_top.json", top)
     main = max(top["launches"], key=lambda r: r["metrics"]["duration_ns"] or 0.0)  # type: ignore[index, union-attr]
     m = main["metrics"]
     figures = {"ncu_duration_ms": top["duration_ms"], "kernels": len(top["launches"]),  # type: ignore[arg-type]
-               "target_kernel": main["kernel"]}
+               "target_kernel": main["kernel"], "ncu_set": chosen}
     for key in ("sm_throughput_pct", "dram_throughput_pct", "achieved_occupancy_pct", "registers_per_thread"):
         if m.get(key) is not None:
             figures[key] = m[key]
-    return Outcome(figures, f"{main['kernel']}: {top['duration_ms']:.4f} ms, SM {m.get('sm_throughput_pct')}%, "
-                            f"DRAM {m.get('dram_throughput_pct')}%, occupancy {m.get('achieved_occupancy_pct')}%",
-                   (str(report), path))
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.1f}%"
+
+    return Outcome(figures, f"{main['kernel'][:60]}: {_ms(top['duration_ms'])} ({chosen} set), SM "
+                            f"{pct(m.get('sm_throughput_pct'))}, DRAM {pct(m.get('dram_throughput_pct'))}, occupancy "
+                            f"{pct(m.get('achieved_occupancy_pct'))}", (str(report), path))
+
+
+#: SKILL.md's default ``ncu_num``: top metrics kept per axis.
+NCU_NUM = 5
+
+
+def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
+    """SKILL.md 3b from this session's ``ncu_top.json`` (+ ``bench.json``'s workload model and the measured
+    peaks): the three gaps, bound, near_peak, axis budget, achieved FLOP/s and bytes/s, arithmetic intensity;
+    writes ``roofline.json`` and ``roofline.png``."""
+    top_path = ctx.outdir / "ncu_top.json"
+    if not top_path.is_file():
+        raise Blocked("ncu", "no ncu_top.json from this session's ncu gate")
+    top = json.loads(top_path.read_text())
+    if "metrics" not in top:
+        raise Blocked("ncu", "ncu_top.json holds no registry metrics (written by an older version)")
+    bench_path = ctx.outdir / "bench.json"
+    workload = json.loads(bench_path.read_text()).get("workload") if bench_path.is_file() else None
+    registry = roofline_mod.load_registry()
+    doc = roofline_mod.roofline(top["metrics"], registry, top.get("duration_ms"), workload, device_peaks(ctx))
+    doc["kernel"] = top.get("kernel")
+    path = _write_json(ctx.outdir / "roofline.json", doc)
+    png = roofline_mod.plot({**doc, "label": ctx.kernel.stem}, [], ctx.outdir / "roofline.png",
+                            title=f"{ctx.kernel.name} roofline")
+    figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
+               if doc.get(k) is not None}
+    figures.update({f"budget_{a}": n for a, n in doc["axis_budget"].items()})
+    for k in ("arithmetic_intensity", "sol_pct_fp32"):
+        if doc.get(k) is not None:
+            figures[k] = doc[k]
+
+    def g(v: Any) -> str:
+        return "null" if v is None else f"{v:.2f}"
+
+    b = doc["axis_budget"]
+    sol = f", {doc['sol_pct_fp32']:.1f}% of the fp32 roofline" if doc.get("sol_pct_fp32") is not None else ""
+    return Outcome(figures, f"Δc={g(doc['delta_compute'])} Δm={g(doc['delta_memory'])} Δl={g(doc['delta_latency'])}"
+                            f", bound {doc['bound']}, budget {b['compute']}/{b['memory']}/{b['latency']}"
+                            f" ({doc['method']}){sol}", tuple(p for p in (path, png) if p))
 
 
 def gate_sass(ctx: Context, param: Any = None) -> Outcome:
@@ -675,6 +747,7 @@ GATES: tuple[Gate, ...] = (
     Gate("sanitizer", gate_sanitizer, "correctness", True, artifact="sanitizer_<tool>.json"),
     Gate("timing", gate_timing, "correctness", True, artifact="bench.json"),
     Gate("ncu", gate_ncu, "correctness", True, artifact="kernel.ncu-rep, ncu_top.json"),
+    Gate("roofline", gate_roofline, "ncu", True, artifact="roofline.json, roofline.png"),
     Gate("sass", gate_sass, "compile", False, artifact="sass/<function>.sass"),
 )
 GATE_ORDER = {g.name: i for i, g in enumerate(GATES)}

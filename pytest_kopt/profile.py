@@ -33,10 +33,24 @@ METRICS: dict[str, str] = {
 COUNTER_PERMISSION = "ERR_NVGPUCTRPERM"
 
 
-def ncu_prefix(ncu: str, report: Path) -> list[str]:
-    """The ncu command that wraps the harness: target range only, no clock control, all child processes."""
+#: SKILL.md 3a: the full set below 10 ms of kernel time, the light set at 10 ms and above.
+FULL_BELOW_MS = 10.0
+
+
+def choose_set(duration_ms: float | None) -> tuple[str, str]:
+    """(set name, reason): ``full`` when the kernel is under 10 ms or its duration is unknown, else ``light``."""
+    if duration_ms is None:
+        return "full", "duration unknown (no timing in this session)"
+    if duration_ms < FULL_BELOW_MS:
+        return "full", f"{duration_ms:.4g} ms < {FULL_BELOW_MS:g} ms"
+    return "light", f"{duration_ms:.4g} ms >= {FULL_BELOW_MS:g} ms"
+
+
+def ncu_prefix(ncu: str, report: Path, set_args: list[str] | None = None) -> list[str]:
+    """The ncu command that wraps the harness: target range only, no clock control, all child processes, the
+    registry's section set (``set_args``) plus the basic METRICS."""
     return [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
-            "--target-processes", "all", "--metrics", ",".join(METRICS.values()),
+            "--target-processes", "all", *(set_args or []), "--metrics", ",".join(METRICS.values()),
             "--force-overwrite", "-o", str(report)]
 
 

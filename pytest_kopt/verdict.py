@@ -45,7 +45,9 @@ def tolerance_scale(low: np.ndarray, ref: np.ndarray, atol: float, rtol: float) 
     rtol*|ref|). Tolerances scaled by less than this reject ``low``."""
     with np.errstate(invalid="ignore", divide="ignore"):
         r = ref.astype(np.float64)
-        ratio = np.abs(low.astype(np.float64) - r) / (atol + rtol * np.abs(r))
+        err = np.abs(low.astype(np.float64) - r)
+        # an exact match fits any tolerance, even atol = rtol = 0 (0/0 would make the scale inf, the advice nan)
+        ratio = np.where(err == 0, 0.0, err / (atol + rtol * np.abs(r)))
     finite = ratio[np.isfinite(ratio)]
     return float(finite.max()) if finite.size else float("inf")
 

@@ -128,3 +128,53 @@ def test_redteam_corpus_gpu(pytester: pytest.Pytester) -> None:
     got = _statuses(json.loads((pytester.path / "r.json").read_text()))
     want = {name: {status} for name, (_, status) in GPU_CASES.items()} | {"honest.cu": {"PASSED"}}
     assert got == want, result.stdout.str()[-3000:]
+
+
+SIDE_STREAM_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    // T1: the real work goes to a private non-blocking stream and is not waited for; only a tiny kernel runs on
+    // the caller's stream, so CUDA events on that stream see almost nothing.
+    __global__ void work(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) { float v = x[i]; for (int k = 0; k < 2000; ++k) v = v * 1.0000001f; y[i] = 2.0f * x[i] + (v - v); }
+    }
+    __global__ void tiny() {}
+    extern "C" void solve(const float* x, float* y, int n) {
+        static cudaStream_t s = nullptr;
+        if (!s) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        work<<<(n + 255) / 256, 256, 0, s>>>(x, y, n);
+        tiny<<<1, 1>>>();
+    }
+""")
+PHASE_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    // T8/T9: computes for the first calls (the correctness checks), then stops launching (timed calls are free).
+    __global__ void k(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = 2.0f * x[i];
+    }
+    extern "C" void solve(const float* x, float* y, int n) {
+        static int calls = 0;
+        if (++calls > 6) return;
+        k<<<(n + 255) / 256, 256>>>(x, y, n);
+    }
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
+    """On a GPU: work hidden on a side stream is SUSPECT; a kernel that stops working once timing starts fails the
+    timed-output check; the honest kernel's timing passes."""
+    (pytester.path / "side_stream.cu").write_text(SIDE_STREAM_CU)
+    (pytester.path / "phase.cu").write_text(PHASE_CU)
+    (pytester.path / "honest.cu").write_text(GPU_TEMPLATE.replace("BODY", "y[i] = 2.0f * x[i];"))
+    pytester.makepyfile(ref=SCALE_REF)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "honest.cu", "--kopt-candidate", "side_stream.cu", "--kopt-candidate", "phase.cu",
+        "--kopt-ref", "ref.py", "--kopt-dims", "n=16777216", "--kopt-seeds", "3", "--kopt-json", "r.json",
+        "-p", "no:cacheprovider", "-k", "correctness or timing", timeout=900)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    timing = {i["nodeid"].split("::")[0]: i["status"] for i in doc["items"] if i["gate"] == "timing"}
+    assert timing == {"honest.cu": "PASSED", "side_stream.cu": "SUSPECT", "phase.cu": "INCORRECT_NUMERICAL"}, \
+        result.stdout.str()[-3000:]

@@ -1,0 +1,195 @@
+"""Roofline gaps and the method budget (SKILL.md steps 3a-3b), from parsed ncu metrics and the workload model.
+
+Plain Python over plain dicts: :func:`metric_table` maps a parsed launch onto the logical metrics of
+``registries/metric_registry.json``; :func:`gaps` computes Δc, Δm, Δl; :func:`axis_budget` splits the method budget;
+:func:`roofline` assembles ``roofline.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from .ncu_csv import NcuLaunch, metric_value
+
+AXES = ("compute", "memory", "latency")
+#: SKILL.md: a gap under 0.10 is noise and earns no method slot; near_peak needs every gap under 0.15.
+GAP_FLOOR = 0.10
+NEAR_PEAK = 0.15
+BUDGET_TOTAL = 3
+BUDGET_CAP = 2
+#: Tie order when two axes have equal remainders. Upstream's own cases give memory the slot over compute
+#: ((.5,.5,0) -> 1/2/0) and over compute again at (.2,.2,.9) -> 0/1/2; latency last.
+TIE_ORDER = ("memory", "compute", "latency")
+REGISTRY = Path(__file__).resolve().parent.parent / "registries" / "metric_registry.json"
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
+    """The metric registry document. Raises FileNotFoundError / json.JSONDecodeError as is."""
+    return json.loads(path.read_text())
+
+
+def metric_table(launch: NcuLaunch, registry: Mapping[str, Any]) -> dict[str, float | None]:
+    """Logical metric name -> value in the registry's unit (first alias present wins; missing -> None)."""
+    return {name: metric_value(launch, *spec["aliases"]) for name, spec in registry["metrics"].items()}
+
+
+def stall_shares(table: Mapping[str, float | None], registry: Mapping[str, Any]) -> dict[str, float]:
+    """Each stall reason's share of all stall cycles, in % (``selected`` is issuing, not a stall, and is left
+    out). Empty when no stall metric was collected."""
+    stalls = {n: v for n, v in table.items()
+              if registry["metrics"][n].get("stall") and v is not None and n != "stall_selected"}
+    total = sum(stalls.values())
+    if not stalls or total <= 0:
+        return {}
+    return {n.removeprefix("stall_"): 100.0 * v / total for n, v in stalls.items()}
+
+
+def gaps(table: Mapping[str, float | None], registry: Mapping[str, Any]) -> dict[str, float | None]:
+    """Δc = 1 - max(tensor pipe %, fp32 pipe %, SM throughput %)/100; Δm = 1 - DRAM throughput %/100;
+    Δl = (largest stall reason's share of stall cycles, %)/100. A gap whose metrics are all missing is None (never
+    0 or 1); values are clamped to [0, 1]."""
+    compute = [table.get(n) for n in ("tensor_hmma_pipe_pct", "tensor_gmma_pipe_pct", "tensor_imma_pipe_pct",
+                                      "tensor_dmma_pipe_pct", "fp32_pipe_pct", "sm_throughput_pct")]
+    known = [v for v in compute if v is not None]
+    dram = table.get("dram_throughput_pct")
+    shares = stall_shares(table, registry)
+
+    def clamp(x: float) -> float:
+        return min(1.0, max(0.0, x))
+
+    return {"compute": clamp(1 - max(known) / 100) if known else None,
+            "memory": clamp(1 - dram / 100) if dram is not None else None,
+            "latency": clamp(max(shares.values()) / 100) if shares else None}
+
+
+def axis_budget(delta: Mapping[str, float | None], total: int = BUDGET_TOTAL, cap: int = BUDGET_CAP) -> dict[str, int]:
+    """Split ``total`` method slots over the axes in proportion to their gaps (SKILL.md 3b).
+
+    Rules, in order: a gap that is None or under 0.10 counts as 0; if every gap counts 0, each *known* axis gets 1
+    (upstream: (.05,.05,.05) -> 1/1/1; all None -> 0/0/0); otherwise largest-remainder rounding of
+    total*gap/sum(gaps) with at most ``cap`` per axis, ties broken memory > compute > latency; slots an axis cannot
+    take (cap) go to the other axes *with evidence* by the same rule, and stay unfilled when none is left.
+    Upstream's code gives such a slot to an axis without evidence ((.9,.05,.05) -> 2/1/0, (.9,None,None) -> 2/1/0,
+    (None,.6,None) -> 1/2/0); we return 2/0/0, 2/0/0 and 0/2/0, following SKILL.md's own rule "never add an
+    untriggered filler; leave the budget under-filled". The walkthrough in SKILL.md shows 2/0/1 for (.92,.57,.61);
+    the proportional rule (and upstream's code) gives 1/1/1, which we follow.
+    """
+    eff = {a: (d if d is not None and d >= GAP_FLOOR else 0.0) for a, d in ((a, delta.get(a)) for a in AXES)}
+    if all(v == 0 for v in eff.values()):
+        return {a: (1 if delta.get(a) is not None else 0) for a in AXES}
+    weight = sum(eff.values())
+    share = {a: total * eff[a] / weight for a in AXES}
+    budget = {a: min(cap, math.floor(share[a] + 1e-12)) for a in AXES}
+    left = total - sum(budget.values())
+    order = sorted((a for a in AXES if eff[a] > 0),
+                   key=lambda a: (-round(share[a] - math.floor(share[a] + 1e-12), 12), TIE_ORDER.index(a)))
+    while left > 0 and any(budget[a] < cap for a in order):
+        for a in order:
+            if left and budget[a] < cap:
+                budget[a] += 1
+                left -= 1
+    return budget
+
+
+def bound_of(delta: Mapping[str, float | None]) -> str | None:
+    """Upstream's ``bound``: the axis with the largest known gap (most headroom), ties by TIE_ORDER; None if none."""
+    known = [(d, -TIE_ORDER.index(a), a) for a, d in delta.items() if d is not None]
+    return max(known)[2] if known else None
+
+
+def roofline(table: Mapping[str, float | None], registry: Mapping[str, Any], duration_ms: float | None,
+             workload: Mapping[str, float] | None, peaks: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``roofline.json``: the three gaps, bound, near_peak and axis budget; with a workload model also achieved
+    FLOP/s and bytes/s, arithmetic intensity (FLOP/byte), the roofline time floor from the measured peaks and the
+    % of speed of light (floor / duration). Without one it is labelled a bottleneck-gap heuristic (SKILL.md)."""
+    delta = gaps(table, registry)
+    budget = axis_budget(delta)
+    has_model = bool(workload) and workload.get("bytes_min") is not None
+    near = has_model and all(delta[a] is not None and delta[a] < NEAR_PEAK for a in AXES)  # type: ignore[operator]
+    doc: dict[str, Any] = {"delta_compute": delta["compute"], "delta_memory": delta["memory"],
+                           "delta_latency": delta["latency"], "bound": bound_of(delta), "near_peak": near,
+                           "axis_budget": budget, "method": "roofline" if has_model else "bottleneck-gap heuristic",
+                           "stall_shares_pct": stall_shares(table, registry), "duration_ms": duration_ms}
+    if has_model and workload and duration_ms:
+        flops = float(workload.get("flops") or 0.0)
+        bytes_min = float(workload["bytes_min"])
+        secs = duration_ms * 1e-3
+        doc["achieved_flops"] = flops / secs
+        doc["achieved_bytes_per_s"] = bytes_min / secs
+        doc["arithmetic_intensity"] = flops / bytes_min if bytes_min else None
+        if peaks:
+            bw = peaks.get("dram_bytes_per_s")
+            peak = max(peaks.get("bf16_flops") or 0.0, peaks.get("fp32_flops") or 0.0) if flops else 0.0
+            peak_fp32 = peaks.get("fp32_flops")
+            t_mem = bytes_min / bw if bw else 0.0
+            t_fp32 = flops / peak_fp32 if peak_fp32 and flops else 0.0
+            doc["peaks"] = dict(peaks)
+            doc["floor_ms_fp32"] = max(t_mem, t_fp32) * 1e3
+            doc["floor_ms_best"] = max(t_mem, flops / peak if peak else 0.0) * 1e3
+            doc["sol_pct_fp32"] = 100.0 * doc["floor_ms_fp32"] / duration_ms
+            doc["roofline_bound"] = "memory" if t_mem >= t_fp32 else "compute"
+    return doc
+
+
+def top_metrics(table: Mapping[str, float | None], registry: Mapping[str, Any], n: int = 5) -> dict[str, list]:
+    """SKILL.md 3a's ``ncu_top``: per axis, the ``n`` metrics with the largest values (stall reasons by their share
+    of stall cycles), each ``{"name", "value", "unit"}``. Missing metrics are left out, never shown as 0."""
+    shares = stall_shares(table, registry)
+    out: dict[str, list] = {a: [] for a in AXES}
+    for name, spec in registry["metrics"].items():
+        axis = spec.get("axis")
+        if axis not in out or spec["unit"] != "%" and not spec.get("stall"):
+            continue
+        if spec.get("stall"):
+            reason = name.removeprefix("stall_")
+            if reason in shares:
+                out[axis].append({"name": name, "value": shares[reason], "unit": "% of stalls"})
+        elif table.get(name) is not None:
+            out[axis].append({"name": name, "value": table[name], "unit": "%"})
+    return {a: sorted(v, key=lambda m: -m["value"])[:n] for a, v in out.items()}
+
+
+def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, title: str = "") -> str | None:
+    """Draw the roofline chart to ``path`` (PNG): DRAM roof, fp32 and bf16 compute roofs from the measured peaks,
+    this kernel's point (arithmetic intensity, achieved FLOP/s) and earlier points from ``history``. Returns the
+    path, or None when matplotlib, the workload model or the peaks are missing."""
+    if "arithmetic_intensity" not in doc or not doc.get("peaks") or not doc.get("arithmetic_intensity"):
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    peaks = doc["peaks"]
+    bw = peaks["dram_bytes_per_s"]
+    xs = [2.0 ** e for e in range(-4, 13)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, peak, style in (("fp32 (measured)", peaks.get("fp32_flops"), "-"),
+                               ("bf16 tensor (measured)", peaks.get("bf16_flops"), "--")):
+        if peak:
+            ax.plot(xs, [min(peak, bw * x) / 1e12 for x in xs], style, label=f"{label}: {peak / 1e12:.0f} TFLOP/s")
+    points = [*history, doc]
+    for i, p in enumerate(points):
+        if p.get("arithmetic_intensity") and p.get("achieved_flops"):
+            last = i == len(points) - 1
+            ax.plot(p["arithmetic_intensity"], p["achieved_flops"] / 1e12, "o" if last else "x",
+                    color="C3" if last else "C7", label="this kernel" if last else None)
+            ax.annotate(p.get("label", f"#{i}"), (p["arithmetic_intensity"], p["achieved_flops"] / 1e12),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, workload model)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title or f"roofline (DRAM {bw / 1e12:.2f} TB/s measured)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,113 @@
+"""Roofline gaps, axis budget (FIELD.md's table of cases) and the metric registry, on a real H200 ncu export."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import roofline as rf
+from pytest_kopt.ncu_csv import parse_ncu_csv
+
+DATA = Path(__file__).parent / "data" / "ncu"
+REG = rf.load_registry()
+
+
+@pytest.mark.parametrize(("gaps", "want"), [
+    ((.85, .60, .55), (1, 1, 1)),
+    ((.92, .57, .61), (1, 1, 1)),   # SKILL.md's walkthrough says 2/0/1; upstream's code and the rule say 1/1/1
+    ((.9, .05, .05), (2, 0, 0)),    # upstream 2/1/0: a slot for an axis without evidence, which SKILL.md forbids
+    ((.9, None, None), (2, 0, 0)),  # upstream 2/1/0, same reason
+    ((None, .6, None), (0, 2, 0)),  # upstream 1/2/0, same reason
+    ((.5, .5, 0), (1, 2, 0)),       # tie: memory before compute
+    ((.2, .2, .9), (0, 1, 2)),
+    ((.05, .05, .05), (1, 1, 1)),   # every gap under 0.10: one slot per known axis
+    ((None, None, None), (0, 0, 0)),
+    ((.05, None, .05), (1, 0, 1)),
+    ((.10, .09, 0.0), (2, 0, 0)),   # 0.10 counts, 0.09 does not
+])
+def test_axis_budget_table(gaps, want) -> None:
+    got = rf.axis_budget(dict(zip(rf.AXES, gaps)))
+    assert tuple(got[a] for a in rf.AXES) == want
+    assert sum(got.values()) <= rf.BUDGET_TOTAL and max(got.values()) <= rf.BUDGET_CAP
+
+
+def test_gaps_from_real_full_set_export() -> None:
+    """raw.csv: the vector add of h200-samples profiled with --set full."""
+    launch = parse_ncu_csv((DATA / "raw.csv").read_text())[0]
+    table = rf.metric_table(launch, REG)
+    assert table["sm_throughput_pct"] == 40.611448
+    assert table["dram_throughput_pct"] == 65.866286
+    assert table["fp32_pipe_pct"] == 4.448594
+    assert table["dram_bytes"] is None  # only .per_second exists in this export: missing, never 0
+    g = rf.gaps(table, REG)
+    assert g["compute"] == pytest.approx(1 - 0.40611448, abs=1e-12)
+    assert g["memory"] == pytest.approx(1 - 0.65866286, abs=1e-12)
+    shares = rf.stall_shares(table, REG)
+    assert max(shares, key=shares.get) == "long_scoreboard"
+    total = sum(v for n, v in table.items() if n.startswith("stall_") and v is not None and n != "stall_selected")
+    assert g["latency"] == pytest.approx(54.451624 / total, rel=1e-12)
+    assert rf.bound_of(g) == "latency"
+    top = rf.top_metrics(table, REG, 2)
+    assert [m["name"] for m in top["memory"]] == ["l2_throughput_pct", "dram_throughput_pct"]
+    assert top["latency"][0]["name"] == "stall_long_scoreboard"
+
+
+def test_missing_metrics_give_null_gaps_and_no_near_peak() -> None:
+    table = {name: None for name in REG["metrics"]}
+    table["dram_throughput_pct"] = 95.0
+    doc = rf.roofline(table, REG, 1.0, {"flops": 0, "bytes_min": 1e9}, None)
+    assert doc["delta_compute"] is None and doc["delta_latency"] is None
+    assert doc["delta_memory"] == pytest.approx(0.05)
+    assert doc["near_peak"] is False  # two gaps unknown
+    assert doc["axis_budget"] == {"compute": 0, "memory": 1, "latency": 0}
+
+
+def test_roofline_with_workload_model_and_peaks(tmp_path: Path) -> None:
+    """Naive SGEMM 4096^3 at 25.5 ms on measured peaks: AI, achieved rates and % of the fp32 roofline."""
+    table = {name: None for name in REG["metrics"]}
+    table.update(sm_throughput_pct=64.5, fp32_pipe_pct=30.0, dram_throughput_pct=5.8, stall_long_scoreboard=3.0,
+                 stall_wait=1.0)
+    wm = {"flops": 2 * 4096**3, "bytes_min": 4 * 3 * 4096**2}
+    peaks = {"dram_bytes_per_s": 4.0e12, "fp32_flops": 5.0e13, "bf16_flops": 7.5e14}
+    doc = rf.roofline(table, REG, 25.5, wm, peaks)
+    assert doc["method"] == "roofline"
+    assert doc["arithmetic_intensity"] == pytest.approx(2 * 4096 / 12)
+    assert doc["achieved_flops"] == pytest.approx(2 * 4096**3 / 0.0255)
+    assert doc["floor_ms_fp32"] == pytest.approx(2 * 4096**3 / 5.0e13 * 1e3)
+    assert doc["sol_pct_fp32"] == pytest.approx(100 * (2 * 4096**3 / 5.0e13 * 1e3) / 25.5)
+    assert doc["roofline_bound"] == "compute"
+    assert doc["delta_latency"] == pytest.approx(0.75)
+    assert doc["near_peak"] is False
+    pytest.importorskip("matplotlib")
+    png = rf.plot({**doc, "label": "naive"}, [{**doc, "achieved_flops": 1e12, "label": "it0"}], tmp_path / "r.png")
+    assert png is not None and (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_near_peak_needs_model_and_all_gaps_under_015() -> None:
+    table = {name: None for name in REG["metrics"]}
+    table.update(sm_throughput_pct=90.0, dram_throughput_pct=88.0, stall_long_scoreboard=1.0, stall_wait=9.0)
+    assert rf.roofline(table, REG, 1.0, None, None)["near_peak"] is False  # no workload model
+    doc = rf.roofline(table, REG, 1.0, {"flops": 1.0, "bytes_min": 1.0}, None)
+    assert doc["delta_latency"] == pytest.approx(0.9)
+    assert doc["near_peak"] is False
+    table.update(stall_long_scoreboard=1.0, stall_wait=1.0, stall_barrier=1.0, stall_drain=1.0, stall_misc=1.0,
+                 stall_mio_throttle=1.0, stall_lg_throttle=1.0, stall_no_instruction=1.0)
+    doc = rf.roofline(table, REG, 1.0, {"flops": 1.0, "bytes_min": 1.0}, None)
+    assert doc["delta_latency"] == pytest.approx(0.125) and doc["near_peak"] is True
+
+
+def test_metric_registry_lint() -> None:
+    """Every logical metric: non-empty alias list of ncu metric names (or section labels), a unit, a direction,
+    a known axis; the two metric sets exist."""
+    assert set(REG["metric_sets"]) == {"full", "light"}
+    ncu_name = re.compile(r"^[a-z0-9]+__[a-z0-9_]+(\.[a-z0-9_]+)*$")
+    for name, spec in REG["metrics"].items():
+        assert re.match(r"^[a-z0-9_]+$", name), name
+        assert spec["aliases"] and all(isinstance(a, str) for a in spec["aliases"]), name
+        assert ncu_name.match(spec["aliases"][0]), (name, spec["aliases"][0])
+        assert spec["unit"] and spec["direction"] in ("higher", "lower"), name
+        assert spec["axis"] in (*rf.AXES, None), name
+    stalls = [n for n, s in REG["metrics"].items() if s.get("stall")]
+    assert len(stalls) >= 15 and "stall_long_scoreboard" in stalls

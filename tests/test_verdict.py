@@ -1,0 +1,290 @@
+"""Tests for pytest_kopt.verdict: each guard's status from hand-built arrays, figures, and tolerance warnings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_kopt.verdict import Verdict, judge, tolerance_scale
+
+TOLS = {"y": (1e-3, 1e-3)}
+REF = np.array([1.0, 2.0, 4.0, 8.0], dtype=np.float32)
+REF_B = np.array([3.0, 5.0, 6.0, 7.0], dtype=np.float32)
+
+
+def honest(name: str = "y") -> dict[str, np.ndarray]:
+    """A candidate that matches the reference on every call (separate copies, as loaded from an npz)."""
+    return {f"cand1__{name}": REF.copy(), f"cand2__{name}": REF.copy(), f"candB__{name}": REF_B.copy(),
+            f"candC__{name}": REF_B.copy(), f"ref__{name}": REF.copy(), f"refB__{name}": REF_B.copy()}
+
+
+def with_(arrays: dict[str, np.ndarray], **replace: np.ndarray) -> dict[str, np.ndarray]:
+    return {**arrays, **replace}
+
+
+# -- PASSED --------------------------------------------------------------------------------------------------------
+
+def test_honest_candidate_passes():
+    v = judge(["y"], honest(), TOLS)
+    assert isinstance(v, Verdict)
+    assert v.status == "PASSED"
+    assert v.ok
+    assert (v.message, v.details, v.warnings) == ("", (), ())
+    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+
+
+def test_passes_within_tolerance():
+    # |err| 0.004 <= 1e-3 + 1e-3*4 = 0.005 at the element 4.0
+    c1 = REF.astype(np.float64) + np.array([0.0, 0.0, 0.004, 0.0])
+    v = judge(["y"], with_(honest(), cand1__y=c1), TOLS)
+    assert v.status == "PASSED"
+    assert v.figures["max_abs_err"] == pytest.approx(0.004, rel=1e-9)
+    assert v.figures["mismatched"] == 0
+
+
+def test_passes_with_only_the_first_call():
+    v = judge(["y"], {"cand1__y": REF.copy(), "ref__y": REF.copy()}, TOLS)
+    assert v.status == "PASSED"
+
+
+def test_constant_reference_and_equal_constant_output_pass():
+    # the reference itself is constant: a constant output is right, not CONSTANT_OUTPUT
+    z = np.zeros(4, dtype=np.float32)
+    v = judge(["y"], {"cand1__y": z.copy(), "ref__y": z.copy()}, TOLS)
+    assert v.status == "PASSED"
+
+
+# -- INCORRECT_SHAPE -----------------------------------------------------------------------------------------------
+
+def test_incorrect_shape():
+    v = judge(["y"], with_(honest(), cand1__y=REF.reshape(2, 2).copy()), TOLS)
+    assert v.status == "INCORRECT_SHAPE"
+    assert not v.ok
+    assert "[2, 2]" in v.message and "[4]" in v.message
+
+
+# -- CONSTANT_OUTPUT -----------------------------------------------------------------------------------------------
+
+def test_constant_output():
+    v = judge(["y"], with_(honest(), cand1__y=np.zeros(4, dtype=np.float32)), TOLS)
+    assert v.status == "CONSTANT_OUTPUT"
+    assert len(v.details) == 1
+
+
+def test_constant_output_even_within_a_loose_tolerance():
+    # all-zero output, small varying reference: atol=1 passes every element, the guard still fails it
+    ref = np.array([1e-3, 2e-3, 3e-3, 4e-3])
+    zero = np.zeros(4)
+    arrays = {"cand1__y": zero, "cand2__y": zero.copy(), "ref__y": ref}
+    v = judge(["y"], arrays, {"y": (1.0, 0.0)})
+    assert v.status == "CONSTANT_OUTPUT"
+    assert v.figures["mismatched"] == 0  # numerically it would have passed
+
+
+# -- INCORRECT_NUMERICAL -------------------------------------------------------------------------------------------
+
+def test_one_element_off():
+    c1 = REF.copy()
+    c1[2] = 4.5
+    v = judge(["y"], with_(honest(), cand1__y=c1), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+    assert v.message == "output differs from the reference"
+    assert v.figures == {"max_abs_err": 0.5, "max_rel_err": 0.125, "mismatched": 1}
+    assert len(v.details) == 1 and "1/4 elements" in v.details[0]
+
+
+def test_nan_element():
+    c1 = REF.copy()
+    c1[1] = np.nan
+    v = judge(["y"], with_(honest(), cand1__y=c1), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+    assert v.figures["mismatched"] == 1
+
+
+def test_inf_element():
+    c1 = REF.copy()
+    c1[0] = np.inf
+    v = judge(["y"], with_(honest(), cand1__y=c1), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+
+
+# -- NONDETERMINISTIC ----------------------------------------------------------------------------------------------
+
+def test_nondeterministic_second_call():
+    c2 = REF.copy()
+    c2[3] = 9.0
+    v = judge(["y"], with_(honest(), cand2__y=c2), TOLS)
+    assert v.status == "NONDETERMINISTIC"
+    assert v.details[0].startswith("second call: ")
+    # figures are the first call's: it was exact
+    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+
+
+# -- set B: STALE_OUTPUT, INPUT_INDEPENDENT, INCORRECT_NUMERICAL ---------------------------------------------------
+
+def test_stale_output_replays_set_a():
+    # same buffers give set A's answer again, new buffers give the right one: a result cached by address
+    v = judge(["y"], with_(honest(), candB__y=REF.copy()), TOLS)
+    assert v.status == "STALE_OUTPUT"
+    assert v.details[0].startswith("new values, same buffers: ")
+
+
+def test_stale_output_any_wrong_value():
+    v = judge(["y"], with_(honest(), candB__y=REF_B + 1.0), TOLS)
+    assert v.status == "STALE_OUTPUT"
+
+
+def test_input_independent():
+    # set B's output bit-identical to set A's although the reference changed, in new buffers too
+    v = judge(["y"], with_(honest(), candB__y=REF.copy(), candC__y=REF.copy()), TOLS)
+    assert v.status == "INPUT_INDEPENDENT"
+
+
+def test_input_independent_without_candc():
+    arrays = honest()
+    del arrays["candC__y"]
+    v = judge(["y"], with_(arrays, candB__y=REF.copy()), TOLS)
+    assert v.status == "INPUT_INDEPENDENT"
+
+
+def test_input_independent_needs_bit_identity():
+    # set A's output plus a tiny change: no longer identical, so plainly wrong on set B
+    near = REF.copy()
+    near[0] = np.nextafter(near[0], np.float32(2.0))
+    v = judge(["y"], with_(honest(), candB__y=near, candC__y=near.copy()), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+
+
+def test_wrong_second_set_neither_stale_nor_independent():
+    wrong = REF_B + 1.0
+    v = judge(["y"], with_(honest(), candB__y=wrong, candC__y=wrong.copy()), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+    assert "second set" in v.message
+
+
+def test_set_b_skipped_without_refb():
+    arrays = honest()
+    del arrays["refB__y"]
+    v = judge(["y"], with_(arrays, candB__y=REF_B + 1.0), TOLS)
+    assert v.status == "PASSED"
+
+
+# -- several outputs -----------------------------------------------------------------------------------------------
+
+def two_outputs() -> dict[str, np.ndarray]:
+    """Output ``x`` nondeterministic, output ``y`` numerically wrong on the first call."""
+    arrays = {**honest("x"), **honest("y")}
+    arrays["cand2__x"] = REF + 1.0
+    c1 = REF.copy()
+    c1[0] = 3.0
+    arrays["cand1__y"] = c1
+    return arrays
+
+
+@pytest.mark.parametrize(("order", "status"), [
+    (["x", "y"], "NONDETERMINISTIC"),
+    (["y", "x"], "INCORRECT_NUMERICAL"),
+])
+def test_first_failing_output_decides(order, status):
+    tols = {"x": (1e-3, 1e-3), "y": (1e-3, 1e-3)}
+    v = judge(order, two_outputs(), tols)
+    assert v.status == status
+    assert len(v.details) == 2  # both findings are reported
+
+
+def test_per_output_tolerances():
+    # y is off by 0.5 at 4.0: fails at atol 1e-3, passes at atol 1
+    arrays = honest()
+    arrays["cand1__y"] = REF + np.array([0.0, 0.0, 0.5, 0.0], dtype=np.float32)
+    assert judge(["y"], arrays, {"y": (1e-3, 1e-3)}).status == "INCORRECT_NUMERICAL"
+    assert judge(["y"], arrays, {"y": (1.0, 0.0)}).status == "PASSED"
+
+
+def test_figures_worst_over_outputs():
+    # x: errs 0 0.5 0 1 vs 1 2 4 8 -> abs 1.0, rel 0.25 (0.5/2), 2 mismatched
+    # y: errs 0 0 2 0 vs 1 2 4 8 -> abs 2.0, rel 0.5, 1 mismatched
+    arrays = {**honest("x"), **honest("y")}
+    arrays["cand1__x"] = np.array([1.0, 2.5, 4.0, 7.0], dtype=np.float32)
+    arrays["cand1__y"] = np.array([1.0, 2.0, 6.0, 8.0], dtype=np.float32)
+    v = judge(["x", "y"], arrays, {"x": (1e-3, 1e-3), "y": (1e-3, 1e-3)})
+    assert v.figures == {"max_abs_err": 2.0, "max_rel_err": 0.5, "mismatched": 3}
+
+
+def test_figures_exact_for_one_output():
+    arrays = honest()
+    arrays["cand1__y"] = np.array([1.0, 2.5, 4.0, 7.0], dtype=np.float32)
+    v = judge(["y"], arrays, TOLS)
+    assert v.figures == {"max_abs_err": 1.0, "max_rel_err": 0.25, "mismatched": 2}
+
+
+# -- tolerance warnings --------------------------------------------------------------------------------------------
+
+#: atol 0.01, rtol 0.02. low errs: 0.005 at 2 (bound 0.05, ratio 0.1), 0.0225 at 4 (bound 0.09, ratio 0.25).
+WARN_TOLS = {"y": (0.01, 0.02)}
+LOW = np.array([1.0, 2.005, 4.0225, 8.0])
+
+
+def test_tolerance_scale_on_the_warning_example():
+    assert tolerance_scale(LOW, REF, 0.01, 0.02) == pytest.approx(0.25, rel=1e-9)
+
+
+def test_tolerance_scale_exact():
+    # err 0.5 at ref 2 over 0.25 + 0.125*2 = 0.5 -> 1.0; err 0.25 at ref 4 over 0.75 -> 1/3
+    low = np.array([1.0, 2.5, 4.25])
+    ref = np.array([1.0, 2.0, 4.0])
+    assert tolerance_scale(low, ref, 0.25, 0.125) == 1.0
+
+
+def test_tolerance_scale_above_one_when_low_fails():
+    assert tolerance_scale(REF + 1.0, REF, 0.25, 0.0) == 4.0
+
+
+def test_tolerance_scale_ignores_nan():
+    low = np.array([np.nan, 2.5])
+    ref = np.array([1.0, 2.0])
+    assert tolerance_scale(low, ref, 0.5, 0.0) == 1.0
+
+
+def test_tolerance_scale_exact_match_with_zero_tolerance():
+    # an exact match fits any tolerance: 0, not inf (0/0), so the suggested tolerances are 0, not nan
+    ref = np.array([1, 2, 3], dtype=np.int64)
+    assert tolerance_scale(ref.copy(), ref, 0.0, 0.0) == 0.0
+
+
+def test_bf16_warning_with_suggested_tolerances():
+    v = judge(["y"], with_(honest(), low_bf16__y=LOW), WARN_TOLS)
+    assert v.status == "PASSED"  # a warning, never a failure
+    assert len(v.warnings) == 1
+    w = v.warnings[0]
+    assert "output y" in w and "bf16" in w and "fp16" not in w
+    assert "passes atol=0.01, rtol=0.02" in w
+    # scale 0.25: 0.01*0.25, 0.02*0.25
+    assert w.endswith("tolerances below atol=0.0025, rtol=0.005 would reject it")
+
+
+def test_fp16_warning():
+    v = judge(["y"], with_(honest(), low_fp16__y=LOW), WARN_TOLS)
+    assert len(v.warnings) == 1
+    assert "fp16" in v.warnings[0] and "bf16" not in v.warnings[0]
+
+
+def test_both_low_precisions_warn():
+    v = judge(["y"], with_(honest(), low_bf16__y=LOW, low_fp16__y=LOW.copy()), WARN_TOLS)
+    assert len(v.warnings) == 2
+    assert "bf16" in v.warnings[0] and "fp16" in v.warnings[1]
+
+
+def test_no_warning_when_low_precision_fails():
+    low = LOW.copy()
+    low[3] = 8.5  # bound at 8 is 0.17
+    v = judge(["y"], with_(honest(), low_bf16__y=low, low_fp16__y=low.copy()), WARN_TOLS)
+    assert v.status == "PASSED"
+    assert v.warnings == ()
+
+
+def test_warning_for_exact_match_with_zero_tolerance_has_no_nan():
+    ref = np.array([1, 2, 3], dtype=np.int64)
+    v = judge(["i"], {"cand1__i": ref.copy(), "ref__i": ref, "low_bf16__i": ref.copy()}, {"i": (0.0, 0.0)})
+    assert len(v.warnings) == 1
+    assert "nan" not in v.warnings[0]
+    assert v.warnings[0].endswith("atol=0, rtol=0 would reject it")
