@@ -38,7 +38,7 @@ def make(torch, kind: str, n: int, seed: int):
         d["c"] = torch.empty_like(d["a"])
         return d, lambda s: torch.mm(s["a"], s["b"], out=s["c"])
     d = {"a": torch.randn(n, device="cuda", generator=g), "c": torch.empty((), device="cuda")}
-    return d, lambda s: torch.sum(s["a"], out=s["c"])
+    return d, lambda s: torch.sum(s["a"], dim=0, out=s["c"])
 
 
 def profile_child() -> None:
