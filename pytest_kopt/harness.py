@@ -480,10 +480,16 @@ class Clocks:
                 "throttled": bool(reasons & self.SLOWDOWN) or sm < 0.75 * self.max_sm}
 
 
+_LIBCUDA: list[Any] = []
+
+
 def _reset_persisting_l2() -> None:
-    """cuCtxResetPersistingL2Cache: lines a kernel pinned with an access-policy window survive a normal flush."""
+    """cuCtxResetPersistingL2Cache: lines a kernel pinned with an access-policy window survive a normal flush.
+    It waits for the device, so it must run before the flush is queued, never between flush and timed launch."""
     try:
-        ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache()
+        if not _LIBCUDA:
+            _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))
+        _LIBCUDA[0].cuCtxResetPersistingL2Cache()
     except (OSError, AttributeError):
         pass
 
@@ -492,7 +498,7 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
     """The timing loop shared by kernel and reference timing.
 
     Per sample, outside the timed window: refresh the next rotating set's values (once every set has been used),
-    read NVML, flush L2 (write 2x its size, queued just ahead of the launch), reset persisting L2 lines. Timed: CUDA
+    read NVML, reset persisting L2 lines, flush L2 (write 2x its size, queued just ahead of the launch). Timed: CUDA
     events around one ``launch(set)``; then a device-wide synchronize; the host-clock time of the whole sample less
     the flush's event time is kept beside the event time (work put on another stream shows up there). Warmup by time (``warmup_ms``), then samples until
     :func:`pytest_kopt.stats.should_stop`. Returns per-sample lists (ms) and the stop reason."""
@@ -530,13 +536,13 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
         if k >= len(sets):
             refresh(s, k)
         before = clocks.read()
+        _reset_persisting_l2()
         torch.cuda.synchronize()
         h0 = time.perf_counter()
         # the flush stays queued ahead of the timed launch, so the GPU is busy while the host launches (a host
         # round trip between them would put launch latency, tens of µs for a Python launcher, inside the window)
         pre.record()
         flush.zero_()
-        _reset_persisting_l2()
         start.record()
         launch(s)
         stop.record()
