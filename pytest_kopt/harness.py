@@ -498,22 +498,34 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
     """The timing loop shared by kernel and reference timing.
 
     Per sample, outside the timed window: refresh the next rotating set's values (once every set has been used),
-    read NVML, reset persisting L2 lines, flush L2 (write 2x its size, queued just ahead of the launch). Timed: CUDA
-    events around one ``launch(set)``; then a device-wide synchronize; the host-clock time of the whole sample less
-    the flush's event time is kept beside the event time (work put on another stream shows up there). Warmup by time (``warmup_ms``), then samples until
+    read NVML, reset persisting L2 lines, flush L2 (read 2x its size), then hold the stream with a GPU spin longer
+    than the host's launch time (90th percentile of the warmup launches, x2 + 20 µs) so launch latency stays out of
+    the window. Timed: CUDA events around one ``launch(set)``; then a device-wide synchronize; the host-clock time of the whole sample less
+    the flush's event time is kept beside the event time (work put on another stream shows up there). Warmup by
+    time (``warmup_ms``), then samples until
     :func:`pytest_kopt.stats.should_stop`. Returns per-sample lists (ms) and the stop reason."""
     from pytest_kopt.stats import should_stop
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
-    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs inside the kernel
+    flush = torch.ones(2 * l2 // 4, dtype=torch.float32, device="cuda")
+    flush_out = torch.empty((), dtype=torch.float32, device="cuda")
     clocks = Clocks()
     t_end = time.perf_counter() + t["warmup_ms"] / 1e3
     i = 0
+    launch_s: list[float] = []
     while i < 3 or time.perf_counter() < t_end:
+        h = time.perf_counter()
         launch(sets[i % len(sets)])
+        launch_s.append(time.perf_counter() - h)
         torch.cuda.synchronize()
         i += 1
+    # hold the stream with a GPU spin longer than the host needs to launch, so the start event fires only once the
+    # kernel is queued behind it (nvbench's blocking-kernel idea; torch.cuda._sleep spins for a cycle count)
+    host_launch_us = 1e6 * sorted(launch_s[1:] or launch_s)[int(0.9 * (len(launch_s[1:] or launch_s) - 1))]
+    clock_khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
+    hold_cycles = int((2 * host_launch_us + 20) * clock_khz / 1e3)
     # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
     tiny = torch.empty(1, device="cuda")
     over = []
@@ -542,7 +554,8 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
         # the flush stays queued ahead of the timed launch, so the GPU is busy while the host launches (a host
         # round trip between them would put launch latency, tens of µs for a Python launcher, inside the window)
         pre.record()
-        flush.zero_()
+        torch.sum(flush, dim=0, out=flush_out)
+        torch.cuda._sleep(hold_cycles)
         start.record()
         launch(s)
         stop.record()
@@ -562,7 +575,8 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
     import statistics
     return {"event_ms": event_ms, "host_ms": host_ms, "host_overhead_ms": statistics.median(over),
             "throttled": throttled if throttled else None, "nvml": readings or None, "stop_reason": reason,
-            "rotating_sets": len(sets), "l2_bytes": l2, "flush_bytes": 2 * l2, "warmup_calls": i}
+            "rotating_sets": len(sets), "l2_bytes": l2, "flush_bytes": 2 * l2, "warmup_calls": i,
+            "host_launch_us": host_launch_us, "hold_us": 2 * host_launch_us + 20}
 
 
 def _rotating_sets(torch: Any, first: Inputs, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any],
