@@ -535,7 +535,6 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
         torch.cuda.synchronize()
         over.append((time.perf_counter() - h0) * 1e3)
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    pre = torch.cuda.Event(enable_timing=True)
     event_ms: list[float] = []
     host_ms: list[float] = []
     throttled: list[bool] = []
@@ -550,19 +549,15 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
         before = clocks.read()
         _reset_persisting_l2()
         torch.cuda.synchronize()
-        h0 = time.perf_counter()
         # the flush stays queued ahead of the timed launch, so the GPU is busy while the host launches (a host
         # round trip between them would put launch latency, tens of µs for a Python launcher, inside the window)
-        pre.record()
         torch.sum(flush, dim=0, out=flush_out)
         torch.cuda._sleep(hold_cycles)
         start.record()
         launch(s)
         stop.record()
         torch.cuda.synchronize()
-        h1 = time.perf_counter()
         event_ms.append(start.elapsed_time(stop))
-        host_ms.append((h1 - h0) * 1e3 - pre.elapsed_time(start))
         after = clocks.read()
         if before and after:
             throttled.append(before["throttled"] or after["throttled"])
@@ -572,8 +567,18 @@ def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str,
         reason = should_stop(event_ms, time.perf_counter() - t0, target_rse=t["target_rse"],
                              min_samples=t["min_samples"], min_time_s=t["min_time_s"], budget_s=t["budget_s"],
                              max_samples=t["max_samples"])
+    # side-stream probe: without the stream hold, launch and synchronise the whole device; work the events did not
+    # see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync
+    for j in range(30):
+        s = sets[j % len(sets)]
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
+        launch(s)
+        torch.cuda.synchronize()
+        host_ms.append((time.perf_counter() - h0) * 1e3)
     import statistics
     return {"event_ms": event_ms, "host_ms": host_ms, "host_overhead_ms": statistics.median(over),
+            "host_launch_ms": statistics.median(launch_s[1:] or launch_s) * 1e3,
             "throttled": throttled if throttled else None, "nvml": readings or None, "stop_reason": reason,
             "rotating_sets": len(sets), "l2_bytes": l2, "flush_bytes": 2 * l2, "warmup_calls": i,
             "host_launch_us": host_launch_us, "hold_us": 2 * host_launch_us + 20}

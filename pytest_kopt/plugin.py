@@ -40,6 +40,17 @@ OPTIONS = (
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
+    ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
+    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
+    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
+    ("ncu-num", "Loop: top ncu metrics kept per axis (default 5)", "N"),
+    ("noise", "Loop: noise threshold in % for improvement and attribution (default 2)", "PCT"),
+    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
+)
+#: (flag, help): boolean options, each with an ini twin.
+FLAGS = (
+    ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
+    ("finalize", "With --kopt-run: complete the run after this close and render summary.md"),
 )
 SEED_CACHE_KEY = "kopt/session_seed"
 
@@ -56,6 +67,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             continue
         group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
         parser.addini(dest, help=help_text, default=None)
+    for name, help_text in FLAGS:
+        group.addoption(f"--kopt-{name}", dest=f"kopt_{name}", action="store_true", default=None, help=help_text)
+        parser.addini(f"kopt_{name}", help=help_text, type="bool", default=False)
 
 
 def _session_seed(config: pytest.Config, given: Any) -> str | None:
@@ -86,15 +100,86 @@ def _settings(config: pytest.Config) -> Settings:
             return value or [str(p) for p in config.getini(dest)]
         return value if value is not None else config.getini(dest)
 
-    seed = _session_seed(config, raw("seed")) if raw("baseline") not in (None, "") else raw("seed")
+    overrides: dict[str, Any] = {}
+    run_dir = raw("run")
+    if run_dir not in (None, ""):
+        overrides = _run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+    seed = None
+    if (overrides.get("baseline") or raw("baseline")) not in (None, "") and "seeds" not in overrides:
+        seed = _session_seed(config, raw("seed"))
 
     def get(name: str) -> Any:
+        if name in overrides:
+            return overrides[name]
         return seed if name == "seed" else raw(name)
 
     try:
-        return build_settings(get, Path(config.invocation_params.dir))
+        settings = build_settings(get, Path(config.invocation_params.dir))
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}") from None
+    return _loop_settings(config, settings, overrides)
+
+
+def _run_overrides(run_dir: Path) -> dict[str, Any]:
+    """--kopt-run: kernel, reference, dims and seeds come from the run's state.json; the open iteration's branches
+    and ablations are the kernels. Raises UsageError when the folder is not an open run or methods.json is bad."""
+    from . import loop
+
+    try:
+        state = loop.load_state(run_dir)
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {run_dir} holds no readable state.json ({exc})\n"
+                                "  fix: pass a run_YYYYMMDD_HHMMSS folder made by --kopt-init") from None
+    i = state.get("open_iter")
+    if not i:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {run_dir} has no open iteration (run_status "
+                                f"{state.get('run_status')}, stop_reason {state.get('stop_reason')})\n"
+                                "  fix: start a new run with --kopt-init")
+    it = run_dir / f"iterv{i}"
+    branches, ablations = loop.iteration_kernels(run_dir, int(i))
+    if not branches:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {it}/branches/b*/ hold no kernel.cu or kernel.py\n"
+                                "  fix: write the branch kernels first (SKILL.md step 3d)")
+    methods_path = it / "methods.json"
+    try:
+        methods = json.loads(methods_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise pytest.UsageError(f"pytest-kopt: {methods_path}: {exc}\n  fix: write the selected methods as "
+                                '{"methods": [{"id": "memory.shared_memory_tiling", "rationale": "..."}]}') from None
+    roof = json.loads((it / "roofline.json").read_text())
+    arch = (state.get("env") or {}).get("sm_arch") or "sm_90a"
+    problems = loop.validate_methods(methods, loop.load_registry("method_registry"), roof["axis_budget"], state, arch)
+    if problems:
+        raise pytest.UsageError(f"pytest-kopt: {methods_path} is not valid:\n  - " + "\n  - ".join(problems)
+                                + "\n  fix: follow the axis budget in roofline.json and registries/method_registry.json")
+    kernels = [*branches, *ablations.values()]
+    return {"baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
+            "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
+            "_run_dir": str(run_dir)}
+
+
+def _loop_settings(config: pytest.Config, settings: Settings, overrides: dict[str, Any]) -> Settings:
+    """Attach the loop mode, run directory and artifact folders. --kopt-init's run folder is made by the
+    controller and handed to xdist workers, so every process writes into the same one."""
+    import dataclasses
+
+    from . import loop
+
+    if overrides.get("_run_dir"):
+        run_dir = Path(overrides["_run_dir"])
+        dirs = {str(k): str(k.parent) for k in settings.kernels}
+        return dataclasses.replace(settings, run_dir=run_dir, loop_mode="run", artifact_dirs=dirs)
+    init = config.getoption("kopt_init") or config.getini("kopt_init")
+    if not init or not settings.active:
+        return settings
+    assert settings.baseline is not None
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "kopt_run_dir" in workerinput:
+        run_dir = Path(workerinput["kopt_run_dir"])
+    else:
+        run_dir = loop.new_run_dir(settings.baseline)
+    return dataclasses.replace(settings, run_dir=run_dir, loop_mode="init",
+                               artifact_dirs={str(settings.baseline): str(run_dir / "baseline")})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -118,12 +203,43 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[ENV_KEY] = workerinput["kopt_env"]
         return
     config.stash[ENV_KEY] = hardware.detect()
+    if settings.loop_mode == "init":
+        _init_run(config, settings)
     cache = getattr(config, "cache", None)
     if settings.session_seed is not None and cache is not None:
         cache.set(SEED_CACHE_KEY, settings.session_seed)
     if config.getoption("dist", "no") == "load":
         config.option.dist = "loadgroup"  # GPU gates share one xdist group, so they run one at a time
     config.pluginmanager.register(KoptController(config), "kopt-controller")
+
+
+def _int_option(config: pytest.Config, name: str, default: float) -> float:
+    value = config.getoption(f"kopt_{name.replace('-', '_')}") or config.getini(f"kopt_{name.replace('-', '_')}")
+    if value in (None, ""):
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-{name}: {value!r} is not a number\n  fix: e.g. "
+                                f"--kopt-{name} {default:g}") from None
+    if number <= 0 and name != "noise" or number < 0:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-{name}: {value!r} must be positive")
+    return number
+
+
+def _init_run(config: pytest.Config, settings: Settings) -> None:
+    """--kopt-init, controller side: create the run folder and state.json before any gate writes into it."""
+    from . import loop
+
+    assert settings.run_dir is not None and settings.baseline is not None and settings.ref is not None
+    mode = config.getoption("kopt_numerics_mode") or config.getini("kopt_numerics_mode") or "reference"
+    if mode not in ("reference", "strict", "approximate"):
+        raise pytest.UsageError(f"pytest-kopt: --kopt-numerics-mode: {mode!r}\n  fix: reference, strict or approximate")
+    loop.init_state(settings.run_dir, settings.baseline, settings.ref, settings.dims,
+                    iterations=int(_int_option(config, "iterations", 3)),
+                    branches=int(_int_option(config, "branches", 4)), ncu_num=int(_int_option(config, "ncu-num", 5)),
+                    noise_pct=_int_option(config, "noise", 2.0), numerics_mode=mode, seeds=list(settings.seeds),
+                    env=config.stash[ENV_KEY])
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -146,6 +262,24 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """A Triton/Python kernel given to kopt is not a test module: keep pytest's python plugin from importing it
+    (that would import torch/triton into the pytest process and collect its functions)."""
+    settings = parent.config.stash.get(SETTINGS_KEY, None)
+    if settings is not None and settings.active and module_path.resolve() in settings.kernels:
+        return _NotATestModule.from_parent(parent, path=module_path)
+    return None
+
+
+class _NotATestModule(pytest.File):
+    """Stands in for the python plugin's Module of a kernel file; collects nothing (KoptFile has the items)."""
+
+    def collect(self) -> list[pytest.Item]:
+        """Nothing: the kernel's items come from :class:`KoptFile`."""
+        return []
+
+
 def context(config: pytest.Config, kernel: Path, nodeid: str) -> Context:
     """The gate context of one kernel file, from the session's settings and environment."""
     settings = config.stash[SETTINGS_KEY]
@@ -164,6 +298,8 @@ class KoptFile(pytest.File):
         settings = self.config.stash[SETTINGS_KEY]
         ctx = context(self.config, self.path, self.nodeid)
         for gate in GATES:
+            if settings.loop_mode == "run" and gate.name in ("ncu", "roofline"):
+                continue  # profiled once, for the champion, when the session closes the iteration
             if gate.name == "correctness":
                 params: list[Any] = [(c, f"[{case_label(c)}]") for c in correctness_cases(ctx)]
             elif gate.name == "sanitizer":
@@ -230,12 +366,15 @@ class KoptController:
         self.config = config
         self.records: list[dict[str, Any]] = []
         self.stdout_doc: str | None = None
+        self.loop_result: dict[str, Any] | None = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """xdist: give each worker the detected environment and the session seed (builtins only), so workers never
         probe CUDA themselves and collect the same items."""
         node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+        if self.config.stash[SETTINGS_KEY].run_dir is not None:
+            node.workerinput["kopt_run_dir"] = str(self.config.stash[SETTINGS_KEY].run_dir)
         seed = self.config.stash[SETTINGS_KEY].session_seed
         if seed is not None:
             node.workerinput["kopt_session_seed"] = str(seed)
@@ -250,7 +389,7 @@ class KoptController:
         props.setdefault("kopt_gate", report.nodeid.split("::")[-1].split("[")[0])
         message = None
         if report.skipped and isinstance(report.longrepr, tuple):
-            message = report.longrepr[2]
+            message = report.longrepr[2].removeprefix("Skipped: ")
         elif report.failed:
             message = props.get("kopt_message") or str(report.longrepr).splitlines()[-1][:500]
         self.records.append({"nodeid": report.nodeid, "gate": props.get("kopt_gate"), "outcome": report.outcome,
@@ -271,22 +410,47 @@ class KoptController:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Map pytest's "tests failed" (1) to SKILL.md's code when every failure is a gate's; write the JSON."""
+        settings = self.config.stash[SETTINGS_KEY]
+        pytest_status = session.exitstatus
         code = self.exit_code()
         other_failures = any(r["outcome"] == "failed" and r["exit_code"] is None for r in self.records)
-        if code is not None and session.exitstatus == pytest.ExitCode.TESTS_FAILED and not other_failures:
+        if code is not None and pytest_status == pytest.ExitCode.TESTS_FAILED and not other_failures:
             session.exitstatus = code
-        settings = self.config.stash[SETTINGS_KEY]
+        # pytest's own "interrupted" (2) and "internal error" (3) share numbers with SKILL.md's codes: decide on the
+        # status pytest itself reported, before any mapping
+        if settings.loop_mode is not None and pytest_status in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            self.loop_result = self._finish_loop(settings)
+            if self.loop_result["exit_code"] and session.exitstatus in (0, code):
+                session.exitstatus = code if code is not None else self.loop_result["exit_code"]
         if settings.json_path:
             doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                    "exit_code": int(session.exitstatus), "kernel": str(settings.baseline), "ref": str(settings.ref),
                    "dims": settings.dims, "seeds": list(settings.seeds), "env": self.config.stash[ENV_KEY],
-                   "outdir": str(settings.outdir), "items": self.records}
+                   "outdir": str(settings.outdir), "items": self.records,
+                   "loop": {**self.loop_result, "run_dir": str(settings.run_dir), "mode": settings.loop_mode}
+                   if self.loop_result else None}
             if settings.json_path == "-":
                 self.stdout_doc = json.dumps(doc, default=str)  # printed last, in pytest_unconfigure
             else:
                 text = json.dumps(doc, indent=2, default=str)
                 Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
                 Path(settings.json_path).write_text(text + "\n")
+
+    def _finish_loop(self, settings: Settings) -> dict[str, Any]:
+        """--kopt-init: stop the run or open iteration 1; --kopt-run: close the open iteration."""
+        from . import driver
+
+        assert settings.run_dir is not None
+        rootpath = self.config.rootpath
+
+        def ctx_for(kernel: Path) -> Context:
+            return context(self.config, kernel, str(kernel))
+
+        if settings.loop_mode == "init":
+            assert settings.baseline is not None
+            return driver.finish_init(settings.run_dir, ctx_for(settings.baseline), self.records, rootpath)
+        finalize = bool(self.config.getoption("kopt_finalize") or self.config.getini("kopt_finalize"))
+        return driver.finish_run(settings.run_dir, ctx_for, self.records, rootpath, finalize)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """``--kopt-json -``: the document as the very last line of stdout (one line: ``tail -n 1`` reads it)."""
@@ -309,6 +473,8 @@ class KoptController:
             name = r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]
             text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")
             tr.write_line(f"{name:<{width}} {r['status']:<20} {text}"[:400])
+        if self.loop_result is not None:
+            tr.write_line(f"kopt loop: {self.loop_result['message']}")
         code = self.exit_code()
         if code is not None:
             tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "

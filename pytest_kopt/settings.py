@@ -54,6 +54,10 @@ class Settings:
     candidates: tuple[Path, ...] = ()
     session_seed: int | None = None
     sanitizer: tuple[str, ...] = ()
+    #: Loop mode (``--kopt-init`` / ``--kopt-run``): kernel path -> its artifact folder inside the run directory.
+    artifact_dirs: dict[str, str] = field(default_factory=dict)
+    run_dir: Path | None = None
+    loop_mode: str | None = None
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -63,6 +67,12 @@ class Settings:
             if k not in out:
                 out.append(k)
         return tuple(out)
+
+    def artifact_dir(self, kernel: Path) -> Path:
+        """Where a kernel's artifacts go: its run-directory folder in loop mode, else ``<outdir>/<label>``."""
+        if str(kernel) in self.artifact_dirs:
+            return Path(self.artifact_dirs[str(kernel)])
+        return self.outdir / self.label(kernel)
 
     def label(self, kernel: Path) -> str:
         """Folder name of a kernel's artifacts: its stem, or ``<parent>_<stem>`` when two kernels share a stem."""

@@ -1,0 +1,115 @@
+"""A real 2-iteration optimization run on the naive SGEMM example, driven the way an agent drives pytest-kopt.
+
+Iteration 1 writes two shared-memory-tiled branches (TILE 32, 16) and the ablation of shared-memory tiling;
+iteration 2 two register-tiled branches with 128-bit accesses (128x128/8x8, 64x64/4x4) and the ablation of the
+vectorized accesses. Methods are chosen inside each iteration's axis budget (roofline.json). Prints the wall time
+of every phase and the run's headline. Also the scenario of the loop-speed issue (2 branches + 1 ablation).
+
+Usage (GPU machine): python3 benchmarks/loop_gemm.py [--out DIR] [--dims M=4096,N=4096,K=4096] [-n 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = Path(__file__).resolve().parent / "loop_kernels"
+
+
+def variant(template: str, **defines: int) -> str:
+    """A kernel source with ``#define`` lines prepended."""
+    head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    return head + (KERNELS / template).read_text()
+
+
+def naive(block: int) -> str:
+    """The baseline with another block edge: the ablation of shared-memory tiling at TILE=block."""
+    src = (ROOT / "examples" / "gemm" / "gemm.cu").read_text()
+    return src.replace("dim3 block(16, 16);", f"dim3 block({block}, {block});")
+
+
+def pytest(args: list[str], cwd: Path, log: Path) -> tuple[int, float]:
+    """Run pytest, log its output, return (exit code, wall seconds)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-rs", *args], cwd=cwd,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    log.write_text(proc.stdout + proc.stderr)
+    tail = proc.stdout[proc.stdout.find("kopt gates"):] if "kopt gates" in proc.stdout else proc.stdout[-3000:]
+    print(tail[-4000:])
+    return proc.returncode, wall
+
+
+def write_iteration(run: Path, i: int, plan: dict) -> list[str]:
+    """Branches, ablations and methods.json of iteration ``i`` inside its axis budget."""
+    it = run / f"iterv{i}"
+    budget = json.loads((it / "roofline.json").read_text())["axis_budget"]
+    methods = [m for m in plan["methods"] if budget.get(m["axis"], 0) > 0]
+    dropped = [m["id"] for m in plan["methods"] if m not in methods]
+    if dropped:
+        print(f"iterv{i}: budget {budget} leaves no slot for {dropped}; not claimed")
+    for k, src in enumerate(plan["branches"], start=1):
+        (it / "branches" / f"b{k}" / "kernel.cu").write_text(src)
+    for method, (src, base) in plan["ablations"].items():
+        if any(m["id"] == method for m in methods):
+            d = it / "ablations" / method
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "kernel.cu").write_text(src)
+            (d / "base").write_text(base + "\n")
+    (it / "methods.json").write_text(json.dumps({"methods": methods}, indent=1))
+    return [m["id"] for m in methods]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/kopt-loop"))
+    ap.add_argument("--dims", default="M=4096,N=4096,K=4096")
+    ap.add_argument("-n", default="4")
+    args = ap.parse_args()
+    work = Path(args.out) / "loop"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(ROOT / "examples" / "gemm", work)
+    common = ["--kopt-ref", "ref.py", "-n", args.n, "--kopt-json", "report.json"]
+    phases = []
+    rc, wall = pytest(["--kopt-baseline", "gemm.cu", "--kopt-dims", args.dims, "--kopt-init", "--kopt-iterations", "2",
+                       "--kopt-branches", "2", "--kopt-seed", "1", *common], work, work / "init.log")
+    phases.append(("set-up (--kopt-init)", rc, wall))
+    run = sorted(work.glob("run_*"))[-1]
+    plans = [
+        {"methods": [{"id": "memory.shared_memory_tiling", "axis": "memory",
+                      "rationale": "DRAM and L1 re-reads of A and B dominate the naive kernel"}],
+         "branches": [variant("smem_tiled.cu", TILE=32), variant("smem_tiled.cu", TILE=16)],
+         "ablations": {"memory.shared_memory_tiling": (naive(32), "b1")}},
+        {"methods": [{"id": "compute.register_tiling", "axis": "compute", "rationale": "FMA pipe under-used"},
+                     {"id": "memory.vectorized_access", "axis": "memory", "rationale": "32-bit loads"}],
+         "branches": [variant("reg_tiled.cu", BM=128, BN=128, TM=8, TN=8, VEC=1),
+                      variant("reg_tiled.cu", BM=64, BN=64, TM=4, TN=4, VEC=1)],
+         "ablations": {"memory.vectorized_access": (variant("reg_tiled.cu", BM=128, BN=128, TM=8, TN=8, VEC=0), "b1")}},
+    ]
+    for i, plan in enumerate(plans, start=1):
+        state = json.loads((run / "state.json").read_text())
+        if state.get("open_iter") != i:
+            print(f"no open iteration {i}: run_status {state.get('run_status')}, stop {state.get('stop_reason')}")
+            break
+        claimed = write_iteration(run, i, plan)
+        rc, wall = pytest(["--kopt-run", str(run), "-n", args.n, "--kopt-json", f"report_iter{i}.json"], work,
+                          work / f"iter{i}.log")
+        phases.append((f"close iterv{i} ({', '.join(claimed)})", rc, wall))
+    print("\nphase                                                    rc   wall s")
+    for name, rc, wall in phases:
+        print(f"{name[:56]:<56} {rc:>3} {wall:>8.1f}")
+    summary = run / "summary.md"
+    if summary.is_file():
+        print("\n" + summary.read_text()[:3000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Session-end steps of the loop, run by the pytest controller: seed the run (``--kopt-init``) or close the open
+iteration (``--kopt-run``): champion, its profile, ablation attribution, SASS verification, next iteration.
+
+Plain Python over the gate functions and :mod:`pytest_kopt.loop`; GPU work happens in child processes only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from . import gates, loop
+from .errors import Blocked, KoptError
+
+#: Gates whose skip means the strict loop cannot go on (SKILL.md: no evidence, no generation).
+STRICT_GATES = ("hardware", "preflight", "compile", "correctness", "timing", "ncu", "roofline")
+
+
+def _kernel_records(records: list[dict[str, Any]], rootpath: Path, kernel: Path) -> list[dict[str, Any]]:
+    return [r for r in records if (rootpath / r["nodeid"].split("::")[0]).resolve() == kernel.resolve()]
+
+
+def _blocker(recs: list[dict[str, Any]], strict: tuple[str, ...]) -> dict[str, Any] | None:
+    """The first failed record in gate order, else the first skipped strict gate, else None."""
+    order = gates.GATE_ORDER
+    failed = [r for r in recs if r["outcome"] == "failed"]
+    if failed:
+        return min(failed, key=lambda r: order.get(r["gate"] or "", 99))
+    skipped = [r for r in recs if r["outcome"] == "skipped" and r["gate"] in strict]
+    return min(skipped, key=lambda r: order.get(r["gate"] or "", 99)) if skipped else None
+
+
+def _stage(block: dict[str, Any]) -> tuple[str, int]:
+    """(stop stage, exit code) of a blocking record: a failure's own code; a skip is charged to the gate that
+    blocked it (``blocked by hardware: ...`` -> hardware, exit 3)."""
+    if block["outcome"] == "failed":
+        return block["gate"], int(block.get("exit_code") or 2)
+    m = re.search(r"blocked by (\w+)", block.get("message") or "")
+    stage = m.group(1) if m else block["gate"]
+    return stage, loop.exit_code_for(stage) if stage != block["gate"] or m else 3
+
+
+def finish_init(run_dir: Path, ctx: gates.Context, records: list[dict[str, Any]], rootpath: Path) -> dict[str, Any]:
+    """After the baseline session: stop the run with the first failing (or skipped) strict gate's reason, or record
+    the baseline (``best_metric_ms``, ``baseline_ms``) and open iteration 1. Returns ``{"exit_code", "message"}``."""
+    recs = _kernel_records(records, rootpath, ctx.kernel)
+    block = _blocker(recs, STRICT_GATES)
+    if block is not None:
+        stage, code = _stage(block)
+        loop.stop_run(run_dir, f"{block['gate']} {block['outcome']}: {block.get('message')}", stage, code)
+        return {"exit_code": code, "message": f"run stopped at {stage}: {block.get('message')}"}
+    bench = json.loads((ctx.outdir / "bench.json").read_text())
+    roof = json.loads((ctx.outdir / "roofline.json").read_text())
+    top = json.loads((ctx.outdir / "ncu_top.json").read_text())
+    state = loop.load_state(run_dir)
+    loop.save_state(run_dir, {"baseline_ms": bench["median_ms"], "best_metric_ms": bench["median_ms"],
+                              "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep"), "ncu_set": top.get("set")})
+    it = loop.open_iteration(run_dir, 1, profile_dir=ctx.outdir, roofline=roof, branches=int(state["branches"]),
+                             ncu_top=top)
+    b = roof["axis_budget"]
+    return {"exit_code": 0, "message": f"run {run_dir} seeded: baseline {bench['median_ms']:.4f} ms; {it.name} open, "
+                                       f"budget c/m/l {b['compute']}/{b['memory']}/{b['latency']}; write "
+                                       f"{it.name}/methods.json, branches/b*/kernel.*, ablations/<method>/kernel.*"}
+
+
+def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records: list[dict[str, Any]],
+               rootpath: Path, finalize: bool) -> dict[str, Any]:
+    """Close the open iteration from this session's results. Returns ``{"exit_code", "message"}``."""
+    state = loop.load_state(run_dir)
+    i = int(state["open_iter"])
+    it = run_dir / f"iterv{i}"
+    branches, ablations = loop.iteration_kernels(run_dir, i)
+    methods_doc = json.loads((it / "methods.json").read_text())
+    methods = [m["id"] for m in methods_doc["methods"]]
+    results = []
+    for index, kernel in enumerate(branches, start=1):
+        ctx = ctx_for(kernel)
+        recs = _kernel_records(records, rootpath, kernel)
+        block = _blocker(recs, ("compile", "correctness", "timing"))
+        bench_path = ctx.outdir / "bench.json"
+        median = json.loads(bench_path.read_text())["median_ms"] if bench_path.is_file() and block is None else None
+        results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
+                        "passed": block is None and median is not None,
+                        "failed_gate": block["gate"] if block else None,
+                        "status": block["status"] if block else "PASSED"})
+    champion = loop.select_champion(results)
+    if champion is None:
+        loop.write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": None})
+        loop.stop_run(run_dir, "all branches failed a strict gate", "branch_explore", 2, results)
+        return {"exit_code": 2, "message": f"{it.name}: every branch failed a strict gate; run stopped"}
+    cctx = ctx_for(Path(champion["kernel"]))
+    try:
+        gates.gate_ncu(cctx)
+        gates.gate_roofline(cctx)
+    except (KoptError, Blocked) as exc:
+        text = exc.message if isinstance(exc, KoptError) else str(exc)
+        loop.stop_run(run_dir, f"champion profile failed: {text}", "ncu", 3)
+        return {"exit_code": 3, "message": f"{it.name}: champion {champion['branch']} could not be profiled: {text}"}
+    shutil.copy2(cctx.outdir / "kernel.ncu-rep", it / "kernel.ncu-rep")
+    top = json.loads((cctx.outdir / "ncu_top.json").read_text())
+    roof = json.loads((cctx.outdir / "roofline.json").read_text())
+    loop.write_json(it / "kernel_ncu_top.json", top)  # never over the best-input profile's ncu_top.json
+    loop.write_json(it / "kernel_roofline.json", roof)
+    ab_ms: dict[str, float | None] = {}
+    why: dict[str, str] = {}
+    for method in methods:
+        kernel = ablations.get(method)
+        if kernel is None:
+            ab_ms[method] = None
+            why[method] = "no ablation kernel written"
+            continue
+        base_file = kernel.parent / "base"
+        base = base_file.read_text().strip() if base_file.is_file() else "b1"
+        recs = _kernel_records(records, rootpath, kernel)
+        bench_path = ctx_for(kernel).outdir / "bench.json"
+        if _blocker(recs, ("compile", "correctness", "timing")) is None and bench_path.is_file():
+            ab_ms[method] = json.loads(bench_path.read_text())["median_ms"]
+        else:
+            ab_ms[method] = None
+        if base != champion["branch"]:
+            why[method] = f"ablation built from {base}, champion is {champion['branch']}"
+    attr = loop.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
+    texts = [p.read_text() for p in sorted((cctx.outdir / "sass").glob("*.sass"))]
+    sass = loop.sass_verify(methods, texts, loop.load_registry("sass_signatures"))
+    bench = json.loads((cctx.outdir / "bench.json").read_text())
+    state = loop.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
+                                 sass=sass, champion_roofline=roof, champion_bench=bench)
+    done = finalize or i >= int(state["iterations_total"]) or bool(roof.get("near_peak"))
+    if done:
+        reason = "finalized" if finalize else ("near_peak" if roof.get("near_peak") else "iterations done")
+        state = loop.save_state(run_dir, {"run_status": "completed", "open_iter": None, "completion": reason})
+        msg = f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; run completed ({reason})"
+    else:
+        nxt = loop.open_iteration(run_dir, i + 1, profile_dir=cctx.outdir, roofline=roof,
+                                  branches=int(state["branches"]), ncu_top=top)
+        state = loop.load_state(run_dir)
+        msg = f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; {nxt.name} open"
+    loop.plot_history(state, run_dir)
+    (run_dir / "summary.md").write_text(loop.render_summary(state, run_dir))
+    return {"exit_code": 0, "message": msg}

@@ -1,0 +1,156 @@
+"""The loop's state machine and decisions (pytest_kopt.loop / driver), on recorded artifacts and on the CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import loop
+
+REDTEAM = Path(__file__).parent / "redteam"
+REG = loop.load_registry("method_registry")
+SIGS = loop.load_registry("sass_signatures")
+BUDGET = {"compute": 1, "memory": 1, "latency": 1}
+STATE = {"ineffective_methods": ["memory.coalescing"], "implementation_failed_methods": ["compute.tensor_core"]}
+
+
+def methods(*ids: str, **extra) -> dict:
+    return {"methods": [{"id": i, **extra} for i in ids]}
+
+
+@pytest.mark.parametrize(("doc", "budget", "arch", "problems"), [
+    (methods("memory.shared_memory_tiling"), BUDGET, "sm_90a", []),
+    (methods("memory.shared_memory_tiling", "compute.register_tiling", "latency.occupancy_tuning"), BUDGET, "sm_90a", []),
+    (methods("memory.shared_memory_tiling", "memory.vectorized_access"), BUDGET, "sm_90a",
+     ["axis memory: 2 method slot(s), budget 1 (cap 2)"]),
+    # a same-budget pair takes one slot (upstream rejects it by mistake)
+    (methods("memory.async_copy", "latency.async_pipeline"), {"compute": 0, "memory": 1, "latency": 1}, "sm_90a", []),
+    (methods("compute.wgmma"), BUDGET, "sm_90", ["compute.wgmma: needs sm_90a+, target is sm_90"]),
+    (methods("compute.tensor_core", "compute.wgmma"), {"compute": 2, "memory": 0, "latency": 0}, "sm_90a",
+     ["compute.tensor_core: failed to implement before; set acknowledge_failure: true",
+      "compute.tensor_core and compute.wgmma conflict"]),
+    (methods("memory.coalescing"), BUDGET, "sm_90a",
+     ["memory.coalescing: was ineffective before; give override_reason (changed bottleneck)"]),
+    (methods("memory.coalescing", override_reason="DRAM % fell from 80 to 20"), BUDGET, "sm_90a", []),
+    (methods("compute.magic"), BUDGET, "sm_90a", ["compute.magic: not in registries/method_registry.json"]),
+    (methods("memory.tma", "memory.tma"), {"compute": 0, "memory": 2, "latency": 0}, "sm_90a",
+     ["memory.tma: listed twice"]),
+    ({"methods": []}, BUDGET, "sm_90a", ["methods.json lists no method"]),
+    (methods("compute.register_tiling"), {"compute": 0, "memory": 2, "latency": 1}, "sm_90a",
+     ["axis compute: 1 method slot(s), budget 0 (cap 2)"]),
+])
+def test_validate_methods(doc, budget, arch, problems) -> None:
+    assert loop.validate_methods(doc, REG, budget, STATE, arch) == problems
+
+
+def test_champion_attribution_and_buckets() -> None:
+    results = [{"branch": "b1", "index": 1, "median_ms": 5.0, "passed": True},
+               {"branch": "b2", "index": 2, "median_ms": 4.0, "passed": False},
+               {"branch": "b3", "index": 3, "median_ms": 5.0, "passed": True}]
+    assert loop.select_champion(results)["branch"] == "b1"  # tie -> lower index; failed b2 never wins
+    assert loop.select_champion([{**results[1]}]) is None
+    attr = loop.attribution(4.0, {"a": 4.2, "b": 4.05, "c": None, "d": 6.0}, 2.0, {"d": "ablation built from b2"})
+    assert attr["a"]["attribution_ms"] == pytest.approx(0.2) and attr["a"]["attribution_pct"] == pytest.approx(5.0)
+    assert attr["a"]["contributed"] is True
+    assert attr["b"]["contributed"] is False  # 1.25% <= 2% noise
+    assert attr["c"]["contributed"] is None and attr["d"]["contributed"] is None  # missing -> inconclusive
+    assert loop.classify(True, "pass") == "effective"
+    assert loop.classify(False, "pass") == "ineffective"
+    assert loop.classify(True, "fail") == "implementation_failed"
+    assert loop.classify(None, "pass") == "unverified"
+    assert loop.classify(True, "not_applicable") == "unverified"
+    assert loop.improved(9.79, 10.0, 2.0) and not loop.improved(9.81, 10.0, 2.0) and loop.improved(1.0, None, 2.0)
+
+
+SASS = """
+        Function : _Z5tiledPKfS0_Pfiii
+        /*0040*/                   LDS.128 R4, [R2] ;
+        /*0050*/                   STS [R3], R8 ;
+        /*0060*/              @!P0 LDG.E.128 R8, desc[UR4][R6.64] ;
+        /*0070*/                   FFMA R0, R4, R8, R0 ;
+"""
+
+
+def test_sass_verify_matches_whole_opcodes_only() -> None:
+    got = loop.sass_verify(["memory.shared_memory_tiling", "memory.vectorized_access", "memory.async_copy",
+                            "compute.register_tiling"], [SASS], SIGS)
+    assert got == {"memory.shared_memory_tiling": "pass", "memory.vectorized_access": "pass",
+                   "memory.async_copy": "fail", "compute.register_tiling": "not_applicable"}
+    # a symbol or comment naming an opcode never counts (upstream matched substrings of the whole dump)
+    fake = "Function : HMMA_LDGSTS_kernel\n        /*0010*/                   FFMA R0, R1, R2, R0 ;  // HMMA\n"
+    assert loop.sass_verify(["compute.tensor_core"], [fake], SIGS) == {"compute.tensor_core": "fail"}
+    assert loop.sass_verify(["compute.tensor_core"], [""], SIGS) == {"compute.tensor_core": "tool_error"}
+
+
+def test_state_transitions_and_summary(tmp_path: Path) -> None:
+    """init -> open iterv1 -> close with a champion -> open iterv2 -> stop; files and buckets as SKILL.md says."""
+    base = tmp_path / "gemm.cu"
+    base.write_text("// baseline\n")
+    run = loop.new_run_dir(base)
+    state = loop.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=2, branches=2, ncu_num=5,
+                            noise_pct=2.0, numerics_mode="reference", seeds=[1, 2], env={"generation_allowed": True})
+    assert state["run_status"] == "initializing" and (run / "baseline" / "gemm.cu").is_file()
+    loop.save_state(run, {"baseline_ms": 10.0, "best_metric_ms": 10.0})
+    roof = {"delta_compute": 0.5, "delta_memory": 0.9, "delta_latency": 0.2, "bound": "memory",
+            "axis_budget": {"compute": 1, "memory": 2, "latency": 0}, "near_peak": False}
+    it = loop.open_iteration(run, 1, profile_dir=tmp_path, roofline=roof, branches=2, ncu_top={"top": {}})
+    assert sorted(p.name for p in (it / "branches").iterdir()) == ["b1", "b2"]
+    assert loop.load_state(run)["open_iter"] == 1
+    k1, k2 = it / "branches" / "b1" / "kernel.cu", it / "branches" / "b2" / "kernel.cu"
+    k1.write_text("// b1\n")
+    k2.write_text("// b2\n")
+    (it / "ablations" / "memory.shared_memory_tiling").mkdir()
+    (it / "ablations" / "memory.shared_memory_tiling" / "kernel.cu").write_text("// ablation\n")
+    branches, ablations = loop.iteration_kernels(run, 1)
+    assert branches == [k1, k2] and list(ablations) == ["memory.shared_memory_tiling"]
+    results = [{"branch": "b1", "index": 1, "kernel": str(k1), "median_ms": 6.0, "passed": True},
+               {"branch": "b2", "index": 2, "kernel": str(k2), "median_ms": 7.0, "passed": True}]
+    attr = loop.attribution(6.0, {"memory.shared_memory_tiling": 9.0}, 2.0)
+    state = loop.close_iteration(run, 1, results=results, champion=results[0],
+                                 methods=["memory.shared_memory_tiling"], attr=attr,
+                                 sass={"memory.shared_memory_tiling": "pass"}, champion_roofline=roof,
+                                 champion_bench={"median_ms": 6.0})
+    assert state["effective_methods"] == ["memory.shared_memory_tiling"]
+    assert state["best_metric_ms"] == 6.0 and state["best_file"].endswith("iterv1/kernel.cu")
+    assert [f["branch"] for f in state["frontier"]] == ["b2"]
+    assert state["verified_iterations"] == 1 and (it / "attribution.json").is_file()
+    summary = loop.render_summary(state, run)
+    assert "**1.67x** over the baseline" in summary and "memory.shared_memory_tiling (effective, 50.00)" in summary
+    stop = loop.stop_run(run, "all branches failed a strict gate", "branch_explore", 2)
+    assert stop["exit_code"] == 2 and loop.load_state(run)["run_status"] == "stopped"
+    assert "Stopped** at `branch_explore`" in (run / "summary.md").read_text()
+
+
+def test_run_session_on_cpu_stops_when_no_branch_can_be_timed(pytester: pytest.Pytester) -> None:
+    """--kopt-run on a machine without GPU: branches are collected from the run folder and checked for
+    correctness (pure-Python candidates run on the CPU); timing cannot run, so no branch qualifies as champion
+    and the run stops with exit 2 and stop.json, never a fake champion."""
+    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref.py")
+    base = pytester.path / "k.py"
+    shutil.copy(REDTEAM / "honest_python.py", base)
+    run = loop.new_run_dir(base)
+    loop.init_state(run, base, pytester.path / "ref.py", {"M": 4, "N": 16}, iterations=2, branches=2, ncu_num=5,
+                    noise_pct=2.0, numerics_mode="reference", seeds=[3], env={"sm_arch": "sm_90a"})
+    roof = {"axis_budget": {"compute": 1, "memory": 1, "latency": 1}, "near_peak": False}
+    it = loop.open_iteration(run, 1, profile_dir=pytester.path, roofline=roof, branches=2, ncu_top={})
+    shutil.copy(REDTEAM / "honest_python.py", it / "branches" / "b1" / "kernel.py")
+    shutil.copy(REDTEAM / "passthrough.py", it / "branches" / "b2" / "kernel.py")
+    (it / "methods.json").write_text(json.dumps(methods("latency.occupancy_tuning")))
+    result = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "r.json")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    status = {i["nodeid"]: i["status"] for i in doc["items"] if i["gate"] == "correctness"}
+    assert set(status.values()) == {"PASSED", "INCORRECT_NUMERICAL"}, result.stdout.str()
+    assert any("b2/kernel.py" in n and s == "INCORRECT_NUMERICAL" for n, s in status.items())
+    assert result.ret == 2
+    stop = json.loads((run / "stop.json").read_text())
+    assert stop["stop_stage"] == "branch_explore" and loop.load_state(run)["run_status"] == "stopped"
+    # a bad methods.json is a usage error naming the file and the rule
+    (run / "stop.json").unlink()
+    loop.save_state(run, {"open_iter": 1, "run_status": "iterating"})
+    (it / "methods.json").write_text(json.dumps(methods("memory.shared_memory_tiling", "memory.vectorized_access")))
+    bad = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider")
+    assert bad.ret == 4
+    bad.stderr.fnmatch_lines(["*methods.json is not valid:*", "*axis memory: 2 method slot(s), budget 1 (cap 2)*"])

@@ -1,0 +1,190 @@
+"""The --kopt-json report against registries/report_schema.json: a real H200 report, a report made here on the
+CPU, negative cases, and the schema's status enum against every status string in pytest_kopt's source."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import pytest_kopt
+from pytest_kopt.gates import GATES
+from pytest_kopt.settings import SANITIZER_TOOLS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "registries" / "report_schema.json"
+H200_REPORT = Path(__file__).resolve().parent / "data" / "h200_softmax_report.json"
+PACKAGE = Path(pytest_kopt.__file__).resolve().parent
+
+CANDIDATE = """\
+import torch
+
+
+def setup(n, seed, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g).to(device)
+    y = torch.empty(n, device=device)
+    return {"inputs": {"x": x, "y": y}, "outputs": ["y"]}
+
+
+def run_kernel(x, y):
+    y.copy_(2 * x)
+"""
+REFERENCE = """\
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+
+#: Where pytest_kopt's source names an item status. The first two are the ``status="X"`` / ``status = "X"``
+#: forms (KoptError subclasses, raise sites); the rest catch the other spellings in use: the correctness guards
+#: (``fail("X", ...)`` in verdict.py, ``"key": ("X", ...)`` in gates._GUARD_STATUS) and the plugin's own
+#: ``("kopt_status", "X")`` properties.
+STATUS_PATTERNS = (
+    re.compile(r'\bstatus="([A-Z_]+)"'),
+    re.compile(r'\bstatus = "([A-Z_]+)"'),
+    re.compile(r'\bfail\("([A-Z_]+)"'),
+    re.compile(r'"[a-z_]+": \("([A-Z_]+)", '),
+    re.compile(r'\("kopt_status", "([A-Z_]+)"\)'),
+)
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+@pytest.fixture(scope="module")
+def validator(schema: dict) -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def h200_report() -> dict:
+    return json.loads(H200_REPORT.read_text(), parse_constant=_reject_constant)
+
+
+def _reject_constant(name: str) -> None:
+    """json.dumps writes NaN/Infinity, which is not JSON (jq and most parsers refuse it): the report must not."""
+    raise AssertionError(f"report contains {name}, which is not valid JSON")
+
+
+def errors_of(validator: jsonschema.Draft202012Validator, doc: dict) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def source_statuses() -> dict[str, list[str]]:
+    """Each status string found in the package's .py files, with where it was found."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for pattern in STATUS_PATTERNS:
+                for m in pattern.finditer(line):
+                    found.setdefault(m.group(1), []).append(f"{path.name}:{lineno}")
+    return found
+
+
+def test_schema_is_valid_draft_2020_12(schema: dict) -> None:
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_h200_report_validates(validator: jsonschema.Draft202012Validator, h200_report: dict) -> None:
+    """The real report of examples/softmax_triton on an NVIDIA H200 (every gate passed)."""
+    assert errors_of(validator, h200_report) == []
+    assert h200_report["env"]["gpu"]["name"] == "NVIDIA H200"
+    assert {i["gate"] for i in h200_report["items"]} >= {"hardware", "correctness", "timing", "ncu", "sass"}
+
+
+def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.Draft202012Validator) -> None:
+    """A report written here by the plugin itself (pure-Python candidate: compile/sass not applicable, GPU gates
+    skip without a GPU, correctness runs on the CPU)."""
+    pytester.makepyfile(k=CANDIDATE, ref=REFERENCE)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                           "--kopt-seeds", "3", "--kopt-json", "r.json", "-p", "no:cacheprovider",
+                                           timeout=600)
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "r.json").read_text(), parse_constant=_reject_constant)
+    assert errors_of(validator, doc) == []
+    assert doc["exit_code"] == 0 and doc["seeds"] == [3] and doc["dims"] == {"n": 64}
+    items = {i["nodeid"].split("::", 1)[1]: i for i in doc["items"]}
+    assert items["preflight"]["status"] == "PASSED"
+    assert items["correctness[seed=3]"]["status"] == "PASSED"
+    assert items["compile"]["status"] == "NOT_APPLICABLE"
+
+
+def _mutations() -> dict[str, tuple[str, object]]:
+    """name -> (what to change, how): each makes a valid report invalid."""
+    return {
+        "misspelled item key": ("item", lambda it: it.update(durations_s=it.pop("duration_s"))),
+        "extra item key": ("item", lambda it: it.update(figure={})),
+        "unknown status": ("item", lambda it: it.update(status="WRONG_ANSWER")),
+        "lower-case status": ("item", lambda it: it.update(status="passed")),
+        "unknown gate": ("item", lambda it: it.update(gate="benchmark")),
+        "unknown outcome": ("item", lambda it: it.update(outcome="error")),
+        "exit code 1 on an item": ("item", lambda it: it.update(exit_code=1)),
+        "negative duration": ("item", lambda it: it.update(duration_s=-0.5)),
+        "nodeid without ::": ("item", lambda it: it.update(nodeid="softmax.py-hardware")),
+        "non-scalar figure": ("item", lambda it: it["figures"].update(peaks={"dram": 4.8})),
+        "list figure": ("item", lambda it: it["figures"].update(suspect=["host gap"])),
+        "passed item with failure status": ("item", lambda it: it.update(status="INCORRECT_NUMERICAL")),
+        "wrong schema_version": ("doc", lambda d: d.update(schema_version=2)),
+        "wrong tool": ("doc", lambda d: d.update(tool="pytest-kopt2")),
+        "missing items": ("doc", lambda d: d.pop("items")),
+        "string dim": ("doc", lambda d: d["dims"].update(M="4096")),
+        "float seed": ("doc", lambda d: d.update(seeds=[1.5])),
+        "env without gpus": ("doc", lambda d: d["env"].pop("gpus")),
+        "string exit code": ("doc", lambda d: d.update(exit_code="0")),
+    }
+
+
+@pytest.mark.parametrize("name", list(_mutations()))
+def test_schema_rejects(validator: jsonschema.Draft202012Validator, h200_report: dict, name: str) -> None:
+    where, mutate = _mutations()[name]
+    doc = copy.deepcopy(h200_report)
+    mutate(doc["items"][0] if where == "item" else doc)  # type: ignore[operator]
+    assert errors_of(validator, doc), f"{name}: accepted"
+
+
+def test_schema_allows_extra_top_level_keys(validator: jsonschema.Draft202012Validator, h200_report: dict) -> None:
+    """Forward compatibility: a newer plugin may add top-level keys (items stay closed)."""
+    doc = copy.deepcopy(h200_report)
+    doc["session_seed"] = 12345
+    assert errors_of(validator, doc) == []
+
+
+def test_schema_accepts_a_failed_item(validator: jsonschema.Draft202012Validator, h200_report: dict) -> None:
+    """The shape of a gate failure: status from the KoptError, its exit code, message, no figures."""
+    doc = copy.deepcopy(h200_report)
+    doc["items"][3].update(outcome="failed", status="INCORRECT_NUMERICAL", exit_code=2, summary=None,
+                           message="seed=7 (normal inputs): output differs from the reference", figures={})
+    doc["exit_code"] = 2
+    assert errors_of(validator, doc) == []
+
+
+def test_every_source_status_is_in_the_schema(schema: dict) -> None:
+    """A status added to pytest_kopt must be added to the schema's enum too."""
+    enum = set(schema["$defs"]["status"]["enum"])
+    found = source_statuses()
+    assert {"PASSED", "SKIPPED", "NOT_APPLICABLE", "ERROR", "CONFIG_ERROR", "TIMEOUT", "SUSPECT"} <= set(found), \
+        f"the status patterns no longer match the source: found {sorted(found)}"
+    missing = {s: where for s, where in found.items() if s not in enum}
+    assert not missing, f"statuses used in pytest_kopt but not in {SCHEMA_PATH.name}: {missing}"
+    sanitizer = {f"SANITIZER_{t.upper()}" for t in SANITIZER_TOOLS}  # gates.py: status=f"SANITIZER_{tool.upper()}"
+    assert sanitizer <= enum, sorted(sanitizer - enum)
+
+
+def test_schema_statuses_all_exist_in_source(schema: dict) -> None:
+    """No stale entries: each enum status is a string literal somewhere in pytest_kopt (or SANITIZER_<tool>)."""
+    text = "\n".join(p.read_text() for p in PACKAGE.glob("*.py"))
+    sanitizer = {f"SANITIZER_{t.upper()}" for t in SANITIZER_TOOLS}
+    stale = [s for s in schema["$defs"]["status"]["enum"] if s not in sanitizer and f'"{s}"' not in text]
+    assert not stale, f"schema statuses not used in pytest_kopt: {stale}"
+
+
+def test_gate_enum_matches_gates(schema: dict) -> None:
+    assert schema["$defs"]["gate"]["enum"] == [g.name for g in GATES]
