@@ -21,7 +21,6 @@ from .settings import Settings, build_settings
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 ENV_KEY = pytest.StashKey[dict]()
-GPU_GROUP = "kopt-gpu"
 JSON_SCHEMA_VERSION = 1
 
 #: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
@@ -209,7 +208,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.session_seed is not None and cache is not None:
         cache.set(SEED_CACHE_KEY, settings.session_seed)
     if config.getoption("dist", "no") == "load":
-        config.option.dist = "loadgroup"  # GPU gates share one xdist group, so they run one at a time
+        # one kernel's items go to one worker, in gate order (loadgroup reorders them); kernels still compile in
+        # parallel on different workers, and the per-GPU lock keeps GPU work one child at a time
+        config.option.dist = "loadscope"
     config.pluginmanager.register(KoptController(config), "kopt-controller")
 
 
@@ -309,8 +310,6 @@ class KoptFile(pytest.File):
             for param, suffix in params:
                 item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, param=param)
                 item.add_marker(pytest.mark.kopt(gate.name))
-                if gate.serial and (ctx.gpu or gate.name != "correctness"):
-                    item.add_marker(pytest.mark.xdist_group(GPU_GROUP))  # one GPU item at a time
                 if gate.serial and (gate.name != "correctness" or ctx.kind == "cuda"):
                     item.add_marker(pytest.mark.gpu)
                 yield item

@@ -8,8 +8,9 @@ import json
 import re
 from pathlib import Path
 
-import jsonschema
 import pytest
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra")
 
 import pytest_kopt
 from pytest_kopt.gates import GATES
@@ -58,7 +59,7 @@ def schema() -> dict:
 
 
 @pytest.fixture(scope="module")
-def validator(schema: dict) -> jsonschema.Draft202012Validator:
+def validator(schema: dict) -> "jsonschema.Draft202012Validator":
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
