@@ -175,8 +175,11 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
             elif "not supported on .target" in log:
                 fix = f"the instruction is not available on {arch}: choose a code path for this arch"
             first = _first_error_line(log, display)
+            text = log.strip()
+            if len(text) > 6000:  # keep the first errors (the root cause) and the last lines
+                text = text[:4000] + "\n...\n" + text[-2000:]
             raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
-                               line=first, details=log.strip()[-4000:], fix=fix)
+                               line=first, details=text, fix=fix)
         os.replace(tmp, lib)
         manifest.write_text(json.dumps({"command": cmd, "log": log, "seconds": seconds, "parts": parts,
                                         "headers": [str(h) for h in headers]}, indent=1))
@@ -200,7 +203,8 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     display = display or str(source)
     parts = {"schema": BUILD_SCHEMA, "triton": triton_version, "arch": arch, "dims": dims, "device": device,
              "python": sys.version_info[:2]}
-    key = _key(parts, [source, *local_headers(source)])
+    # the kernel file and its neighbours: a @triton.jit helper may live in a module beside it
+    key = _key(parts, sorted({source, *source.parent.glob("*.py")}))
     folder = cache_root / key
     folder.mkdir(parents=True, exist_ok=True)
     cache_dir = folder / "triton"

@@ -148,14 +148,29 @@ class PyContract:
     constant_lines: dict[str, int] = field(default_factory=dict)
 
 
+class _NotLiteral:
+    """Marks a module-level constant whose value is an expression, not a literal."""
+
+    def __repr__(self) -> str:
+        return "<an expression, not a literal>"
+
+
+_NOT_LITERAL = _NotLiteral()
+
+
 def read_python(path: Path, gate: str = "preflight") -> PyContract:
-    """Parse a Python file with ``ast`` (no import). Raises ContractError on a syntax error, with its line."""
-    source = path.read_text()
+    """Parse a Python file with ``ast`` (no import; bytes, so a BOM or a coding cookie is honoured). Raises
+    ContractError on a syntax or encoding error, with its line."""
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as exc:
         raise ContractError(f"syntax error: {exc.msg}", gate=gate, path=str(path), line=exc.lineno,
                             fix="fix the Python syntax") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ContractError(f"cannot be decoded: {exc}", gate=gate, path=str(path),
+                            fix="save the file as UTF-8 (or declare its coding)") from None
+    except OSError as exc:
+        raise ContractError(f"cannot be read: {exc}", gate=gate, path=str(path), fix="check the path") from None
     functions: dict[str, tuple[list[str], bool, int]] = {}
     constants: dict[str, object] = {}
     constant_lines: dict[str, int] = {}
@@ -164,13 +179,18 @@ def read_python(path: Path, gate: str = "preflight") -> PyContract:
             a = node.args
             params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
             functions[node.name] = (params, a.kwarg is not None, node.lineno)
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            constant_lines[node.targets[0].id] = node.lineno
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)) \
+                or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
+            name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id  # type: ignore[union-attr]
+            constant_lines[name] = node.lineno
             try:
-                constants[node.targets[0].id] = ast.literal_eval(node.value)
+                constants[name] = ast.literal_eval(node.value)  # type: ignore[arg-type]
             except (ValueError, TypeError, SyntaxError, RecursionError):
-                constants[node.targets[0].id] = None
-    uses_jit = "triton.jit" in source or "@jit" in source
+                constants[name] = _NOT_LITERAL
+    # a Triton kernel file imports triton (its @jit kernel may live in a module it imports)
+    uses_jit = any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "triton" for a in n.names)
+                   or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton"
+                   for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
                       constant_lines=constant_lines)
 
@@ -188,6 +208,11 @@ def check_reference(path: Path) -> PyContract:
     for tol in ("atol", "rtol"):
         if tol in c.constants:
             v = c.constants[tol]
+            if isinstance(v, dict) and v and all(isinstance(k, str) for k in v):
+                bad = {k: x for k, x in v.items() if not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0}
+                if not bad:
+                    continue
+                v = bad
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ContractError(f"{tol} = {v!r} is not a non-negative number literal", gate="preflight",
                                     path=str(path), line=c.constant_lines.get(tol),

@@ -78,17 +78,31 @@ class Context:
         .ncu-rep, sass/, correctness/."""
         return self.settings.artifact_dir(self.kernel)
 
+    def _ref_constant(self, name: str) -> Any:
+        try:
+            return contract.read_python(self.ref).constants.get(name)
+        except ContractError:
+            return None  # the preflight item reports the broken file; collection must not crash on it
+
     @property
     def regimes(self) -> tuple[str, ...]:
         """Value regimes for drawn inputs: the reference's ``regimes`` list, else the defaults."""
-        value = contract.read_python(self.ref).constants.get("regimes")
-        return tuple(value) if isinstance(value, (list, tuple)) and value else DEFAULT_REGIMES
+        value = self._ref_constant("regimes")
+        if isinstance(value, (list, tuple)) and value and all(r in REGIMES for r in value):
+            return tuple(value)
+        return DEFAULT_REGIMES
 
     @property
     def extra_dims(self) -> list[dict[str, Any]]:
-        """Boundary shapes: the reference's ``extra_dims`` literal (a list of dicts of dims), else []."""
-        value = contract.read_python(self.ref).constants.get("extra_dims")
-        return [dict(d) for d in value] if isinstance(value, (list, tuple)) else []
+        """Boundary shapes: the reference's ``extra_dims`` literal (a list of dicts of dims, repeats dropped)."""
+        value = self._ref_constant("extra_dims")
+        if not isinstance(value, (list, tuple)):
+            return []
+        out: list[dict[str, Any]] = []
+        for d in value:
+            if isinstance(d, dict) and d not in out:
+                out.append(dict(d))
+        return out
 
     @property
     def arch(self) -> str:
@@ -165,6 +179,21 @@ def preflight(ctx: Context) -> list[contract.Param]:
     source = ctx.kernel.read_text(errors="replace")
     params = contract.parse_solve_signature(source, ctx.display)
     contract.check_dims(params, ctx.settings.dims, ctx.display)
+    for p in params:
+        if p.is_pointer:
+            continue
+        if p.dtype in ("float16", "bfloat16"):
+            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` cannot be passed from the host by value "
+                                "through the C ABI", gate="preflight", path=ctx.display, line=p.line,
+                                fix=f"take `float {p.name}` and convert inside solve()")
+        v = ctx.settings.dims[p.name]
+        bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint32": 32, "uint64": 64}.get(p.dtype)
+        if bits and isinstance(v, int):
+            lo, hi = (0, 2**bits - 1) if p.dtype.startswith("u") else (-(2**(bits - 1)), 2**(bits - 1) - 1)
+            if not lo <= v <= hi or v < 0:
+                raise ContractError(f"--kopt-dims {p.name}={v} does not fit solve()'s `{p.ctype} {p.name}` as a "
+                                    "non-negative size", gate="preflight", path=ctx.display, line=p.line,
+                                    fix=f"give {p.name} a value in [0, {hi}]")
     ref_params, ref_kwargs, line = c.functions["reference"]
     known = {p.name for p in params} | set(ctx.settings.dims)
     unknown = [n for n in ref_params if n not in known]
@@ -203,6 +232,23 @@ def ensure_built(ctx: Context) -> build.BuildResult:
     preflight contract fails."""
     _blocked_by_preflight(ctx)
     root = ctx.cache_dir / "builds"
+    failed = ctx.outdir / "compile_error.json"
+    mark = _sha(local_sources(ctx.kernel), ctx.kernel.read_bytes(), ctx.arch, ctx.env.get("tools"),
+                ctx.env.get("packages"), ctx.settings.dims if ctx.kind == "triton" else None)
+    if failed.is_file():
+        rec = json.loads(failed.read_text())
+        if rec.get("mark") == mark:  # the same sources failed already in this or an earlier session: not again
+            raise CompileError(rec["message"], gate="compile", path=ctx.display, line=rec.get("line"),
+                               details=rec.get("details"), fix=rec.get("fix"), status=rec.get("status"))
+    try:
+        return _build(ctx, root)
+    except CompileError as exc:
+        _write_json(failed, {"mark": mark, "message": exc.message, "line": exc.line, "details": exc.details,
+                             "fix": exc.fix, "status": exc.status})
+        raise
+
+
+def _build(ctx: Context, root: Path) -> build.BuildResult:
     if ctx.kind == "python":
         return build.BuildResult(str(ctx.kernel), _sha(ctx.kernel.read_bytes()), True, 0.0, [], "")
     if ctx.kind == "cuda":
@@ -215,7 +261,8 @@ def ensure_built(ctx: Context) -> build.BuildResult:
 
     def run_child(req: dict[str, Any]) -> dict[str, Any]:
         req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
-        return run_harness(req, gate="compile", timeout_s=max(300.0, ctx.settings.gate_timeout_s), path=ctx.display,
+        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more
+        return run_harness(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
                            workdir=ctx.work)
 
     return build.build_triton(ctx.kernel, ctx.ref, ctx.settings.dims, ctx.settings.seeds[0], ctx.arch, root,
@@ -268,6 +315,18 @@ def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildRe
             "arch": ctx.arch, "env": env, "timing": TIMING}
 
 
+def local_sources(path: Path) -> bytes:
+    """The bytes of every ``.py`` file beside ``path`` (a reference or kernel may import its neighbours), so a
+    cache key changes when a helper module does."""
+    h = hashlib.sha256()
+    for f in sorted(path.parent.glob("*.py")):
+        try:
+            h.update(f.name.encode() + f.read_bytes())
+        except OSError:
+            continue
+    return h.digest()
+
+
 def _sha(*parts: Any) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -279,7 +338,7 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
     """Run (or reuse) the reference in its own child process on the candidate's spec; returns ``{"npz",
     "tolerances"}``. Cached under ``<cache>/refs/<key>`` where the key covers the reference file, spec, scalars,
     plan, seeds, dims, device, tolerance overrides and any integer inputs taken from ``setup``."""
-    key = _sha(ctx.ref.read_bytes(), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
+    key = _sha(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
                req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"))
     folder = ctx.cache_dir / "refs"
     folder.mkdir(parents=True, exist_ok=True)
@@ -298,7 +357,8 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
 
 
 def _fingerprint(ctx: Context, res: build.BuildResult, case: dict[str, Any], device: str) -> str:
-    return _sha(res.key, ctx.ref.read_bytes(), ctx.settings.dims, case, device, ctx.settings.atol,
+    return _sha(res.key, local_sources(ctx.ref), local_sources(ctx.kernel), ctx.settings.dims, case, device,
+                ctx.settings.atol,
                 ctx.settings.rtol, ctx.regimes)
 
 
@@ -582,7 +642,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
     """The reference timed in its own process on the candidate's spec; cached per (reference, spec, dims, GPU)
     under ``<cache>/refs/`` so a session's candidates share one measurement of it."""
-    key = _sha("time", ctx.ref.read_bytes(), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
+    key = _sha("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
                req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
     path = ctx.cache_dir / "refs" / f"{key}.timing.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -696,7 +756,7 @@ def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
     figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
                if doc.get(k) is not None}
     figures.update({f"budget_{a}": n for a, n in doc["axis_budget"].items()})
-    for k in ("arithmetic_intensity", "sol_pct_fp32"):
+    for k in ("arithmetic_intensity", "sol_pct_fp32", "roofline_bound"):
         if doc.get(k) is not None:
             figures[k] = doc[k]
 

@@ -187,6 +187,8 @@ def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict
         raise HarnessError("contract", f"{path}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
     inputs = dict(setup_result["inputs"])
     outputs = list(setup_result["outputs"])
+    if not outputs:
+        raise HarnessError("contract", f"{path}: setup() lists no outputs, so nothing can be checked")
     for name in outputs:
         if not isinstance(inputs.get(name), torch.Tensor):
             raise HarnessError("contract", f"{path}: output {name!r} is not a tensor among setup()'s inputs")
@@ -395,9 +397,15 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
             torch.cuda.synchronize()
         for name in inp.outputs:
             t = inp.tensors[name]
-            if t.dtype.is_floating_point and t.numel() and bool(torch.isnan(t).all()):
-                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (all NaN); "
-                                   "write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
+            if t.numel() == 0:
+                raise HarnessError("contract", f"output {name!r} has no elements, so nothing can be compared; "
+                                   "check --kopt-dims (a zero dim?)")
+            poison = torch.empty_like(t)
+            _poison(torch, poison)
+            unwritten = bool(torch.isnan(t).all()) if t.dtype.is_floating_point else bool(torch.equal(t, poison))
+            if unwritten:
+                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (still "
+                                   "the poison value); write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
             arrays[f"{tag}__{name}"] = _to_numpy(torch, t)
 
     inp.fill(req["plan"], int(req["seed"]), ref, dims, given)

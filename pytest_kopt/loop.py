@@ -105,6 +105,8 @@ def open_iteration(run_dir: Path, i: int, *, profile_dir: Path, roofline: Mappin
         shutil.copy2(rep, it / "best_input.ncu-rep")
     write_json(it / "ncu_top.json", dict(ncu_top))
     write_json(it / "roofline.json", dict(roofline))
+    if not (it / "analysis.md").exists():
+        (it / "analysis.md").write_text(analysis_template(i, roofline, ncu_top))
     state = load_state(run_dir)
     save_state(run_dir, {"open_iter": i, "run_status": "iterating",
                          "roofline_history": [*state["roofline_history"], {"iter": i, **{
@@ -112,6 +114,23 @@ def open_iteration(run_dir: Path, i: int, *, profile_dir: Path, roofline: Mappin
                                                           "near_peak", "axis_budget", "achieved_flops",
                                                           "arithmetic_intensity", "sol_pct_fp32")}}]})
     return it
+
+
+def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str, Any]) -> str:
+    """``iterv{i}/analysis.md`` as the agent finds it: the evidence (gaps, budget, top metrics) and the sections
+    to fill (SKILL.md 3c: selected methods with their evidence, skipped higher-priority methods and why)."""
+    b = roofline.get("axis_budget") or {}
+    lines = [f"# Iteration {i} analysis", "", "## Evidence (written by pytest-kopt)", "",
+             f"- gaps: Δc={roofline.get('delta_compute')}, Δm={roofline.get('delta_memory')}, "
+             f"Δl={roofline.get('delta_latency')} ({roofline.get('method')}); bound {roofline.get('bound')}",
+             f"- axis budget: compute {b.get('compute')}, memory {b.get('memory')}, latency {b.get('latency')}"]
+    for axis, rows in (ncu_top.get("top") or {}).items():
+        shown = ", ".join(f"{r['name']} {r['value']:.1f}{'%' if r['unit'].startswith('%') else ''}" for r in rows)
+        lines.append(f"- top {axis} metrics: {shown or '—'}")
+    lines += ["", "## Selected methods (ids from registries/method_registry.json; also in methods.json)", "",
+              "- ", "", "## Skipped higher-priority methods and why", "", "- ", "",
+              "## Branch plan (same methods, different hyperparameters)", "", "- b1: ", "- b2: ", ""]
+    return "\n".join(lines)
 
 
 def kernel_in(folder: Path) -> Path | None:

@@ -7,6 +7,7 @@ module only collects, runs and reports. Nothing here imports torch or touches CU
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,7 +44,7 @@ OPTIONS = (
     ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
     ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
     ("ncu-num", "Loop: top ncu metrics kept per axis (default 5)", "N"),
-    ("noise", "Loop: noise threshold in % for improvement and attribution (default 2)", "PCT"),
+    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
     ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
 )
 #: (flag, help): boolean options, each with an ini twin.
@@ -80,7 +81,13 @@ def _session_seed(config: pytest.Config, given: Any) -> str | None:
     if given in (None, "") and (config.getoption("kopt_seeds") or config.getini("kopt_seeds")):
         return None
     cache = getattr(config, "cache", None)
+    if given in (None, "") and config.getoption("lf", False) and cache is not None \
+            and cache.get(SEED_CACHE_KEY, None) is not None:
+        given = "last"  # --lf replays the failures of the last session: same seeds, same node ids
     if str(given).strip().lower() == "last":
+        if cache is None:
+            raise pytest.UsageError("pytest-kopt: --kopt-seed last needs pytest's cache (it is disabled: "
+                                    "-p no:cacheprovider)\n  fix: pass --kopt-seed N")
         last = cache.get(SEED_CACHE_KEY, None) if cache is not None else None
         if last is None:
             raise pytest.UsageError("pytest-kopt: --kopt-seed last: no earlier session seed is recorded in the "
@@ -356,6 +363,17 @@ class KoptItem(pytest.Item):
         return self.path, 0, f"kopt {self.name}"
 
 
+def _finite(x: Any) -> Any:
+    """The report with NaN/inf floats as null: JSON has no such numbers (strict parsers reject them)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 class KoptController:
     """Session-level bookkeeping that exists only on the controller (or the single process without xdist):
     hands the detected environment to xdist workers, collects every item's report, sets SKILL.md's exit code,
@@ -366,6 +384,7 @@ class KoptController:
         self.records: list[dict[str, Any]] = []
         self.stdout_doc: str | None = None
         self.loop_result: dict[str, Any] | None = None
+        self.json_error: str | None = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -428,12 +447,16 @@ class KoptController:
                    "outdir": str(settings.outdir), "items": self.records,
                    "loop": {**self.loop_result, "run_dir": str(settings.run_dir), "mode": settings.loop_mode}
                    if self.loop_result else None}
+            doc = _finite(doc)
             if settings.json_path == "-":
-                self.stdout_doc = json.dumps(doc, default=str)  # printed last, in pytest_unconfigure
+                self.stdout_doc = json.dumps(doc, default=str, allow_nan=False)  # printed last, in unconfigure
             else:
-                text = json.dumps(doc, indent=2, default=str)
-                Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
-                Path(settings.json_path).write_text(text + "\n")
+                text = json.dumps(doc, indent=2, default=str, allow_nan=False)
+                try:
+                    Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
+                    Path(settings.json_path).write_text(text + "\n")
+                except OSError as exc:
+                    self.json_error = f"--kopt-json: could not write {settings.json_path}: {exc}"
 
     def _finish_loop(self, settings: Settings) -> dict[str, Any]:
         """--kopt-init: stop the run or open iteration 1; --kopt-run: close the open iteration."""
@@ -474,6 +497,8 @@ class KoptController:
             tr.write_line(f"{name:<{width}} {r['status']:<20} {text}"[:400])
         if self.loop_result is not None:
             tr.write_line(f"kopt loop: {self.loop_result['message']}")
+        if self.json_error:
+            tr.write_line(f"kopt: {self.json_error}", red=True)
         code = self.exit_code()
         if code is not None:
             tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "

@@ -38,14 +38,28 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        tail = _tail((exc.stdout or b"") if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace"))
-        raise KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, details=tail, status="TIMEOUT",
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        stdout, stderr = proc.communicate()
+        raise KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
+                                 details=_tail((stdout or "") + (stderr or "")),
                                  fix="look for an infinite loop or a deadlock; raise --kopt-timeout if the kernel "
                                      "is simply slow") from None
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # Ctrl-C in pytest: leave no child running on the GPU
+        except ProcessLookupError:
+            pass
+        raise
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     result_file = Path(out + ".json")
     output = (proc.stdout + proc.stderr).strip()
     if not result_file.is_file():

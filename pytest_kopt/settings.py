@@ -187,7 +187,7 @@ def _float(text: str, source: str, positive: bool = False) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{source}: {text!r} is not a number", fix="give a float, e.g. 1e-3") from None
-    if value != value or value < 0 or (positive and value == 0):
+    if value != value or value == float("inf") or value < 0 or (positive and value == 0):
         raise ConfigError(f"{source}: {text!r} must be {'> 0' if positive else '>= 0'}", fix="give a finite non-negative number")
     return value
 
@@ -262,6 +262,11 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     json_path = opt("json")
     if json_path is not None and json_path != "-":
         json_path = os.fspath(Path(base, json_path)) if not os.path.isabs(json_path) else json_path
+        jp = Path(json_path)
+        if jp.is_dir() or any(p.exists() and not p.is_dir() for p in jp.parents):
+            raise ConfigError(f"--kopt-json: {json_path} is a folder or lies under a file", fix="give a file path")
+    if outdir.exists() and not outdir.is_dir():
+        raise ConfigError(f"--kopt-outdir: {outdir} exists and is not a folder", fix="give a folder path")
     return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer)

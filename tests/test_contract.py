@@ -322,8 +322,8 @@ def test_reference_nested_definition_does_not_count(tmp_path):
 
 @pytest.mark.parametrize("line, shown", [
     ("atol = -1e-3", "atol = -0.001"),
-    ("atol = 1e-3 * 2", "atol = None"),
-    ("atol = TOL", "atol = None"),
+    ("atol = 1e-3 * 2", "atol = <an expression, not a literal>"),
+    ("atol = TOL", "atol = <an expression, not a literal>"),
     ("atol = True", "atol = True"),
     ('atol = "1e-3"', "atol = '1e-3'"),
     ("rtol = -1", "rtol = -1"),
@@ -377,9 +377,12 @@ def test_triton_missing_function(tmp_path, old, new, missing):
 
 
 def test_triton_missing_jit(tmp_path):
-    k = _write(tmp_path, "k.py", TRITON.replace("    @triton.jit\n", ""))
+    """A file that does not import triton at all is no Triton kernel (it may still be a pure-Python candidate)."""
+    src = TRITON.replace("    @triton.jit\n", "").replace("import triton.language as tl", "tl = None")
+    k = _write(tmp_path, "k.py", src.replace("import triton\n", "import torch\n"))
     err = _contract_error(check_triton, k, {"N": 1}, path=str(k), line=None)
     assert err.message == "no @triton.jit kernel found"
+    assert check_triton(k, {"N": 1}, require_jit=False).uses_triton_jit is False
 
 
 def test_triton_from_import_jit_is_accepted(tmp_path):
@@ -425,5 +428,5 @@ def test_read_python_async_and_non_literal_constants(tmp_path):
             pass
     ''')
     c = read_python(p)
-    assert c.constants == {"A": [1, 2], "B": None}
+    assert c.constants["A"] == [1, 2] and repr(c.constants["B"]) == "<an expression, not a literal>"
     assert c.functions == {"reference": (["out"], True, 6)}

@@ -111,3 +111,26 @@ def test_metric_registry_lint() -> None:
         assert spec["axis"] in (*rf.AXES, None), name
     stalls = [n for n, s in REG["metrics"].items() if s.get("stall")]
     assert len(stalls) >= 15 and "stall_long_scoreboard" in stalls
+
+
+@pytest.mark.parametrize(("name", "kernel", "duration_ns", "sm", "dram", "gaps", "worst_stall"), [
+    # naive SGEMM 4096^3, light set (> 10 ms), captured by the ncu gate on an H200
+    ("h200_gemm_light_raw.csv", "sgemm_naive", 25352672.0, 64.858838, 6.026708, (0.3514, 0.9397, 0.7048),
+     "long_scoreboard"),
+    # Triton row softmax 4096x1024, full set, captured by the ncu gate on an H200
+    ("h200_softmax_full_raw.csv", "softmax_kernel", 9472.0, 29.86912, 38.340039, (0.7013, 0.6166, 0.6118),
+     "long_scoreboard"),
+])
+def test_gaps_from_h200_gate_exports(name, kernel, duration_ns, sm, dram, gaps, worst_stall) -> None:
+    """Exports of this project's own ncu gate (NVTX range only: exactly one launch, the target kernel)."""
+    from pytest_kopt.ncu_csv import find_launch
+
+    launches = parse_ncu_csv((DATA / name).read_text())
+    assert len(launches) == 1
+    table = rf.metric_table(find_launch(launches, kernel), REG)
+    assert (table["duration"], table["sm_throughput_pct"], table["dram_throughput_pct"]) == (duration_ns, sm, dram)
+    g = rf.gaps(table, REG)
+    assert tuple(round(g[a], 4) for a in rf.AXES) == gaps
+    shares = rf.stall_shares(table, REG)
+    assert max(shares, key=shares.get) == worst_stall
+    assert rf.axis_budget(g) == {"compute": 1, "memory": 1, "latency": 1}
