@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import build, contract, hardware, profile, sass, stats
+from . import loop as loop_mod
 from . import roofline as roofline_mod
 from .ncu_csv import metric_value
 import warnings
@@ -125,12 +126,8 @@ def _tool(ctx: Context, name: str) -> str | None:
 
 
 def _write_json(path: Path, data: Any) -> str:
-    """Atomic write (temp file + os.replace), so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    os.replace(tmp, path)
+    """Atomic write (see :func:`pytest_kopt.loop.write_json`); returns the path as a string."""
+    loop_mod.write_json(path, data)
     return str(path)
 
 
@@ -751,7 +748,12 @@ def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
     doc = roofline_mod.roofline(top["metrics"], registry, top.get("duration_ms"), workload, device_peaks(ctx))
     doc["kernel"] = top.get("kernel")
     path = _write_json(ctx.outdir / "roofline.json", doc)
-    png = roofline_mod.plot({**doc, "label": ctx.kernel.stem}, [], ctx.outdir / "roofline.png",
+    history: list[dict[str, Any]] = []
+    if ctx.settings.run_dir is not None and (ctx.settings.run_dir / "state.json").is_file():
+        # the loop's earlier iterations (profiles of the best going into each) as points on the chart
+        state = json.loads((ctx.settings.run_dir / "state.json").read_text())
+        history = [{**r, "label": f"in{r['iter']}"} for r in state.get("roofline_history", [])]
+    png = roofline_mod.plot({**doc, "label": ctx.kernel.stem}, history, ctx.outdir / "roofline.png",
                             title=f"{ctx.kernel.name} roofline")
     figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
                if doc.get(k) is not None}

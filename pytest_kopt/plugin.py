@@ -40,6 +40,8 @@ OPTIONS = (
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
+    ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
+                    "this many percent (e.g. 3)", "PCT"),
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
     ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
     ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
@@ -385,6 +387,7 @@ class KoptController:
         self.stdout_doc: str | None = None
         self.loop_result: dict[str, Any] | None = None
         self.json_error: str | None = None
+        self.comparisons: list[dict[str, Any]] = []
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -440,11 +443,15 @@ class KoptController:
             self.loop_result = self._finish_loop(settings)
             if self.loop_result["exit_code"] and session.exitstatus in (0, code):
                 session.exitstatus = code if code is not None else self.loop_result["exit_code"]
+        self.comparisons = self._pr_gate(settings)
+        if any(c.get("fails") for c in self.comparisons) and session.exitstatus == 0:
+            session.exitstatus = 2  # SKILL.md's kernel-validation code: the candidate regressed
         if settings.json_path:
             doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                    "exit_code": int(session.exitstatus), "kernel": str(settings.baseline), "ref": str(settings.ref),
                    "dims": settings.dims, "seeds": list(settings.seeds), "env": self.config.stash[ENV_KEY],
                    "outdir": str(settings.outdir), "items": self.records,
+                   "comparisons": self.comparisons,
                    "loop": {**self.loop_result, "run_dir": str(settings.run_dir), "mode": settings.loop_mode}
                    if self.loop_result else None}
             doc = _finite(doc)
@@ -457,6 +464,38 @@ class KoptController:
                     Path(settings.json_path).write_text(text + "\n")
                 except OSError as exc:
                     self.json_error = f"--kopt-json: could not write {settings.json_path}: {exc}"
+
+    def _pr_gate(self, settings: Settings) -> list[dict[str, Any]]:
+        """--kopt-fail-slower: each candidate's timing samples against the baseline's (see
+        :func:`pytest_kopt.prgate.verdict`). A candidate without valid timing (it failed a gate, or no GPU) gets
+        verdict NOT_TIMED and the gate's own failure decides."""
+        import json as _json
+
+        from . import prgate
+
+        value = self.config.getoption("kopt_fail_slower") or self.config.getini("kopt_fail_slower")
+        if value in (None, "") or not settings.candidates or settings.baseline is None:
+            return []
+        threshold = float(str(value).rstrip("%"))
+
+        def samples(kernel: Path) -> list[float] | None:
+            path = context(self.config, kernel, str(kernel)).outdir / "bench.json"
+            if not path.is_file():
+                return None
+            bench = _json.loads(path.read_text())
+            return bench["samples_ms"] if bench.get("timing_valid") else None
+
+        base = samples(settings.baseline)
+        out = []
+        for cand in settings.candidates:
+            cs = samples(cand)
+            entry: dict[str, Any] = {"baseline": str(settings.baseline), "candidate": str(cand)}
+            if base is None or cs is None:
+                entry.update(verdict="NOT_TIMED", fails=False)
+            else:
+                entry.update(prgate.verdict(base, cs, threshold))
+            out.append(entry)
+        return out
 
     def _finish_loop(self, settings: Settings) -> dict[str, Any]:
         """--kopt-init: stop the run or open iteration 1; --kopt-run: close the open iteration."""
@@ -495,6 +534,20 @@ class KoptController:
             name = r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]
             text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")
             tr.write_line(f"{name:<{width}} {r['status']:<20} {text}"[:400])
+        per_gate: dict[str, list[float]] = {}
+        for r in self.records:
+            per_gate.setdefault(r["gate"] or "?", []).append(r["duration_s"])
+        tr.write_line("kopt item time per gate: " + ", ".join(
+            f"{g} {sum(d):.1f} s" + (f" ({len(d)})" if len(d) > 1 else "")
+            for g, d in sorted(per_gate.items(), key=lambda kv: GATE_ORDER.get(kv[0], 99))))
+        for c in self.comparisons:
+            if c["verdict"] == "NOT_TIMED":
+                tr.write_line(f"kopt PR gate: {c['candidate']} not timed (see its gates)")
+            else:
+                lo, hi = c["ci95"]
+                tr.write_line(f"kopt PR gate: {c['candidate']} vs {c['baseline']}: {c['verdict']}, speedup "
+                              f"{c['speedup']:.3f}x [{lo:.3f}, {hi:.3f}] (threshold {c['threshold_pct']:g}%)",
+                              red=c["fails"], green=c["verdict"] == "FASTER")
         if self.loop_result is not None:
             tr.write_line(f"kopt loop: {self.loop_result['message']}")
         if self.json_error:
