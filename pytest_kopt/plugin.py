@@ -553,6 +553,8 @@ class KoptController:
         if self.json_error:
             tr.write_line(f"kopt: {self.json_error}", red=True)
         code = self.exit_code()
+        if code is None and self.loop_result is not None and self.loop_result["exit_code"]:
+            code = self.loop_result["exit_code"]
         if code is not None:
             tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
                           f"4 configuration/contract)")
