@@ -8,6 +8,7 @@ solve(...)``, ``reference(**kwargs)``) plus the ``shapes(**dims)`` extension des
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,6 @@ C_TYPES: dict[str, str] = {
 _QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile", "struct"}
 #: C++ keywords among the type words: never a parameter name, so `unsigned int` alone is an unnamed parameter.
 _TYPE_KEYWORDS = {"int", "long", "short", "char", "signed", "unsigned", "float", "double", "bool", "void"}
-_SOLVE_RE = re.compile(r'extern\s+"C"\s*(?:\{[^}]*?)?(?:__host__\s+)?void\s+solve\s*\(([^)]*)\)', re.S)
 _CUTLASS_RE = re.compile(r'#\s*include\s*[<"](cutlass|cute)/')
 
 
@@ -66,21 +66,82 @@ def _line_of(source: str, offset: int) -> int:
     return source.count("\n", 0, offset) + 1
 
 
+def _blank_disabled(text: str) -> str:
+    """Blank out ``#if 0`` regions (up to the matching ``#else``/``#elif``/``#endif``), keeping offsets, so a
+    disabled ``solve`` is never taken for the real one."""
+    out = list(text)
+    lines = text.split("\n")
+    pos, depth, dead_at = 0, 0, None
+    for ln in lines:
+        d = ln.strip()
+        if d.startswith("#"):
+            word = d[1:].strip().split()
+            key = word[0] if word else ""
+            if key in ("if", "ifdef", "ifndef"):
+                depth += 1
+                if dead_at is None and key == "if" and len(word) > 1 and word[1] == "0":
+                    dead_at = depth
+            elif key in ("else", "elif") and dead_at == depth:
+                dead_at = None
+            elif key == "endif":
+                if dead_at == depth:
+                    dead_at = None
+                depth -= 1
+        elif dead_at is not None:
+            for i in range(pos, pos + len(ln)):
+                out[i] = " "
+        pos += len(ln) + 1
+    return "".join(out)
+
+
+def _extern_c_blocks(text: str) -> list[tuple[int, int]]:
+    """Spans of ``extern "C" { ... }`` blocks, by brace matching."""
+    spans = []
+    for m in re.finditer(r'extern\s+"C"\s*\{', text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        spans.append((m.end(), i))
+    return spans
+
+
+def _find_solve(text: str, path: str) -> re.Match[str] | None:
+    """The ``solve`` definition (or declaration) with C linkage: prefixed by ``extern "C"`` (or a macro defined as
+    it), or inside an ``extern "C" { }`` block. Raises ContractError for a ``__global__`` solve and for one without
+    C linkage; returns None when there is no ``solve`` at all."""
+    macros = set(re.findall(r'#\s*define\s+(\w+)\s+extern\s+"C"', text))
+    blocks = _extern_c_blocks(text)
+    found = list(re.finditer(r"\bvoid\s+solve\s*\(([^)]*)\)", text))
+    if not found:
+        return None
+    for m in found:
+        head = text[text.rfind(";", 0, m.start()) + 1:m.start()]
+        head = head[max(head.rfind("}"), head.rfind("{")) + 1:]
+        if "__global__" in head.split():
+            raise ContractError("solve() is a __global__ kernel; it must be a host function that launches the kernels",
+                                gate="preflight", path=path, line=_line_of(text, m.start()),
+                                fix='write extern "C" void solve(...) { my_kernel<<<grid, block>>>(...); }')
+        linked = re.search(r'extern\s+"C"', head) or any(w in macros for w in re.findall(r"\w+", head)) \
+            or any(a <= m.start() < b for a, b in blocks)
+        if linked:
+            return m
+    first = found[0]
+    params = " ".join(first.group(1).split())
+    raise ContractError('solve() is not declared extern "C", so its symbol name is mangled', gate="preflight",
+                        path=path, line=_line_of(text, first.start()),
+                        fix=f'declare it as: extern "C" void solve({params})')
+
+
 def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
     """Parse ``extern "C" void solve(...)`` from CUDA source text into its parameters, in order.
 
     Raises ContractError (with ``path`` and the line) when ``solve`` is missing, not ``extern "C"``, or has a
     parameter of an unsupported type, a pointer to pointer, or no name.
     """
-    text = _strip_comments(source)
-    m = _SOLVE_RE.search(text)
+    text = _blank_disabled(_strip_comments(source))
+    m = _find_solve(text, path)
     if m is None:
-        plain = re.search(r"\bvoid\s+solve\s*\(([^)]*)\)", text)
-        if plain:
-            params = " ".join(plain.group(1).split())
-            raise ContractError('solve() is not declared extern "C", so its symbol name is mangled',
-                                gate="preflight", path=path, line=_line_of(text, plain.start()),
-                                fix=f'declare it as: extern "C" void solve({params})')
         raise ContractError('no host function `extern "C" void solve(...)` found', gate="preflight", path=path,
                             fix='add extern "C" void solve(...) that launches the kernel: const T* = input, '
                                 'T* = output, integer scalars = dims')
@@ -160,7 +221,18 @@ _NOT_LITERAL = _NotLiteral()
 
 def read_python(path: Path, gate: str = "preflight") -> PyContract:
     """Parse a Python file with ``ast`` (no import; bytes, so a BOM or a coding cookie is honoured). Raises
-    ContractError on a syntax or encoding error, with its line."""
+    ContractError on a syntax or encoding error, with its line. Memoised on (path, mtime, size): collection asks
+    for the same reference once per kernel and gate."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ContractError(f"cannot be read: {exc}", gate=gate, path=str(path), fix="check the path") from None
+    return _read_python(str(path), st.st_mtime_ns, st.st_size, gate)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContract:
+    path = Path(path_str)
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as exc:

@@ -22,6 +22,7 @@ from .settings import Settings, build_settings
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 ENV_KEY = pytest.StashKey[dict]()
+KERNELS_KEY = pytest.StashKey[frozenset]()
 JSON_SCHEMA_VERSION = 1
 
 #: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
@@ -266,18 +267,25 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect the ``--kopt-baseline`` file as a :class:`KoptFile`."""
-    settings = parent.config.stash.get(SETTINGS_KEY, None)
-    if settings is not None and settings.active and file_path.resolve() in settings.kernels:
+    if file_path.suffix in (".cu", ".py") and file_path.resolve() in _kernel_set(parent.config):
         return KoptFile.from_parent(parent, path=file_path)
     return None
+
+
+def _kernel_set(config: pytest.Config) -> frozenset[Path]:
+    """The session's kernel paths, computed once (pytest asks for every file of every argument's folder)."""
+    if KERNELS_KEY not in config.stash:
+        settings = config.stash.get(SETTINGS_KEY, None)
+        config.stash[KERNELS_KEY] = frozenset(settings.kernels) if settings is not None and settings.active \
+            else frozenset()
+    return config.stash[KERNELS_KEY]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """A Triton/Python kernel given to kopt is not a test module: keep pytest's python plugin from importing it
     (that would import torch/triton into the pytest process and collect its functions)."""
-    settings = parent.config.stash.get(SETTINGS_KEY, None)
-    if settings is not None and settings.active and module_path.resolve() in settings.kernels:
+    if module_path.resolve() in _kernel_set(parent.config):
         return _NotATestModule.from_parent(parent, path=module_path)
     return None
 

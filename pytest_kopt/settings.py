@@ -62,11 +62,7 @@ class Settings:
     @property
     def kernels(self) -> tuple[Path, ...]:
         """The baseline, then every ``--kopt-candidate``, without repeats."""
-        out: list[Path] = []
-        for k in ((self.baseline,) if self.baseline else ()) + self.candidates:
-            if k not in out:
-                out.append(k)
-        return tuple(out)
+        return tuple(dict.fromkeys(((self.baseline,) if self.baseline else ()) + self.candidates))
 
     def artifact_dir(self, kernel: Path) -> Path:
         """Where a kernel's artifacts go: its run-directory folder in loop mode, else ``<outdir>/<label>``."""

@@ -430,3 +430,24 @@ def test_read_python_async_and_non_literal_constants(tmp_path):
     c = read_python(p)
     assert c.constants["A"] == [1, 2] and repr(c.constants["B"]) == "<an expression, not a literal>"
     assert c.functions == {"reference": (["out"], True, 6)}
+
+
+@pytest.mark.parametrize(("src", "names"), [
+    # a disabled older solve before the real one: the real signature wins
+    ('#if 0\nextern "C" void solve(const float* A, float* C, int M) {}\n#else\n#endif\n'
+     'extern "C" void solve(const float* A, const float* B, float* C, int M) {}\n', ["A", "B", "C", "M"]),
+    # an extern "C" block that also holds a kernel with braces
+    ('extern "C" {\n__global__ void k(float* x) { x[0] = 1; }\nvoid solve(const float* x, float* y, int n) { }\n}\n',
+     ["x", "y", "n"]),
+    ('#define API extern "C"\nAPI void solve(const float* x, float* y, int n) {}\n', ["x", "y", "n"]),
+    ('extern "C" __attribute__((visibility("default"))) void solve(const float* x, float* y, int n) {}\n',
+     ["x", "y", "n"]),
+])
+def test_solve_found_through_preprocessor_and_blocks(src, names):
+    assert [p.name for p in parse_solve_signature(src, "k.cu")] == names
+
+
+def test_global_solve_is_named_as_such():
+    with pytest.raises(ContractError) as info:
+        parse_solve_signature('extern "C" __global__ void solve(const float* x, float* y, int n) {}\n', "k.cu")
+    assert info.value.message.startswith("solve() is a __global__ kernel") and info.value.line == 1
