@@ -473,6 +473,22 @@ class KoptController:
                 except OSError as exc:
                     self.json_error = f"--kopt-json: could not write {settings.json_path}: {exc}"
 
+    def _per_kernel(self, tr: Any, rows: list[dict[str, Any]]) -> None:
+        """``-q``: one line per kernel: its verdict (the first failing gate's status, else PASSED with the number of
+        skipped gates), the timing median and the speedup over the reference."""
+        by: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by.setdefault(r["nodeid"].split("::")[0], []).append(r)
+        width = max(len(k) for k in by)
+        for kernel, recs in by.items():
+            failed = [r for r in recs if r["outcome"] == "failed"]
+            skipped = sum(r["outcome"] == "skipped" for r in recs)
+            status = f"{failed[0]['status']} at {failed[0]['gate']}" if failed else \
+                "PASSED" + (f" ({skipped} skipped)" if skipped else "")
+            timing = next((r["figures"] for r in recs if r["gate"] == "timing" and r["outcome"] == "passed"), {})
+            fig = f"  {timing['median_ms']:.4g} ms, {timing['speedup_vs_ref']:.2f}x ref" if timing else ""
+            tr.write_line(f"{kernel:<{width}}  {status}{fig}"[:200])
+
     def _pr_gate(self, settings: Settings) -> list[dict[str, Any]]:
         """--kopt-fail-slower: each candidate's timing samples against the baseline's (see
         :func:`pytest_kopt.prgate.verdict`). A candidate without valid timing (it failed a gate, or no GPU) gets
@@ -537,7 +553,11 @@ class KoptController:
         rows = sorted(self.records, key=lambda r: (r["nodeid"].split("::")[0], GATE_ORDER.get(r["gate"] or "", 99),
                                                    order[r["nodeid"]]))
         kernels = {r["nodeid"].split("::")[0] for r in rows}
-        width = max(len(r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]) for r in rows)
+        if self.config.get_verbosity() < 0:
+            self._per_kernel(tr, rows)
+            rows = []
+        width = max((len(r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]) for r in rows),
+                    default=0)
         for r in rows:
             name = r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]
             text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")

@@ -264,3 +264,18 @@ def test_gpu_wrong_cuda_kernel_fails_correctness(pytester: pytest.Pytester) -> N
     assert result.ret == 2, result.stdout.str()
     result.stdout.fnmatch_lines(["*output y [[]4096[]]: 1/4096 elements*1 NaN/Inf where the reference is finite*"
                                  "first bad indices [[]4095[]]*"])
+
+
+def test_quiet_summary_is_one_line_per_kernel(pytester: pytest.Pytester) -> None:
+    """-q: one line per candidate with its verdict and the gate that decided it."""
+    import shutil
+    from pathlib import Path
+
+    red = Path(__file__).parent / "redteam"
+    for name in ("honest_python.py", "passthrough.py", "ref_softmax.py"):
+        shutil.copy(red / name, pytester.path / name)
+    result = run(pytester, "--kopt-baseline", "honest_python.py", "--kopt-candidate", "passthrough.py",
+                 "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16", "--kopt-seeds", "3", "-q")
+    assert result.ret == 2
+    result.stdout.fnmatch_lines(["honest_python.py  PASSED (5 skipped)",
+                                 "passthrough.py    INCORRECT_NUMERICAL at correctness"])
