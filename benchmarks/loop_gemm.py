@@ -24,9 +24,10 @@ KERNELS = Path(__file__).resolve().parent / "loop_kernels"
 
 
 def variant(template: str, **defines: int) -> str:
-    """A kernel source with ``#define`` lines prepended."""
+    """A kernel source with ``#define`` lines prepended (``reg_tiled.cuh`` is the gemm_tiled example's body)."""
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
-    return head + (KERNELS / template).read_text()
+    path = KERNELS / template if (KERNELS / template).is_file() else ROOT / "examples" / "gemm_tiled" / template
+    return head + path.read_text()
 
 
 def naive(block: int) -> str:
@@ -90,9 +91,9 @@ def main() -> None:
          "ablations": {"memory.shared_memory_tiling": (naive(32), "b1")}},
         {"methods": [{"id": "compute.register_tiling", "axis": "compute", "rationale": "FMA pipe under-used"},
                      {"id": "memory.vectorized_access", "axis": "memory", "rationale": "32-bit loads"}],
-         "branches": [variant("reg_tiled.cu", BM=128, BN=128, TM=8, TN=8, VEC=1),
-                      variant("reg_tiled.cu", BM=64, BN=64, TM=4, TN=4, VEC=1)],
-         "ablations": {"memory.vectorized_access": (variant("reg_tiled.cu", BM=128, BN=128, TM=8, TN=8, VEC=0), "b1")}},
+         "branches": [variant("reg_tiled.cuh", BM=128, BN=128, TM=8, TN=8, VEC=1),
+                      variant("reg_tiled.cuh", BM=64, BN=64, TM=4, TN=4, VEC=1)],
+         "ablations": {"memory.vectorized_access": (variant("reg_tiled.cuh", BM=128, BN=128, TM=8, TN=8, VEC=0), "b1")}},
     ]
     for i, plan in enumerate(plans, start=1):
         state = json.loads((run / "state.json").read_text())

@@ -44,7 +44,7 @@ def main() -> None:
         names = []
         for i in range(8):  # 8 distinct sources, so 8 real nvcc builds
             src = f"#define BM 64\n#define BN 64\n#define TM 4\n#define TN 4\n#define VEC {i % 2}\n// variant {i}\n"
-            (work / f"b{i}.cu").write_text(src + (KERNELS / "reg_tiled.cu").read_text())
+            (work / f"b{i}.cu").write_text(src + (ROOT / "examples" / "gemm_tiled" / "reg_tiled.cuh").read_text())
             names.append(f"b{i}.cu")
         cands = [x for n in names[1:] for x in ("--kopt-candidate", n)]
         base = ["--kopt-baseline", names[0], *cands, "--kopt-ref", "ref.py", "--kopt-dims", "M=256,N=256,K=64",

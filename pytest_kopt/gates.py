@@ -174,7 +174,19 @@ def preflight(ctx: Context) -> list[contract.Param]:
         contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
         return []
     source = ctx.kernel.read_text(errors="replace")
-    params = contract.parse_solve_signature(source, ctx.display)
+    try:
+        params = contract.parse_solve_signature(source, ctx.display)
+    except ContractError as exc:
+        # solve() may live in a local header the .cu includes
+        params = None
+        for header in build.local_headers(ctx.kernel):
+            try:
+                params = contract.parse_solve_signature(header.read_text(errors="replace"), str(header))
+                break
+            except ContractError:
+                continue
+        if params is None:
+            raise exc from None
     contract.check_dims(params, ctx.settings.dims, ctx.display)
     for p in params:
         if p.is_pointer:

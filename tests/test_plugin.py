@@ -279,3 +279,17 @@ def test_quiet_summary_is_one_line_per_kernel(pytester: pytest.Pytester) -> None
     assert result.ret == 2
     result.stdout.fnmatch_lines(["honest_python.py  PASSED (5 skipped)",
                                  "passthrough.py    INCORRECT_NUMERICAL at correctness"])
+
+
+@needs_nvcc
+def test_solve_in_a_local_header(pytester: pytest.Pytester) -> None:
+    """solve() defined in a header the .cu includes: preflight reads it there; the build cache covers the header."""
+    (pytester.path / "impl.cuh").write_text(GOOD_CU)
+    pytester.makefile(".cu", k='#include "impl.cuh"\n')
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                 "-k", "preflight or compile or sass")
+    assert result.ret == 0, result.stdout.str()
+    table = outcomes(result)
+    assert table["preflight"] == table["compile"] == table["sass"] == "PASSED"
+    result.stdout.fnmatch_lines(["*preflight*solve(const float* x, float* y, int n)*"])
