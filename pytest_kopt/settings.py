@@ -224,6 +224,8 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     dims = parse_dims(str(opt("dims") or ""))
     session_seed: int | None = None
     seed_text = str(opt("seed")) if opt("seed") is not None else None
+    if opt("seeds") is not None and seed_text is not None:
+        raise ConfigError("--kopt-seed and --kopt-seeds both given", fix="give one: a session seed, or a seed list")
     if opt("seeds") is not None:
         seeds = parse_seeds(str(opt("seeds")))
     elif seed_text is None:
