@@ -43,6 +43,9 @@ OPTIONS = (
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
     ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
                     "this many percent (e.g. 3)", "PCT"),
+    ("save", "Save every kernel's timing samples as a baseline NAME (pytest-benchmark's storage format)", "NAME"),
+    ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
+    ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
     ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
     ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
@@ -451,7 +454,7 @@ class KoptController:
             self.loop_result = self._finish_loop(settings)
             if self.loop_result["exit_code"] and session.exitstatus in (0, code):
                 session.exitstatus = code if code is not None else self.loop_result["exit_code"]
-        self.comparisons = self._pr_gate(settings)
+        self.comparisons = self._pr_gate(settings) + self._saved_baselines(settings)
         if any(c.get("fails") for c in self.comparisons) and session.exitstatus == 0:
             session.exitstatus = 2  # SKILL.md's kernel-validation code: the candidate regressed
         if settings.json_path:
@@ -493,8 +496,6 @@ class KoptController:
         """--kopt-fail-slower: each candidate's timing samples against the baseline's (see
         :func:`pytest_kopt.prgate.verdict`). A candidate without valid timing (it failed a gate, or no GPU) gets
         verdict NOT_TIMED and the gate's own failure decides."""
-        import json as _json
-
         from . import prgate
 
         value = self.config.getoption("kopt_fail_slower") or self.config.getini("kopt_fail_slower")
@@ -502,13 +503,7 @@ class KoptController:
             return []
         threshold = float(str(value).rstrip("%"))
 
-        def samples(kernel: Path) -> list[float] | None:
-            path = context(self.config, kernel, str(kernel)).outdir / "bench.json"
-            if not path.is_file():
-                return None
-            bench = _json.loads(path.read_text())
-            return bench["samples_ms"] if bench.get("timing_valid") else None
-
+        samples = self._timed_samples
         base = samples(settings.baseline)
         out = []
         for cand in settings.candidates:
@@ -519,6 +514,55 @@ class KoptController:
             else:
                 entry.update(prgate.verdict(base, cs, threshold))
             out.append(entry)
+        return out
+
+    def _timed_samples(self, kernel: Path) -> list[float] | None:
+        """A kernel's timing samples (ms) from this session's bench.json, None when its timing is not valid."""
+        path = context(self.config, kernel, str(kernel)).outdir / "bench.json"
+        if not path.is_file():
+            return None
+        bench = json.loads(path.read_text())
+        return bench["samples_ms"] if bench.get("timing_valid") else None
+
+    def _saved_baselines(self, settings: Settings) -> list[dict[str, Any]]:
+        """--kopt-save / --kopt-compare through pytest-benchmark's storage, keyed by GPU model."""
+        name_save = self.config.getoption("kopt_save") or self.config.getini("kopt_save")
+        name_cmp = self.config.getoption("kopt_compare") or self.config.getini("kopt_compare")
+        if not name_save and not name_cmp:
+            return []
+        env = self.config.stash[ENV_KEY]
+        gpu = (env.get("gpu") or {}).get("name")
+        if not gpu:
+            self.json_error = "--kopt-save/--kopt-compare: no GPU, nothing was timed"
+            return []
+        try:
+            from . import saved
+        except ImportError:  # pragma: no cover - pytest-benchmark is the optional [benchmark] extra
+            self.json_error = "--kopt-save/--kopt-compare need pytest-benchmark: pip install pytest-benchmark"
+            return []
+        from . import prgate
+
+        storage = Path(self.config.invocation_params.dir,
+                       self.config.getoption("kopt_storage") or self.config.getini("kopt_storage") or ".benchmarks")
+        current = {settings.label(k): s for k in settings.kernels if (s := self._timed_samples(k))}
+        out: list[dict[str, Any]] = []
+        if name_cmp:
+            old = saved.load_latest(storage, name_cmp, gpu)
+            value = self.config.getoption("kopt_fail_slower") or self.config.getini("kopt_fail_slower")
+            threshold = float(str(value).rstrip("%")) if value not in (None, "") else 3.0
+            for label, samples in current.items():
+                entry: dict[str, Any] = {"baseline": f"saved:{name_cmp}:{label}", "candidate": label}
+                if not old or label not in old or not old[label]:
+                    entry.update(verdict="NOT_SAVED", fails=False)
+                else:
+                    entry.update(prgate.verdict(old[label], samples, threshold))
+                    entry["fails"] = entry["fails"] and value not in (None, "")
+                out.append(entry)
+        if name_save and current:
+            entries = [saved.benchmark_entry(label, s, {"dims": settings.dims, "gpu": gpu})
+                       for label, s in current.items()]
+            saved.save(storage, name_save, gpu, entries, {"gpu": gpu, "driver": env.get("driver_version"),
+                                                           "packages": env.get("packages")})
         return out
 
     def _finish_loop(self, settings: Settings) -> dict[str, Any]:
@@ -569,8 +613,9 @@ class KoptController:
             f"{g} {sum(d):.1f} s" + (f" ({len(d)})" if len(d) > 1 else "")
             for g, d in sorted(per_gate.items(), key=lambda kv: GATE_ORDER.get(kv[0], 99))))
         for c in self.comparisons:
-            if c["verdict"] == "NOT_TIMED":
-                tr.write_line(f"kopt PR gate: {c['candidate']} not timed (see its gates)")
+            if c["verdict"] in ("NOT_TIMED", "NOT_SAVED"):
+                what = "not timed (see its gates)" if c["verdict"] == "NOT_TIMED" else f"no {c['baseline']} saved"
+                tr.write_line(f"kopt PR gate: {c['candidate']} {what}")
             else:
                 lo, hi = c["ci95"]
                 tr.write_line(f"kopt PR gate: {c['candidate']} vs {c['baseline']}: {c['verdict']}, speedup "
