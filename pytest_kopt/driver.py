@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import gates, loop
-from .errors import Blocked, KoptError
+from .errors import Blocked, ConfigError, KoptError
 
 #: Gates whose skip means the strict loop cannot go on (SKILL.md: no evidence, no generation).
 STRICT_GATES = ("hardware", "preflight", "compile", "correctness", "timing", "ncu", "roofline")
@@ -41,6 +41,41 @@ def _stage(block: dict[str, Any]) -> tuple[str, int]:
     m = re.search(r"blocked by (\w+)", block.get("message") or "")
     stage = m.group(1) if m else block["gate"]
     return stage, loop.exit_code_for(stage) if stage != block["gate"] or m else 3
+
+
+def run_overrides(run_dir: Path) -> dict[str, Any]:
+    """--kopt-run: kernel, reference, dims and seeds come from the run's state.json; the open iteration's branches
+    and ablations are the kernels. Raises ConfigError when the folder is not an open run or methods.json is bad."""
+    try:
+        state = loop.load_state(run_dir)
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--kopt-run: {run_dir} holds no readable state.json ({exc})",
+                          fix="pass a run_YYYYMMDD_HHMMSS folder made by --kopt-init") from None
+    i = state.get("open_iter")
+    if not i:
+        raise ConfigError(f"--kopt-run: {run_dir} has no open iteration (run_status {state.get('run_status')}, "
+                          f"stop_reason {state.get('stop_reason')})", fix="start a new run with --kopt-init")
+    it = run_dir / f"iterv{i}"
+    branches, ablations = loop.iteration_kernels(run_dir, int(i))
+    if not branches:
+        raise ConfigError(f"--kopt-run: {it}/branches/b*/ hold no kernel.cu or kernel.py",
+                          fix="write the branch kernels first (SKILL.md step 3d)")
+    methods_path = it / "methods.json"
+    try:
+        methods = json.loads(methods_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{methods_path}: {exc}", fix='write the selected methods as {"methods": [{"id": '
+                          '"memory.shared_memory_tiling", "rationale": "..."}]}') from None
+    roof = json.loads((it / "roofline.json").read_text())
+    arch = (state.get("env") or {}).get("sm_arch") or "sm_90a"
+    problems = loop.validate_methods(methods, loop.load_registry("method_registry"), roof["axis_budget"], state, arch)
+    if problems:
+        raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems),
+                          fix="follow the axis budget in roofline.json and registries/method_registry.json")
+    kernels = [*branches, *ablations.values()]
+    return {"baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
+            "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
+            "_run_dir": str(run_dir)}
 
 
 def finish_init(run_dir: Path, ctx: gates.Context, records: list[dict[str, Any]], rootpath: Path) -> dict[str, Any]:

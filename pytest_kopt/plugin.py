@@ -115,7 +115,12 @@ def _settings(config: pytest.Config) -> Settings:
     overrides: dict[str, Any] = {}
     run_dir = raw("run")
     if run_dir not in (None, ""):
-        overrides = _run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+        from . import driver
+
+        try:
+            overrides = driver.run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+        except ConfigError as exc:
+            raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}") from None
     seed = None
     if (overrides.get("baseline") or raw("baseline")) not in (None, "") and "seeds" not in overrides:
         seed = _session_seed(config, raw("seed"))
@@ -130,44 +135,6 @@ def _settings(config: pytest.Config) -> Settings:
     except ConfigError as exc:
         raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}") from None
     return _loop_settings(config, settings, overrides)
-
-
-def _run_overrides(run_dir: Path) -> dict[str, Any]:
-    """--kopt-run: kernel, reference, dims and seeds come from the run's state.json; the open iteration's branches
-    and ablations are the kernels. Raises UsageError when the folder is not an open run or methods.json is bad."""
-    from . import loop
-
-    try:
-        state = loop.load_state(run_dir)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {run_dir} holds no readable state.json ({exc})\n"
-                                "  fix: pass a run_YYYYMMDD_HHMMSS folder made by --kopt-init") from None
-    i = state.get("open_iter")
-    if not i:
-        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {run_dir} has no open iteration (run_status "
-                                f"{state.get('run_status')}, stop_reason {state.get('stop_reason')})\n"
-                                "  fix: start a new run with --kopt-init")
-    it = run_dir / f"iterv{i}"
-    branches, ablations = loop.iteration_kernels(run_dir, int(i))
-    if not branches:
-        raise pytest.UsageError(f"pytest-kopt: --kopt-run: {it}/branches/b*/ hold no kernel.cu or kernel.py\n"
-                                "  fix: write the branch kernels first (SKILL.md step 3d)")
-    methods_path = it / "methods.json"
-    try:
-        methods = json.loads(methods_path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        raise pytest.UsageError(f"pytest-kopt: {methods_path}: {exc}\n  fix: write the selected methods as "
-                                '{"methods": [{"id": "memory.shared_memory_tiling", "rationale": "..."}]}') from None
-    roof = json.loads((it / "roofline.json").read_text())
-    arch = (state.get("env") or {}).get("sm_arch") or "sm_90a"
-    problems = loop.validate_methods(methods, loop.load_registry("method_registry"), roof["axis_budget"], state, arch)
-    if problems:
-        raise pytest.UsageError(f"pytest-kopt: {methods_path} is not valid:\n  - " + "\n  - ".join(problems)
-                                + "\n  fix: follow the axis budget in roofline.json and registries/method_registry.json")
-    kernels = [*branches, *ablations.values()]
-    return {"baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
-            "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
-            "_run_dir": str(run_dir)}
 
 
 def _loop_settings(config: pytest.Config, settings: Settings, overrides: dict[str, Any]) -> Settings:
