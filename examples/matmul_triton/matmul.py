@@ -1,0 +1,38 @@
+"""Triton matmul: C[M, N] (fp32) = A[M, K] (fp16) @ B[K, N] (fp16), fp32 accumulation, 64x64x32 tiles."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptr + rm[:, None] * sam + (k0 + rk)[None, :] * sak,
+                    mask=(rm[:, None] < M) & ((k0 + rk)[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + (k0 + rk)[:, None] * sbk + rn[None, :] * sbn,
+                    mask=((k0 + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def setup(M, N, K, seed, device="cuda"):
+    """A [M, K] and B [K, N] fp16 (values drawn by the harness), C [M, N] fp32 output."""
+    a = torch.empty(M, K, device=device, dtype=torch.float16)
+    b = torch.empty(K, N, device=device, dtype=torch.float16)
+    return {"inputs": {"A": a, "B": b, "C": torch.empty(M, N, device=device)}, "outputs": ["C"]}
+
+
+def run_kernel(A, B, C):
+    """One program per 64x64 tile of C."""
+    M, K = A.shape
+    N = B.shape[1]
+    grid = (triton.cdiv(M, 64), triton.cdiv(N, 64))
+    matmul_kernel[grid](A, B, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0),
+                        C.stride(1), BM=64, BN=64, BK=32)

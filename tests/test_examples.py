@@ -1,0 +1,40 @@
+"""Every bundled example passes its CPU gates (contract, compile, SASS; Triton correctness through the
+interpreter), at small dims; on a GPU every gate runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt import hardware
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CASES = {
+    "gemm": ("gemm.cu", "M=64,N=64,K=64"),
+    "gemm_tiled": ("gemm_tiled.cu", "M=128,N=128,K=16"),
+    "batchnorm": ("batchnorm.cu", "N=256,C=16,eps=1e-5"),
+    "softmax_triton": ("softmax.py", "M=8,N=100"),
+    "matmul_triton": ("matmul.py", "M=32,N=32,K=32"),
+}
+
+
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("name", CASES)
+def test_example_cpu_gates(pytester: pytest.Pytester, name: str) -> None:
+    kernel, dims = CASES[name]
+    shutil.copytree(EXAMPLES / name, pytester.path / name)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", f"{name}/{kernel}", "--kopt-ref", f"{name}/ref.py", "--kopt-dims", dims,
+        "--kopt-seeds", "3,5", "--kopt-json", "r.json", "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    items = json.loads((pytester.path / "r.json").read_text())["items"]
+    status = {i["nodeid"].split("::")[1]: i["status"] for i in items}
+    for gate in ("hardware", "preflight", "compile", "sass"):
+        assert status[gate] == "PASSED", status
+    correctness = [s for g, s in status.items() if g.startswith("correctness")]
+    gpu = bool(hardware.probe_gpus()["gpus"])
+    if kernel.endswith(".py") or gpu:
+        assert correctness and set(correctness) == {"PASSED"}, status
