@@ -324,6 +324,15 @@ def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildRe
             "arch": ctx.arch, "env": env, "timing": TIMING}
 
 
+def _server(ctx: Context, role: str) -> str | None:
+    """Identity of the warm harness process for a request (:class:`pytest_kopt.runner.HarnessServer`): one per
+    candidate kernel (``candidate``) and one per reference file (``reference``), so a candidate never runs in the
+    reference's process or another candidate's; None with ``--kopt-fresh-process``."""
+    if ctx.settings.fresh_process:
+        return None
+    return f"candidate:{ctx.kernel}" if role == "candidate" else f"reference:{ctx.ref}"
+
+
 def local_sources(path: Path) -> bytes:
     """The bytes of every ``.py`` file beside ``path`` (a reference or kernel may import its neighbours), so a
     cache key changes when a helper module does."""
@@ -357,9 +366,9 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
             return {**json.loads(meta.read_text()), "npz": str(folder / f"{key}.npz"), "cache_hit": True}
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
                 "setup_npz": cand.get("npz"), "env": {}}
-        with device_lock(ctx, req["device"]):
-            result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                                 path=str(ctx.ref), workdir=ctx.work)
+        result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=str(ctx.ref), workdir=ctx.work, lock=device_lock(ctx, req["device"]),
+                             server=_server(ctx, "reference"))
         os.replace(result["npz"], folder / f"{key}.npz")
         meta.write_text(json.dumps({"tolerances": result["tolerances"]}))
         return {"tolerances": result["tolerances"], "npz": str(folder / f"{key}.npz"), "cache_hit": False}
@@ -422,9 +431,8 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = _request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
-    with device_lock(ctx, device):
-        cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                           workdir=ctx.work)
+    cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
+                       workdir=ctx.work, lock=device_lock(ctx, device), server=_server(ctx, "candidate"))
     record["plan"] = req["plan"]
     for key, (status, what) in _GUARD_STATUS.items():
         if cand["guards"].get(key):
@@ -476,10 +484,27 @@ def _require_correct(ctx: Context, res: build.BuildResult, device: str) -> None:
             raise Blocked("correctness", f"{case_label(case)}: {rec.get('message', 'failed')}")
 
 
+_SAN_ERRORS_RE = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_SAN_RACE_RE = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+
+
+def sanitizer_summary(text: str) -> dict[str, int] | None:
+    """Error and warning counts from compute-sanitizer's log: ``ERROR SUMMARY: N errors`` (memcheck, initcheck,
+    synccheck) or ``RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)`` (racecheck; warnings are
+    hazards it cannot prove harmful, reported but not failed). Counts are summed over every process the tool
+    followed; None when no summary line is present (the tool did not finish)."""
+    errors = [int(n) for n in _SAN_ERRORS_RE.findall(text)]
+    races = [(int(e), int(w)) for _, e, w in _SAN_RACE_RE.findall(text)]
+    if not errors and not races:
+        return None
+    return {"errors": sum(errors) + sum(e for e, _ in races), "warnings": sum(w for _, w in races)}
+
+
 def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
-    """One candidate call (first seed's inputs) under ``compute-sanitizer --tool <tool>``; writes
+    """One candidate call (first seed's inputs) under ``compute-sanitizer --tool <tool>``, its report written to a
+    log file (kept even when the tool makes the call fail, as memcheck does on a bad access); writes
     ``sanitizer_<tool>.json``. Any reported error fails with status SANITIZER_<TOOL> (racecheck sets SKILL.md's
-    ``race_safe``)."""
+    ``race_safe``); a tool that printed no summary fails as HARDWARE_UNAVAILABLE with its output."""
     device = _device_for(ctx, "sanitizer")
     sanitizer = hardware.find_tool("compute-sanitizer")
     if not sanitizer:
@@ -487,25 +512,41 @@ def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
     res = _blocked_build(ctx)
     req = _request(ctx, "candidate", device, ctx.settings.seeds[0], res)
     req["calls"] = 1
-    prefix = [sanitizer, "--tool", tool, "--print-limit", "20", "--target-processes", "all"]
+    # torch's caching allocator hands out slices of large cudaMalloc segments, inside which an out-of-bounds access
+    # is invisible to memcheck; without it every tensor is its own allocation
+    req["env"] = {**req["env"], "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    log = ctx.work / f"sanitizer_{tool}.log"
+    log.unlink(missing_ok=True)
+    prefix = [sanitizer, "--tool", tool, "--print-limit", "20", "--target-processes", "all", "--log-file", str(log)]
+    call_error: KoptError | None = None
     with gpu_lock(ctx):
-        result = run_harness(req, gate="sanitizer", timeout_s=max(600.0, ctx.settings.gate_timeout_s * 10),
-                             path=ctx.display, workdir=ctx.work, prefix=prefix)
-    if result.get("npz") and os.path.exists(result["npz"]):
-        os.unlink(result["npz"])
-    text = result.get("stdout", "")
-    counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
-    errors = sum(counts)
-    _write_json(ctx.outdir / f"sanitizer_{tool}.json", {"tool": tool, "errors": errors, "summaries": counts,
-                                                         "output_tail": text[-4000:]})
-    if not counts:
-        raise HardwareError(f"compute-sanitizer printed no ERROR SUMMARY for {tool}", gate="sanitizer",
-                            path=ctx.display, details=text[-2000:])
-    if errors:
-        raise KernelRuntimeError(f"compute-sanitizer {tool} found {errors} error(s)", gate="sanitizer",
-                                 path=ctx.display, status=f"SANITIZER_{tool.upper()}", details=text[-3000:],
+        try:
+            result = run_harness(req, gate="sanitizer", timeout_s=max(600.0, ctx.settings.gate_timeout_s * 10),
+                                 path=ctx.display, workdir=ctx.work, prefix=prefix)
+            if result.get("npz") and os.path.exists(result["npz"]):
+                os.unlink(result["npz"])
+        except KernelRuntimeError as exc:  # the tool's own report still says what went wrong
+            if exc.status == "TIMEOUT":
+                raise
+            call_error = exc
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    summary = sanitizer_summary(text)
+    _write_json(ctx.outdir / f"sanitizer_{tool}.json", {"tool": tool, **(summary or {}), "log_tail": text[-4000:],
+                                                         "call_error": call_error.message if call_error else None})
+    if summary is None:
+        raise HardwareError(f"compute-sanitizer {tool} printed no summary", gate="sanitizer", path=ctx.display,
+                            details=(text or (call_error.details if call_error else ""))[-2000:],
+                            fix="run the command in the log by hand; check the tool's version against the driver")
+    if summary["errors"]:
+        first = "\n".join(ln for ln in text.splitlines() if ln.startswith("=========") and ln.strip("= "))[:3000]
+        raise KernelRuntimeError(f"compute-sanitizer {tool} found {summary['errors']} error(s)", gate="sanitizer",
+                                 path=ctx.display, status=f"SANITIZER_{tool.upper()}", details=first,
                                  fix="fix the reported accesses/races; the first ones are listed above")
-    return Outcome({"tool": tool, "errors": 0}, f"{tool}: 0 errors")
+    if call_error is not None:
+        raise call_error
+    warn = f", {summary['warnings']} warning(s)" if summary["warnings"] else ""
+    return Outcome({"tool": tool, "errors": 0, "warnings": summary["warnings"]}, f"{tool}: 0 errors{warn}")
 
 
 def gpu_lock(ctx: Context) -> FileLock:
@@ -559,16 +600,14 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     _require_correct(ctx, res, device)
     peaks = device_peaks(ctx)
     req = _request(ctx, "timing", device, ctx.settings.seeds[0], res)
-    with gpu_lock(ctx):
-        result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                             path=ctx.display, workdir=ctx.work)
+    result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                         path=ctx.display, workdir=ctx.work, lock=gpu_lock(ctx), server=_server(ctx, "candidate"))
     # the timed output check: the reference, in its own process, on the inputs of the last timed call
     try:
         creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
                 "inputs_npz": result["npz"], "env": {}}
-        with gpu_lock(ctx):
-            check = run_harness(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                                path=str(ctx.ref), workdir=ctx.work)
+        check = run_harness(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                            path=str(ctx.ref), workdir=ctx.work, lock=gpu_lock(ctx), server=_server(ctx, "reference"))
         with np.load(result["npz"]) as c, np.load(check["npz"]) as r:
             arrays = {**{k: c[k] for k in c.files if k.startswith("cand1__")}, **{k: r[k] for k in r.files}}
         outputs = [k.removeprefix("ref__") for k in arrays if k.startswith("ref__")]
@@ -659,9 +698,9 @@ def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
         if path.is_file():
             return json.loads(path.read_text())
         rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
-        with gpu_lock(ctx):
-            result = run_harness(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                                 path=str(ctx.ref), workdir=ctx.work)
+        result = run_harness(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=str(ctx.ref), workdir=ctx.work, lock=gpu_lock(ctx),
+                             server=_server(ctx, "reference"))
         _write_json(path, {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"]})
         return result
 
@@ -671,7 +710,8 @@ def _race_safe(ctx: Context) -> bool | None:
     path = ctx.outdir / "sanitizer_racecheck.json"
     if "racecheck" not in ctx.settings.sanitizer or not path.is_file():
         return None
-    return json.loads(path.read_text()).get("errors") == 0
+    errors = json.loads(path.read_text()).get("errors")
+    return None if errors is None else errors == 0
 
 
 def gate_ncu(ctx: Context, param: Any = None) -> Outcome:

@@ -1,8 +1,9 @@
 """Child-process side of the GPU gates: builds inputs, runs the candidate and the reference, times, profiles.
 
-Run as ``python -m pytest_kopt.harness REQUEST.json``. The pytest process never imports torch or touches CUDA:
-it writes a request, runs this module in a fresh process (so a crash, a trap or a hang of the kernel takes down
-only this child), and reads back ``<out>.json`` (and ``<out>.npz`` with the outputs for the comparison).
+Run as ``python -m pytest_kopt.harness REQUEST.json`` (one request), or ``--serve CTL_FD`` (a warm process that
+runs request after request for one kernel or one reference). The pytest process never imports torch or touches
+CUDA: it writes a request, runs it in a child process (so a crash, a trap or a hang of the kernel takes down only
+that child), and reads back ``<out>.json`` (and ``<out>.npz`` with the outputs for the comparison).
 """
 
 from __future__ import annotations
@@ -816,9 +817,9 @@ MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mod
          "triton_build": mode_triton_build}
 
 
-def main(argv: list[str]) -> int:
-    """Entry point: read the request, run its mode, write ``<out>.json``; exit 0 on success, 1 on error."""
-    req = json.loads(Path(argv[1]).read_text())
+def handle(req_path: str) -> int:
+    """Run one request file's mode and write ``<out>.json``; 0 on success, 1 on error."""
+    req = json.loads(Path(req_path).read_text())
     result: dict[str, Any]
     try:
         result = {"ok": True, **MODES[req["mode"]](req)}
@@ -832,7 +833,39 @@ def main(argv: list[str]) -> int:
         code = 1
     Path(req["out"] + ".json").write_text(json.dumps(result, default=_jsonable))
     sys.stdout.flush()
+    sys.stderr.flush()
     return code
+
+
+def serve(ctl_fd: int) -> int:
+    """Warm-process loop (:class:`pytest_kopt.runner.HarnessServer`): import torch, say ``ready`` on the control
+    pipe, then run each request path read from stdin and answer ``done <code>``. Ends at EOF, or after a failed
+    request (the parent starts a fresh process: a CUDA error can leave this context unusable)."""
+    import gc
+
+    import numpy  # noqa: F401  (imported once here, not per request)
+    import torch
+
+    ctl = os.fdopen(ctl_fd, "w", buffering=1)
+    ctl.write("ready\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        code = handle(line.strip())
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
+        ctl.write(f"done {code}\n")
+        if code:
+            return code
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``REQUEST.json`` runs one request; ``--serve CTL_FD`` runs :func:`serve`."""
+    if len(argv) > 2 and argv[1] == "--serve":
+        return serve(int(argv[2]))
+    return handle(argv[1])
 
 
 def _jsonable(x: Any) -> Any:

@@ -57,6 +57,8 @@ OPTIONS = (
 FLAGS = (
     ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
     ("finalize", "With --kopt-run: complete the run after this close and render summary.md"),
+    ("fresh-process", "Run every GPU request in a fresh child process instead of one warm child per kernel "
+                      "(slower: torch import and CUDA context per request)"),
 )
 SEED_CACHE_KEY = "kopt/session_seed"
 
@@ -74,8 +76,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
         parser.addini(dest, help=help_text, default=None)
     for name, help_text in FLAGS:
-        group.addoption(f"--kopt-{name}", dest=f"kopt_{name}", action="store_true", default=None, help=help_text)
-        parser.addini(f"kopt_{name}", help=help_text, type="bool", default=False)
+        dest = "kopt_" + name.replace("-", "_")
+        group.addoption(f"--kopt-{name}", dest=dest, action="store_true", default=None, help=help_text)
+        parser.addini(dest, help=help_text, type="bool", default=False)
 
 
 def _session_seed(config: pytest.Config, given: Any) -> str | None:
@@ -598,3 +601,11 @@ class KoptController:
         if code is not None:
             tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
                           f"4 configuration/contract)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End this process's warm harness children (pytest_kopt.runner.HarnessServer); atexit would too, later."""
+    from .runner import shutdown_servers
+
+    shutdown_servers()

@@ -6,12 +6,16 @@ that started the child; the pytest process stays clean of CUDA.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +23,16 @@ from .errors import CompileError, ContractError, KernelRuntimeError
 
 
 def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
-                prefix: list[str] | None = None) -> dict[str, Any]:
+                prefix: list[str] | None = None, lock: Any = None, server: str | None = None) -> dict[str, Any]:
     """Run ``python -m pytest_kopt.harness`` on ``req`` and return its result dict (``ok`` is True).
 
-    ``req["env"]`` (optional) adds environment variables; ``prefix`` wraps the command (e.g. ``ncu ...``).
-    ``<out>.npz`` stays on disk for the caller. Raises KernelRuntimeError (crash, CUDA error, timeout after
-    ``timeout_s`` seconds), ContractError (the reference or ``setup`` broke its contract) or CompileError.
+    ``req["env"]`` (optional) adds environment variables; ``prefix`` wraps the command (e.g. ``ncu ...``). With
+    ``server`` (an identity such as ``candidate:<kernel path>``) the request goes to a warm harness process kept for
+    that identity and environment (see :class:`HarnessServer`); it is started, and torch imported, before ``lock``
+    is taken, and a failed or timed-out request ends it. ``lock`` (a context manager, e.g. the per-GPU
+    :class:`filelock.FileLock`) is held only while the request runs. ``<out>.npz`` stays on disk for the caller.
+    Raises KernelRuntimeError (crash, CUDA error, timeout after ``timeout_s`` seconds), ContractError (the
+    reference or ``setup`` broke its contract) or CompileError.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f"{gate}-", suffix=".req.json", dir=workdir)
@@ -32,50 +40,81 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     out = name.removesuffix(".req.json")
     req = {**req, "out": out}
     Path(name).write_text(json.dumps(req))
+    lock = lock if lock is not None else contextlib.nullcontext()
+    if server is not None and not prefix:
+        srv = _server_for(server, req.get("env") or {}, workdir, gate=gate, path=path)
+        with lock:
+            output, ended = srv.request(name, timeout_s)
+        if ended == "timeout":
+            _drop(srv)
+            raise _timeout_error(timeout_s, gate, path, output)
+        if ended == "died":
+            code = srv.proc.wait()
+            _drop(srv)
+            raise _died_error(code, gate, path, output)
+        return _result(out, output, gate, path, on_error=lambda: _drop(srv))
+    env = _child_env(req.get("env") or {})
+    cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
+    with lock:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it
+            _killpg(proc)
+            stdout, stderr = proc.communicate()
+            raise _timeout_error(timeout_s, gate, path, (stdout or "") + (stderr or "")) from None
+        except BaseException:
+            _killpg(proc)  # Ctrl-C in pytest: leave no child running on the GPU
+            raise
+    output = (stdout + stderr).strip()
+    if not Path(out + ".json").is_file():
+        raise _died_error(proc.returncode, gate, path, output)
+    return _result(out, output, gate, path)
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(req.get("env") or {})
+    env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return env
+
+
+def _killpg(proc: subprocess.Popen[Any]) -> None:
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _timeout_error(timeout_s: float, gate: str, path: str, output: str) -> KernelRuntimeError:
+    return KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
+                              details=_tail(output), fix="look for an infinite loop or a deadlock; raise "
+                                                         "--kopt-timeout if the kernel is simply slow")
+
+
+def _died_error(returncode: int | None, gate: str, path: str, output: str) -> KernelRuntimeError:
+    how = f"exit code {returncode}"
+    if returncode is not None and returncode < 0:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        stdout, stderr = proc.communicate()
-        raise KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
-                                 details=_tail((stdout or "") + (stderr or "")),
-                                 fix="look for an infinite loop or a deadlock; raise --kopt-timeout if the kernel "
-                                     "is simply slow") from None
-    except BaseException:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # Ctrl-C in pytest: leave no child running on the GPU
-        except ProcessLookupError:
-            pass
-        raise
-    proc = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    result_file = Path(out + ".json")
-    output = (proc.stdout + proc.stderr).strip()
-    if not result_file.is_file():
-        how = f"exit code {proc.returncode}"
-        if proc.returncode < 0:
-            try:
-                how = f"killed by {signal.Signals(-proc.returncode).name}"
-            except ValueError:
-                how = f"killed by signal {-proc.returncode}"
-        raise KernelRuntimeError(f"the child process died ({how}) before reporting", gate=gate, path=path,
-                                 details=_tail(output), fix="run the kernel under compute-sanitizer to find the fault")
-    result: dict[str, Any] = json.loads(result_file.read_text())
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    return KernelRuntimeError(f"the child process died ({how}) before reporting", gate=gate, path=path,
+                              details=_tail(output), fix="run the kernel under compute-sanitizer to find the fault")
+
+
+def _result(out: str, output: str, gate: str, path: str, on_error: Any = None) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(Path(out + ".json").read_text())
     result["stdout"] = _tail(output, 4000)
     result["out"] = out
     if result.get("ok"):
         return result
+    if on_error is not None:
+        on_error()
     category, message = result.get("category"), result.get("message", "")
     details = _tail(result.get("traceback", ""), 3000)
     if category == "contract":
@@ -85,6 +124,131 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
         raise CompileError(message, gate=gate, path=path, details=details, fix="fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, details=details,
                              fix="the kernel raised an error at run time; see the message above")
+
+
+# ------------------------------------------------------------------------------------------ warm servers
+
+#: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
+#: loadscope a worker runs one kernel's gates in a row, so one candidate and one reference process cover it.
+MAX_SERVERS = 3
+#: Seconds a new harness process may take to import torch and report ready.
+READY_TIMEOUT_S = 180.0
+
+_POOL: dict[tuple[str, tuple[tuple[str, str], ...]], "HarnessServer"] = {}
+
+
+class HarnessServer:
+    """A warm ``python -m pytest_kopt.harness --serve`` process: torch imported once, its CUDA context created on
+    the first request and kept, requests run one at a time. Requests are paths written to its stdin; it answers
+    ``done`` on a private pipe (the kernel's own prints cannot fake it), its stdout and stderr go to a log file
+    read back per request. It serves one identity (one candidate kernel, or one reference file), so a candidate
+    never shares a process with the reference or with another candidate; a request that fails, crashes or times
+    out ends it (a CUDA error can leave the context unusable) and the next request starts a fresh one."""
+
+    def __init__(self, key: tuple[str, tuple[tuple[str, str], ...]], workdir: Path) -> None:
+        self.key = key
+        fd, log = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
+        os.close(fd)
+        self.log = Path(log)
+        ctl_r, ctl_w = os.pipe()
+        with open(self.log, "ab") as sink:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pytest_kopt.harness", "--serve", str(ctl_w)],
+                                         stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT,
+                                         env=_child_env(dict(key[1])), pass_fds=(ctl_w,), start_new_session=True)
+        os.close(ctl_w)
+        self.ctl = os.fdopen(ctl_r, "rb", buffering=0)
+        self.buf = b""
+
+    def _line(self, timeout_s: float) -> bytes | None:
+        """The next control line; None on timeout; b"" when the process closed the pipe (it ended)."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.ctl], [], [], left)
+            if not ready:
+                continue
+            chunk = self.ctl.read(4096)
+            if not chunk:
+                return b""
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def wait_ready(self) -> str:
+        """``ready``, ``timeout`` or ``died``."""
+        line = self._line(READY_TIMEOUT_S)
+        return "timeout" if line is None else "ready" if line == b"ready" else "died"
+
+    def request(self, req_path: str, timeout_s: float) -> tuple[str, str]:
+        """Run one request; returns (its part of the log, ``done`` | ``timeout`` | ``died``)."""
+        start = self.log.stat().st_size
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(req_path.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self.output(start), "died"
+        line = self._line(timeout_s)
+        ended = "timeout" if line is None else "done" if line.startswith(b"done") else "died"
+        return self.output(start), ended
+
+    def output(self, start: int) -> str:
+        with open(self.log, "rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace").strip()
+
+    def close(self, kill: bool = False) -> None:
+        """End the process: close its stdin and wait briefly, or kill its process group."""
+        if not kill and self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                kill = True
+        if kill or self.proc.poll() is None:
+            _killpg(self.proc)
+            self.proc.wait()
+        self.ctl.close()
+        self.log.unlink(missing_ok=True)
+
+
+def _server_for(identity: str, env: dict[str, str], workdir: Path, *, gate: str, path: str) -> HarnessServer:
+    key = (identity, tuple(sorted(env.items())))
+    srv = _POOL.pop(key, None)
+    if srv is not None and srv.proc.poll() is not None:
+        srv.close()
+        srv = None
+    if srv is None:
+        while len(_POOL) >= MAX_SERVERS:
+            _POOL.pop(next(iter(_POOL))).close()
+        if not _POOL:
+            atexit.register(shutdown_servers)
+        srv = HarnessServer(key, workdir)
+        state = srv.wait_ready()
+        if state != "ready":
+            output = srv.output(0)
+            srv.close(kill=True)
+            if state == "timeout":
+                raise KernelRuntimeError(f"the harness process did not start within {READY_TIMEOUT_S:g} s", gate=gate,
+                                         path=path, details=_tail(output), fix="check that torch imports in this "
+                                         "Python (python3 -c 'import torch')")
+            raise _died_error(srv.proc.returncode, gate, path, output)
+    _POOL[key] = srv  # most recently used last
+    return srv
+
+
+def _drop(srv: HarnessServer) -> None:
+    _POOL.pop(srv.key, None)
+    srv.close(kill=True)
+
+
+def shutdown_servers() -> None:
+    """End every warm harness process of this pytest process (at session end, and at exit)."""
+    while _POOL:
+        _POOL.popitem()[1].close()
 
 
 def _tail(text: str, limit: int = 2000) -> str:

@@ -58,6 +58,9 @@ class Settings:
     artifact_dirs: dict[str, str] = field(default_factory=dict)
     run_dir: Path | None = None
     loop_mode: str | None = None
+    #: True: every GPU request in a fresh child process; False (default): one warm child per kernel and one per
+    #: reference file serve a kernel's correctness and timing requests (pytest_kopt.runner.HarnessServer).
+    fresh_process: bool = False
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -267,4 +270,5 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
         raise ConfigError(f"--kopt-outdir: {outdir} exists and is not a folder", fix="give a folder path")
     return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
-                    candidates=candidates, session_seed=session_seed, sanitizer=sanitizer)
+                    candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
+                    fresh_process=bool(get("fresh_process")))

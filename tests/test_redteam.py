@@ -146,6 +146,11 @@ SIDE_STREAM_CU = textwrap.dedent("""\
         tiny<<<1, 1>>>();
     }
 """)
+# T1, the variant the events cannot see at all: the side work occupies one block, so the tiny kernel on the caller's
+# stream is not queued behind it and the events time only that.
+SIDE_ONE_BLOCK_CU = SIDE_STREAM_CU.replace("if (i < n) { float v", "for (; i < n; i += blockDim.x) { float v") \
+    .replace("for (int k = 0; k < 4000; ++k)", "for (int k = 0; k < 4; ++k)") \
+    .replace("work<<<(n + 255) / 256, 256, 0, s>>>", "work<<<1, 256, 0, s>>>")
 PHASE_CU = textwrap.dedent("""\
     #include <cuda_runtime.h>
     // T8/T9: computes for the first calls (the correctness checks), then stops launching (timed calls are free).
@@ -164,17 +169,76 @@ PHASE_CU = textwrap.dedent("""\
 @pytest.mark.gpu
 @pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
 def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
-    """On a GPU: work hidden on a side stream is SUSPECT; a kernel that stops working once timing starts fails the
-    timed-output check; the honest kernel's timing passes."""
+    """On a GPU: work hidden on a side stream is either SUSPECT or counted (when it fills the GPU, the caller's
+    stream waits for it and the events see its full cost, so the attack gains nothing); side work the events cannot
+    see (one block) is SUSPECT; a kernel that stops working once timing starts fails the timed-output check; the
+    honest kernel's timing passes."""
     (pytester.path / "side_stream.cu").write_text(SIDE_STREAM_CU)
+    (pytester.path / "side_one_block.cu").write_text(SIDE_ONE_BLOCK_CU)
     (pytester.path / "phase.cu").write_text(PHASE_CU)
     (pytester.path / "honest.cu").write_text(GPU_TEMPLATE.replace("BODY", "y[i] = 2.0f * x[i];"))
     pytester.makepyfile(ref=SCALE_REF)
     result = pytester.runpytest_subprocess(
         "--kopt-baseline", "honest.cu", "--kopt-candidate", "side_stream.cu", "--kopt-candidate", "phase.cu",
-        "--kopt-ref", "ref.py", "--kopt-dims", "n=16777216", "--kopt-seeds", "3", "--kopt-json", "r.json",
-        "-p", "no:cacheprovider", "-k", "correctness or timing", timeout=900)
+        "--kopt-candidate", "side_one_block.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=16777216",
+        "--kopt-seeds", "3", "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness or timing",
+        timeout=900)
     doc = json.loads((pytester.path / "r.json").read_text())
-    timing = {i["nodeid"].split("::")[0]: i["status"] for i in doc["items"] if i["gate"] == "timing"}
-    assert timing == {"honest.cu": "PASSED", "side_stream.cu": "SUSPECT", "phase.cu": "INCORRECT_NUMERICAL"}, \
+    timing = {i["nodeid"].split("::")[0]: i for i in doc["items"] if i["gate"] == "timing"}
+    status = {k: v["status"] for k, v in timing.items()}
+    assert status["honest.cu"] == "PASSED" and status["phase.cu"] == "INCORRECT_NUMERICAL", result.stdout.str()[-3000:]
+    assert status["side_one_block.cu"] == "SUSPECT", result.stdout.str()[-3000:]
+    honest_ms = timing["honest.cu"]["figures"]["median_ms"]
+    side = timing["side_stream.cu"]
+    assert side["status"] == "SUSPECT" or (side["status"] == "PASSED" and side["figures"]["median_ms"] > 10 * honest_ms),\
         result.stdout.str()[-3000:]
+
+
+RACY_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    // A shared-memory race: each thread reads its neighbour warp's slot without __syncthreads(). On most runs the
+    // value is already there, so correctness passes; racecheck sees the hazard.
+    __global__ void k(const float* x, float* y, int n) {
+        __shared__ float s[256];
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        s[threadIdx.x] = i < n ? x[i] : 0.0f;
+        int j = (threadIdx.x + 32) % 256;
+        float other = s[j];
+        if (i < n) y[i] = 2.0f * x[i] + 0.0f * other;
+    }
+    extern "C" void solve(const float* x, float* y, int n) { k<<<(n + 255) / 256, 256>>>(x, y, n); }
+""")
+OOB_READ_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    // Reads one float past the end of x (the result does not depend on it): no crash, right output, memcheck error.
+    __global__ void k(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = 2.0f * x[i] + 0.0f * x[i + 1];
+    }
+    extern "C" void solve(const float* x, float* y, int n) { k<<<(n + 255) / 256, 256>>>(x, y, n); }
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+@pytest.mark.skipif(hardware.find_tool("compute-sanitizer") is None, reason="compute-sanitizer not found")
+def test_sanitizer_gate_gpu(pytester: pytest.Pytester) -> None:
+    """On a GPU, --kopt-sanitizer memcheck,racecheck: a shared-memory race fails racecheck, a read one past the end
+    fails memcheck (both pass correctness), the honest kernel passes both and bench.json says race_safe."""
+    (pytester.path / "racy.cu").write_text(RACY_CU)
+    (pytester.path / "oob.cu").write_text(OOB_READ_CU)
+    (pytester.path / "honest.cu").write_text(GPU_TEMPLATE.replace("BODY", "y[i] = 2.0f * x[i];"))
+    pytester.makepyfile(ref=SCALE_REF)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "honest.cu", "--kopt-candidate", "racy.cu", "--kopt-candidate", "oob.cu",
+        "--kopt-ref", "ref.py", "--kopt-dims", "n=1000", "--kopt-seeds", "3", "--kopt-json", "r.json",
+        "--kopt-sanitizer", "memcheck,racecheck", "--kopt-outdir", "out", "-p", "no:cacheprovider",
+        "-k", "sanitizer or timing", timeout=900)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    got = {i["nodeid"].split("/")[-1]: i["status"] for i in doc["items"] if i["gate"] == "sanitizer"}
+    assert got == {"honest.cu::sanitizer[memcheck]": "PASSED", "honest.cu::sanitizer[racecheck]": "PASSED",
+                   "racy.cu::sanitizer[memcheck]": "PASSED", "racy.cu::sanitizer[racecheck]": "SANITIZER_RACECHECK",
+                   "oob.cu::sanitizer[memcheck]": "SANITIZER_MEMCHECK", "oob.cu::sanitizer[racecheck]": "PASSED"}, \
+        result.stdout.str()[-3000:]
+    bench = json.loads(next((pytester.path / "out").rglob("honest*/bench.json")).read_text())
+    assert bench["race_safe"] is True
