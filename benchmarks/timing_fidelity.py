@@ -2,7 +2,8 @@
 
 Kernels from about 5 µs to 10 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum).
 For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by ncu), kopt's
-median (pytest_kopt.harness.measure: rotating inputs, L2 flush, adaptive stop) and do_bench's median, each
+median (pytest_kopt.harness.measure: rotating inputs, L2 flush, adaptive stop), the same in graph mode
+(--kopt-timing graph) and do_bench's median, each
 repeated 5 times; prints one table: medians, ratio to ncu, run-to-run spread ((max-min)/median of the 5 medians).
 
 Usage (GPU machine): python3 benchmarks/timing_fidelity.py [--out DIR]
@@ -77,9 +78,9 @@ def ncu_medians(out: Path) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in by.items()}
 
 
-def kopt_median(torch, kind: str, n: int) -> float:
-    """One run of kopt's timing loop (µs)."""
-    from pytest_kopt.gates import TIMING
+def kopt_median(torch, kind: str, n: int, method: str = "events") -> float:
+    """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph)."""
+    from pytest_kopt.gates import GRAPH_CALLS, TIMING
     from pytest_kopt.harness import measure
 
     free = torch.cuda.mem_get_info()[0]
@@ -93,7 +94,7 @@ def kopt_median(torch, kind: str, n: int) -> float:
             if key != "c":
                 t.normal_()
 
-    r = measure(torch, sets, fn, refresh, TIMING)
+    r = measure(torch, sets, fn, refresh, {**TIMING, "method": method, "graph_calls": GRAPH_CALLS})
     return statistics.median(r["event_ms"]) * 1e3
 
 
@@ -115,20 +116,26 @@ def main() -> None:
     rows = []
     for name, kind, n in CASES:
         kopt = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
+        graph = [kopt_median(torch, kind, n, "graph") for _ in range(REPEATS)]
         d, fn = make(torch, kind, n, 2)
         db = [do_bench(lambda: fn(d), return_mode="median") * 1e3 for _ in range(REPEATS)]
         ref = ncu.get(name)
         k, b = statistics.median(kopt), statistics.median(db)
         rows.append({"case": name, "ncu_us": ref, "kopt_us": k, "kopt_ratio": k / ref if ref else None,
                      "kopt_spread_pct": 100 * (max(kopt) - min(kopt)) / k, "do_bench_us": b,
+                     "graph_us": statistics.median(graph),
+                     "graph_ratio": statistics.median(graph) / ref if ref else None,
+                     "graph_spread_pct": 100 * (max(graph) - min(graph)) / statistics.median(graph),
                      "do_bench_ratio": b / ref if ref else None, "do_bench_spread_pct": 100 * (max(db) - min(db)) / b})
     (out / "timing_fidelity.json").write_text(json.dumps(rows, indent=1))
-    head = f"{'case':<10} {'ncu µs':>9} {'kopt µs':>9} {'kopt/ncu':>8} {'spread':>7} {'do_bench':>9} {'db/ncu':>7} {'spread':>7}"
+    head = (f"{'case':<10} {'ncu µs':>9} {'kopt µs':>9} {'kopt/ncu':>8} {'spread':>7} {'graph µs':>9} {'gr/ncu':>7} "
+            f"{'spread':>7} {'do_bench':>9} {'db/ncu':>7} {'spread':>7}")
     print(head)
     for r in rows:
         f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
         print(f"{r['case']:<10} {f(r['ncu_us'], 1):>9} {f(r['kopt_us'], 1):>9} {f(r['kopt_ratio']):>8} "
-              f"{f(r['kopt_spread_pct'], 1):>6}% {f(r['do_bench_us'], 1):>9} {f(r['do_bench_ratio']):>7} "
+              f"{f(r['kopt_spread_pct'], 1):>6}% {f(r['graph_us'], 1):>9} {f(r['graph_ratio']):>7} "
+              f"{f(r['graph_spread_pct'], 1):>6}% {f(r['do_bench_us'], 1):>9} {f(r['do_bench_ratio']):>7} "
               f"{f(r['do_bench_spread_pct'], 1):>6}%")
 
 

@@ -43,6 +43,12 @@ TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 
           "target_rse": 0.005, "max_sets": 8, "mem_fraction": 0.25}
 
 
+#: Calls per CUDA graph in ``--kopt-timing graph`` (each after its own L2 flush).
+GRAPH_CALLS = 20
+#: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
+ROUND_S = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a passing gate reports: scalar ``figures`` (they become junit ``user_properties``), a one-line
@@ -321,7 +327,8 @@ def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildRe
     return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
             "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
-            "arch": ctx.arch, "env": env, "timing": TIMING}
+            "arch": ctx.arch, "env": env,
+            "timing": {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS}}
 
 
 def _server(ctx: Context, role: str) -> str | None:
@@ -600,8 +607,12 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     _require_correct(ctx, res, device)
     peaks = device_peaks(ctx)
     req = _request(ctx, "timing", device, ctx.settings.seeds[0], res)
-    result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                         path=ctx.display, workdir=ctx.work, lock=gpu_lock(ctx), server=_server(ctx, "candidate"))
+    ref_result: dict[str, Any] | None = None
+    if ctx.settings.fresh_process:
+        result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=ctx.display, workdir=ctx.work, lock=gpu_lock(ctx))
+    else:
+        result, ref_result = _interleaved(ctx, req)
     # the timed output check: the reference, in its own process, on the inputs of the last timed call
     try:
         creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
@@ -616,7 +627,8 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
         for f in (result.get("npz"), locals().get("check", {}).get("npz")):
             if f and os.path.exists(f):
                 os.unlink(f)
-    ref_result = _reference_timing(ctx, req, result)
+    if ref_result is None:
+        ref_result = _reference_timing(ctx, req, result)
     k = stats.describe(result["event_ms"])
     r = stats.describe(ref_result["event_ms"])
     host_med = statistics.median(result["host_ms"])
@@ -633,6 +645,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                                "ci95_high_ms": k.ci95_high_ms, "robust_cv": round(k.robust_cv, 5),
                                "median_rse": round(k.median_rse, 5), "stability": k.stability, "samples": k.n,
                                "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
+                               "timing_method": result.get("graph_method") or result.get("method", "events"),
                                "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
                                "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi}
     if throttled is not None:
@@ -664,8 +677,10 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
              "speedup_vs_ref": speedup, "speedup_ci95": [sp_lo, sp_hi], "workload": wm or None,
              "gflops": figures.get("gflops"), "gbytes_per_s": figures.get("gbytes_per_s"),
              "roofline_floor_ms": floor, "peaks": peaks, "suspect": suspect, "timed_output_check": verdict.status,
-             "timing_method": {**TIMING, "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
-                               "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True},
+             "timing_method": {**req["timing"], "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
+                               "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True,
+                               "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
+                               "interleaved_with_reference": not ctx.settings.fresh_process},
              "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
     path = _write_json(ctx.outdir / "bench.json", bench)
     if not verdict.ok:
@@ -685,6 +700,39 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     return Outcome(figures, f"median {_ms(k.median_ms)} [{_ms(k.ci95_low_ms)}, {_ms(k.ci95_high_ms)}] (robust CV "
                             f"{k.robust_cv:.3f}, {k.stability}, n={k.n}, {result['stop_reason']}), reference "
                             f"{_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]{extra}", (path,))
+
+
+def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Candidate and reference timed in alternating rounds (each in its own warm process; each round about
+    ``ROUND_S`` seconds of samples per party), so a drift of clocks or temperature during the measurement hits
+    both and the speedup's CI stays honest. A party stops sampling once its stopping rule is met; rounds stop when
+    both have, or after 4x the timing budget + 30 s. Returns (candidate result, reference result) as the one-shot
+    timing modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns."""
+    import time
+    import uuid
+
+    timeout = max(ctx.settings.gate_timeout_s, 120.0)
+    key = uuid.uuid4().hex
+    servers = (_server(ctx, "candidate"), _server(ctx, "reference"))
+    paths = (ctx.display, str(ctx.ref))
+
+    def round_(i: int, r: dict[str, Any], count: int, final: bool = False) -> dict[str, Any]:
+        return run_harness({**r, "round": {"key": f"{key}-{i}", "count": count, "final": final}}, gate="timing",
+                           timeout_s=timeout, path=paths[i], workdir=ctx.work, lock=gpu_lock(ctx),
+                           server=servers[i])
+
+    first = round_(0, req, 3)
+    rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}), "env": {}}
+    reqs = (req, rreq)
+    last: list[dict[str, Any]] = [first, round_(1, rreq, 3)]
+    t0 = time.monotonic()
+    cap = 4 * TIMING["budget_s"] + 30.0
+    while any(r["stop_reason"] is None for r in last) and time.monotonic() - t0 < cap:
+        for i in (0, 1):
+            if last[i]["stop_reason"] is None:
+                count = int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6))))
+                last[i] = round_(i, reqs[i], count)
+    return round_(0, req, 0, final=True), round_(1, rreq, 0, final=True)
 
 
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -503,94 +504,213 @@ def _reset_persisting_l2() -> None:
         pass
 
 
-def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str, Any]) -> dict[str, Any]:
-    """The timing loop shared by kernel and reference timing.
+class Timer:
+    """The timing loop shared by kernel and reference timing, resumable so two parties can be timed in alternating
+    rounds (:meth:`take`). Created once per party: allocates the L2 flush buffer, warms up, calibrates the stream
+    hold.
 
-    Per sample, outside the timed window: refresh the next rotating set's values (once every set has been used),
-    read NVML, reset persisting L2 lines, flush L2 (read 2x its size), then hold the stream with a GPU spin longer
-    than the host's launch time (90th percentile of the warmup launches, x2 + 20 µs) so launch latency stays out of
-    the window. Timed: CUDA events around one ``launch(set)``; then a device-wide synchronize; the host-clock time of the whole sample less
-    the flush's event time is kept beside the event time (work put on another stream shows up there). Warmup by
-    time (``warmup_ms``), then samples until
-    :func:`pytest_kopt.stats.should_stop`. Returns per-sample lists (ms) and the stop reason."""
-    from pytest_kopt.stats import should_stop
+    Events method (``t["method"] == "events"``), per sample, outside the timed window: refresh the next rotating
+    set's values (once every set has been used), read NVML, reset persisting L2 lines, flush L2 (read 2x its size),
+    then hold the stream with a GPU spin longer than the host's launch time (90th percentile of the warmup launches,
+    x2 + 20 µs) so launch latency stays out of the window. Timed: CUDA events around one ``launch(set)``.
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
-    # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs inside the kernel
-    flush = torch.ones(2 * l2 // 4, dtype=torch.float32, device="cuda")
-    flush_out = torch.empty((), dtype=torch.float32, device="cuda")
-    clocks = Clocks()
-    t_end = time.perf_counter() + t["warmup_ms"] / 1e3
-    i = 0
-    launch_s: list[float] = []
-    while i < 3 or time.perf_counter() < t_end:
-        h = time.perf_counter()
-        launch(sets[i % len(sets)])
-        launch_s.append(time.perf_counter() - h)
+    Graph method (``"graph"``, for kernels of a few µs, where one event pair's resolution and the launch gap
+    dominate): ``t["graph_calls"]`` (N) pairs of (L2 flush, launch on the next set) captured in one CUDA graph and
+    the N flushes alone in another; one sample = (replay time of the pairs - replay time of the flushes) / N, the two
+    replays timed back to back. A launch CUDA cannot capture (a ``.cu`` ``solve()`` launches on the legacy default
+    stream) falls back to the same N pairs queued behind a stream hold (``graph_method`` says which ran). Values of
+    the rotating sets are refreshed between samples, outside the window. All times in ms."""
+
+    def __init__(self, torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str, Any]) -> None:
+        self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
+        self.method = t.get("method", "events")
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+        # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
+        self.flush_buf = torch.ones(2 * self.l2 // 4, dtype=torch.float32, device="cuda")
+        self.flush_out = torch.empty((), dtype=torch.float32, device="cuda")
+        self.clocks = Clocks()
+        t_end = time.perf_counter() + t["warmup_ms"] / 1e3
+        i = 0
+        launch_s: list[float] = []
+        while i < 3 or time.perf_counter() < t_end:
+            h = time.perf_counter()
+            launch(sets[i % len(sets)])
+            launch_s.append(time.perf_counter() - h)
+            torch.cuda.synchronize()
+            i += 1
+        self.warmup_calls = i
+        tail = launch_s[1:] or launch_s
+        self.host_launch_us = 1e6 * sorted(tail)[int(0.9 * (len(tail) - 1))]
+        self.host_launch_ms = statistics.median(tail) * 1e3
+        self.clock_khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
+        self.hold_us = 2 * self.host_launch_us + 20
+        # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
+        tiny = torch.empty(1, device="cuda")
+        over = []
+        for _ in range(20):
+            h0 = time.perf_counter()
+            tiny.zero_()
+            torch.cuda.synchronize()
+            over.append((time.perf_counter() - h0) * 1e3)
+        self.host_overhead_ms = statistics.median(over)
+        self.start, self.stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.event_ms: list[float] = []
+        self.throttled: list[bool] = []
+        self.readings: list[dict[str, Any]] = []
+        self.elapsed_s = 0.0
+        self.k = 0
+        self.graph_method: str | None = None
+        self.graph_note: str | None = None
+        #: what a non-final round reports besides the samples (the candidate's input spec, for the reference)
+        self.info: dict[str, Any] = {}
+        if self.method == "graph":
+            self._prepare_graphs()
+
+    def _flush(self) -> None:
+        self.torch.sum(self.flush_buf, dim=0, out=self.flush_out)
+
+    def _hold(self, us: float) -> None:
+        self.torch.cuda._sleep(int(us * self.clock_khz / 1e3))
+
+    def _pairs(self, with_kernel: bool) -> None:
+        for j in range(int(self.t.get("graph_calls", 20))):
+            self._flush()
+            if with_kernel:
+                self.launch(self.sets[j % len(self.sets)])
+
+    def _prepare_graphs(self) -> None:
+        torch = self.torch
+        n = int(self.t.get("graph_calls", 20))
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # torch's rule: warm up on a side stream before capture
+                self._pairs(True)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.g_pairs, self.g_flush = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.g_pairs):
+                self._pairs(True)
+            with torch.cuda.graph(self.g_flush):
+                self._pairs(False)
+            torch.cuda.synchronize()
+            self.graph_method = "cuda_graph"
+        except Exception as exc:  # e.g. cudaErrorStreamCaptureImplicit: a launch on the legacy default stream
+            torch.cuda.synchronize()
+            self.graph_method = "queued"
+            self.graph_note = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); " \
+                              f"the {n} pairs are queued behind a stream hold instead"
+            h = time.perf_counter()
+            self._pairs(True)
+            self.queue_us = (time.perf_counter() - h) * 1e6
+            torch.cuda.synchronize()
+
+    def _timed_block(self, with_kernel: bool) -> float:
+        torch = self.torch
         torch.cuda.synchronize()
-        i += 1
-    # hold the stream with a GPU spin longer than the host needs to launch, so the start event fires only once the
-    # kernel is queued behind it (nvbench's blocking-kernel idea; torch.cuda._sleep spins for a cycle count)
-    host_launch_us = 1e6 * sorted(launch_s[1:] or launch_s)[int(0.9 * (len(launch_s[1:] or launch_s) - 1))]
-    clock_khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
-    hold_cycles = int((2 * host_launch_us + 20) * clock_khz / 1e3)
-    # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
-    tiny = torch.empty(1, device="cuda")
-    over = []
-    for _ in range(20):
-        h0 = time.perf_counter()
-        tiny.zero_()
+        if self.graph_method == "cuda_graph":
+            graph = self.g_pairs if with_kernel else self.g_flush
+            self._hold(self.hold_us)
+            self.start.record()
+            graph.replay()
+        else:
+            self._hold(2 * self.queue_us + 20)
+            self.start.record()
+            self._pairs(with_kernel)
+        self.stop.record()
         torch.cuda.synchronize()
-        over.append((time.perf_counter() - h0) * 1e3)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    event_ms: list[float] = []
-    host_ms: list[float] = []
-    throttled: list[bool] = []
-    readings: list[dict[str, Any]] = []
-    t0 = time.perf_counter()
-    reason = None
-    k = 0
-    while reason is None:
-        s = sets[k % len(sets)]
-        if k >= len(sets):
-            refresh(s, k)
-        before = clocks.read()
+        return self.start.elapsed_time(self.stop)
+
+    def _sample(self) -> float:
+        torch = self.torch
+        if self.method == "graph":
+            n = int(self.t.get("graph_calls", 20))
+            if self.k % 2:  # alternate which block goes first, so a drift between them cancels
+                flush_only = self._timed_block(False)
+                pairs = self._timed_block(True)
+            else:
+                pairs = self._timed_block(True)
+                flush_only = self._timed_block(False)
+            return (pairs - flush_only) / n
+        s = self.sets[self.k % len(self.sets)]
         _reset_persisting_l2()
         torch.cuda.synchronize()
         # the flush stays queued ahead of the timed launch, so the GPU is busy while the host launches (a host
         # round trip between them would put launch latency, tens of µs for a Python launcher, inside the window)
-        torch.sum(flush, dim=0, out=flush_out)
-        torch.cuda._sleep(hold_cycles)
-        start.record()
-        launch(s)
-        stop.record()
+        self._flush()
+        self._hold(self.hold_us)
+        self.start.record()
+        self.launch(s)
+        self.stop.record()
         torch.cuda.synchronize()
-        event_ms.append(start.elapsed_time(stop))
-        after = clocks.read()
-        if before and after:
-            throttled.append(before["throttled"] or after["throttled"])
-            if k % 16 == 0:
-                readings.append(after)
-        k += 1
-        reason = should_stop(event_ms, time.perf_counter() - t0, target_rse=t["target_rse"],
-                             min_samples=t["min_samples"], min_time_s=t["min_time_s"], budget_s=t["budget_s"],
-                             max_samples=t["max_samples"])
-    # side-stream probe: without the stream hold, launch and synchronise the whole device; work the events did not
-    # see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync
-    for j in range(30):
-        s = sets[j % len(sets)]
-        torch.cuda.synchronize()
-        h0 = time.perf_counter()
-        launch(s)
-        torch.cuda.synchronize()
-        host_ms.append((time.perf_counter() - h0) * 1e3)
-    import statistics
-    return {"event_ms": event_ms, "host_ms": host_ms, "host_overhead_ms": statistics.median(over),
-            "host_launch_ms": statistics.median(launch_s[1:] or launch_s) * 1e3,
-            "throttled": throttled if throttled else None, "nvml": readings or None, "stop_reason": reason,
-            "rotating_sets": len(sets), "l2_bytes": l2, "flush_bytes": 2 * l2, "warmup_calls": i,
-            "host_launch_us": host_launch_us, "hold_us": 2 * host_launch_us + 20}
+        return self.start.elapsed_time(self.stop)
+
+    def take(self, count: int | None = None) -> str | None:
+        """Take ``count`` samples, or (None) sample until :func:`pytest_kopt.stats.should_stop`; returns the stop
+        reason (None after a fixed count that did not meet it)."""
+        from pytest_kopt.stats import should_stop
+
+        t = self.t
+        taken = 0
+        if count == 0:
+            return should_stop(self.event_ms, self.elapsed_s, target_rse=t["target_rse"], min_samples=t["min_samples"],
+                               min_time_s=t["min_time_s"], budget_s=t["budget_s"], max_samples=t["max_samples"])
+        while True:
+            t0 = time.perf_counter()
+            if self.method == "graph" and self.k > 0:  # the graphs read fixed addresses: new values in place
+                for j, s in enumerate(self.sets):
+                    self.refresh(s, self.k * len(self.sets) + j)
+            elif self.method != "graph" and self.k >= len(self.sets):
+                self.refresh(self.sets[self.k % len(self.sets)], self.k)
+            before = self.clocks.read()
+            self.event_ms.append(self._sample())
+            after = self.clocks.read()
+            if before and after:
+                self.throttled.append(before["throttled"] or after["throttled"])
+                if self.k % 16 == 0:
+                    self.readings.append(after)
+            self.k += 1
+            taken += 1
+            self.elapsed_s += time.perf_counter() - t0
+            reason = should_stop(self.event_ms, self.elapsed_s, target_rse=t["target_rse"],
+                                 min_samples=t["min_samples"], min_time_s=t["min_time_s"], budget_s=t["budget_s"],
+                                 max_samples=t["max_samples"])
+            if reason is not None and count is None:
+                return reason
+            if count is not None and taken >= count:
+                return reason
+
+    def result(self, reason: str | None) -> dict[str, Any]:
+        """The side-stream probe, then every figure: per-sample lists (ms) and the stop reason.
+
+        Probe: without the stream hold, launch and synchronise the whole device 30 times; work the events did not
+        see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync."""
+        torch = self.torch
+        host_ms: list[float] = []
+        for j in range(30):
+            s = self.sets[j % len(self.sets)]
+            torch.cuda.synchronize()
+            h0 = time.perf_counter()
+            self.launch(s)
+            torch.cuda.synchronize()
+            host_ms.append((time.perf_counter() - h0) * 1e3)
+        out = {"event_ms": self.event_ms, "host_ms": host_ms, "host_overhead_ms": self.host_overhead_ms,
+               "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
+               "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
+               "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
+               "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method}
+        if self.method == "graph":
+            out.update(graph_method=self.graph_method, graph_calls=int(self.t.get("graph_calls", 20)),
+                       graph_note=self.graph_note)
+        return out
+
+
+def measure(torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str, Any]) -> dict[str, Any]:
+    """Time ``launch`` over the rotating ``sets`` until the stopping rule says so (see :class:`Timer`); returns
+    per-sample lists (ms), the stop reason and the method's figures."""
+    timer = Timer(torch, sets, launch, refresh, t)
+    return timer.result(timer.take())
 
 
 def _rotating_sets(torch: Any, first: Inputs, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any],
@@ -608,45 +728,79 @@ def _rotating_sets(torch: Any, first: Inputs, plan: dict[str, Any], seed: int, r
     return sets
 
 
+#: Timers of parties timed in alternating rounds, kept in a warm harness process between requests (round key ->
+#: (Timer, finish function)).
+_ROUNDS: dict[str, tuple[Timer, Any]] = {}
+
+
+def _timed(req: dict[str, Any], prepare: Any) -> dict[str, Any]:
+    """Run a timing request: all at once, or (``req["round"]`` = {key, count, final}) one round of an interleaved
+    measurement, its Timer kept between rounds in this process. ``prepare()`` returns (Timer, finish), where
+    ``finish(result)`` adds the mode's own figures to the Timer's result. A non-final round returns the samples
+    taken so far and the stop reason."""
+    rnd = req.get("round")
+    if rnd is None:
+        timer, finish = prepare()
+        return finish(timer.result(timer.take()))
+    if rnd["key"] not in _ROUNDS:
+        _ROUNDS.clear()  # one interleaved measurement at a time: drop what an aborted one left
+        _ROUNDS[rnd["key"]] = prepare()
+    timer, finish = _ROUNDS[rnd["key"]]
+    reason = timer.take(int(rnd["count"]))
+    if not rnd.get("final"):
+        return {"event_ms": list(timer.event_ms), "stop_reason": reason, "round": True,
+                "sample_wall_s": timer.elapsed_s / max(1, len(timer.event_ms)), **timer.info}
+    del _ROUNDS[rnd["key"]]
+    return finish(timer.result(reason or "rounds"))
+
+
 def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
-    """Time the candidate (see :func:`measure`) over rotating input sets. Saves the last timed call's inputs and
+    """Time the candidate (see :class:`Timer`) over rotating input sets. Saves the last timed call's inputs and
     outputs to ``<out>.npz`` so the parent can check them against the reference in another process."""
     import numpy as np
 
-    cand = Candidate(req)
-    torch = cand.torch
-    if cand.device != "cuda":
-        raise HarnessError("runtime", "timing needs a CUDA device")
-    cand.run()  # module load / JIT outside the measurement; checks the launch once
-    t = req["timing"]
-    sets = _rotating_sets(torch, cand.inputs, req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept, t)
-    last_seed = {"seed": int(req["seed"])}
+    def prepare() -> tuple[Timer, Any]:
+        cand = Candidate(req)
+        torch = cand.torch
+        if cand.device != "cuda":
+            raise HarnessError("runtime", "timing needs a CUDA device")
+        cand.run()  # module load / JIT outside the measurement; checks the launch once
+        t = req["timing"]
+        sets = _rotating_sets(torch, cand.inputs, req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept, t)
 
-    def launch(s: Inputs) -> None:
-        cand.inputs = s
-        cand.launch()
+        def launch(s: Inputs) -> None:
+            cand.inputs = s
+            cand.launch()
 
-    def refresh(s: Inputs, k: int) -> None:
-        last_seed["seed"] = int(req["seed"]) + 104729 * (k + 1)
-        s.fill(req["plan"], last_seed["seed"], cand.ref, cand.dims, cand.kept)
+        def refresh(s: Inputs, k: int) -> None:
+            s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), cand.ref, cand.dims, cand.kept)
 
-    result = measure(torch, sets, launch, refresh, t)
-    last = sets[(len(result["event_ms"]) - 1) % len(sets)]
-    cand.inputs = last
-    cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
-    arrays = {f"in__{s['name']}": _to_numpy(torch, last.tensors[s["name"]]) for s in last.spec if s["role"] == "input"}
-    # the check call above rewrote the outputs from the same inputs; a stale timed output shows up as a mismatch too
-    arrays.update({f"cand1__{n}": _to_numpy(torch, last.tensors[n]) for n in last.outputs})
-    np.savez(req["out"] + ".npz", **arrays)
-    workload = None
-    if callable(getattr(cand.ref, "workload_model", None)):
-        try:
-            workload = {k: float(v) for k, v in dict(cand.ref.workload_model(**cand.dims)).items()}
-        except Exception as exc:
-            raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised {type(exc).__name__}: {exc}") from exc
-    return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
-            "scalars": {k: v for k, v in cand.inputs.scalars.items() if isinstance(v, (int, float, str))},
-            "gpu": torch.cuda.get_device_name(0)}
+        def finish(result: dict[str, Any]) -> dict[str, Any]:
+            last = sets[(len(result["event_ms"]) - 1) % len(sets)]
+            cand.inputs = last
+            cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
+            arrays = {f"in__{s['name']}": _to_numpy(torch, last.tensors[s["name"]])
+                      for s in last.spec if s["role"] == "input"}
+            # the check call above rewrote the outputs from the same inputs; a stale timed output shows up too
+            arrays.update({f"cand1__{n}": _to_numpy(torch, last.tensors[n]) for n in last.outputs})
+            np.savez(req["out"] + ".npz", **arrays)
+            workload = None
+            if callable(getattr(cand.ref, "workload_model", None)):
+                try:
+                    workload = {k: float(v) for k, v in dict(cand.ref.workload_model(**cand.dims)).items()}
+                except Exception as exc:
+                    raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised "
+                                       f"{type(exc).__name__}: {exc}") from exc
+            return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
+                    "scalars": {k: v for k, v in cand.inputs.scalars.items() if isinstance(v, (int, float, str))},
+                    "gpu": torch.cuda.get_device_name(0)}
+
+        timer = Timer(torch, sets, launch, refresh, t)
+        timer.info = {"spec": cand.inputs.spec,
+                      "scalars": {k: v for k, v in cand.inputs.scalars.items() if isinstance(v, (int, float, str))}}
+        return timer, finish
+
+    return _timed(req, prepare)
 
 
 def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
@@ -654,20 +808,23 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     slow it down to inflate its speedup)."""
     import torch
 
-    ref = load_module(req["ref"], "kopt_reference")
-    dims = req["dims"]
-    first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")
-    first.fill(req["plan"], int(req["seed"]), ref, dims, {})
-    t = req["timing"]
-    sets = _rotating_sets(torch, first, req["plan"], int(req["seed"]), ref, dims, {}, t)
+    def prepare() -> tuple[Timer, Any]:
+        ref = load_module(req["ref"], "kopt_reference")
+        dims = req["dims"]
+        first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")
+        first.fill(req["plan"], int(req["seed"]), ref, dims, {})
+        t = req["timing"]
+        sets = _rotating_sets(torch, first, req["plan"], int(req["seed"]), ref, dims, {}, t)
 
-    def launch(s: Inputs) -> None:
-        ref.reference(**s.kwargs())
+        def launch(s: Inputs) -> None:
+            ref.reference(**s.kwargs())
 
-    def refresh(s: Inputs, k: int) -> None:
-        s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), ref, dims, {})
+        def refresh(s: Inputs, k: int) -> None:
+            s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), ref, dims, {})
 
-    return measure(torch, sets, launch, refresh, t)
+        return Timer(torch, sets, launch, refresh, t), lambda result: result
+
+    return _timed(req, prepare)
 
 
 def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,8 @@ OPTIONS = (
     ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
+    ("timing", "Timing method: events (default; CUDA events around each call) or graph (20 L2-flush+call pairs "
+               "in a CUDA graph minus a flush-only graph, for kernels of a few µs)", "METHOD"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
     ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
                     "this many percent (e.g. 3)", "PCT"),

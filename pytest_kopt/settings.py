@@ -22,6 +22,7 @@ DEFAULT_GATE_TIMEOUT_S = 60.0
 DEFAULT_NCU_TIMEOUT_S = 300.0
 #: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
 SEED_COUNT = 5
+TIMING_METHODS = ("events", "graph")
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
@@ -61,6 +62,9 @@ class Settings:
     #: True: every GPU request in a fresh child process; False (default): one warm child per kernel and one per
     #: reference file serve a kernel's correctness and timing requests (pytest_kopt.runner.HarnessServer).
     fresh_process: bool = False
+    #: Timing method: ``events`` (one CUDA event pair per call) or ``graph`` (N flush+call pairs in a CUDA graph
+    #: minus a flush-only graph; for kernels of a few µs).
+    timing_method: str = "events"
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -260,6 +264,9 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     timeout = _float(str(opt("timeout")), "--kopt-timeout", positive=True) if opt("timeout") is not None else DEFAULT_GATE_TIMEOUT_S
     ncu_timeout = (_float(str(opt("ncu_timeout")), "--kopt-ncu-timeout", positive=True)
                    if opt("ncu_timeout") is not None else DEFAULT_NCU_TIMEOUT_S)
+    timing_method = str(opt("timing") or "events")
+    if timing_method not in TIMING_METHODS:
+        raise ConfigError(f"--kopt-timing: unknown method {timing_method!r}", fix=f"choose {' or '.join(TIMING_METHODS)}")
     json_path = opt("json")
     if json_path is not None and json_path != "-":
         json_path = os.fspath(Path(base, json_path)) if not os.path.isabs(json_path) else json_path
@@ -271,4 +278,4 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
-                    fresh_process=bool(get("fresh_process")))
+                    fresh_process=bool(get("fresh_process")), timing_method=timing_method)

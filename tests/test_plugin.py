@@ -266,6 +266,45 @@ def test_gpu_wrong_cuda_kernel_fails_correctness(pytester: pytest.Pytester) -> N
                                  "first bad indices [[]4095[]]*"])
 
 
+@pytest.mark.gpu
+@needs_nvcc
+def test_gpu_graph_timing_and_interleaved_reference(pytester: pytest.Pytester) -> None:
+    """On a GPU: --kopt-timing graph times a 4 µs .cu kernel (its legacy-stream launches cannot be captured, so the
+    pairs are queued) and a Triton kernel (captured in a CUDA graph); events and graph medians of the .cu kernel
+    agree within a factor 2, the graph one not above the events one by more than 10%; the reference was timed
+    interleaved with the candidate; and --kopt-fresh-process gives the same verdicts."""
+    import shutil
+    from pathlib import Path
+
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    medians = {}
+    for method in ("events", "graph"):
+        result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=262144",
+                     "--kopt-seeds", "7", "--kopt-timing", method, "--kopt-outdir", method, "-k", "timing")
+        assert result.ret == 0, result.stdout.str()[-3000:]
+        bench = json.loads((pytester.path / method / "k" / "bench.json").read_text())
+        medians[method] = bench["median_ms"]
+        assert bench["timing_method"]["method"] == method
+        assert bench["timing_method"]["interleaved_with_reference"] is True
+        if method == "graph":
+            assert bench["timing_method"]["graph_method"] in ("cuda_graph", "queued"), bench["timing_method"]
+    assert 0.5 * medians["events"] < medians["graph"] < 1.1 * medians["events"], medians
+    red = Path(__file__).parent / "redteam"
+    for name in ("honest_triton.py", "ref_softmax.py"):
+        shutil.copy(red / name, pytester.path / name)
+    result = run(pytester, "--kopt-baseline", "honest_triton.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims",
+                 "M=1024,N=512", "--kopt-seeds", "7", "--kopt-timing", "graph", "--kopt-outdir", "tri", "-k", "timing")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    bench = json.loads((pytester.path / "tri" / "honest_triton" / "bench.json").read_text())
+    assert bench["timing_method"]["graph_method"] == "cuda_graph", bench["timing_method"]
+    fresh = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=262144",
+                "--kopt-seeds", "7", "--kopt-fresh-process", "--kopt-outdir", "fresh", "-k", "timing or correctness")
+    assert fresh.ret == 0, fresh.stdout.str()[-3000:]
+    bench = json.loads((pytester.path / "fresh" / "k" / "bench.json").read_text())
+    assert bench["timing_method"]["interleaved_with_reference"] is False
+
+
 def test_quiet_summary_is_one_line_per_kernel(pytester: pytest.Pytester) -> None:
     """-q: one line per candidate with its verdict and the gate that decided it."""
     import shutil
