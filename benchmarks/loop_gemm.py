@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/kopt-loop"))
     ap.add_argument("--dims", default="M=4096,N=4096,K=4096")
     ap.add_argument("-n", default="4")
+    ap.add_argument("--iterations", type=int, default=2, help="iterations to close (1: the loop-speed scenario)")
     args = ap.parse_args()
     work = Path(args.out) / "loop"
     if work.exists():
@@ -95,7 +96,7 @@ def main() -> None:
                       variant("reg_tiled.cuh", BM=64, BN=64, TM=4, TN=4, VEC=1)],
          "ablations": {"memory.vectorized_access": (variant("reg_tiled.cuh", BM=128, BN=128, TM=8, TN=8, VEC=0), "b1")}},
     ]
-    for i, plan in enumerate(plans, start=1):
+    for i, plan in enumerate(plans[:args.iterations], start=1):
         state = json.loads((run / "state.json").read_text())
         if state.get("open_iter") != i:
             print(f"no open iteration {i}: run_status {state.get('run_status')}, stop {state.get('stop_reason')}")
@@ -107,6 +108,9 @@ def main() -> None:
     print("\nphase                                                    rc   wall s")
     for name, rc, wall in phases:
         print(f"{name[:56]:<56} {rc:>3} {wall:>8.1f}")
+    for log in [work / "init.log"] + sorted(work.glob("iter*.log")):
+        line = next((ln for ln in log.read_text().splitlines() if ln.startswith("kopt item time per gate")), "")
+        print(f"{log.name}: {line}")
     summary = run / "summary.md"
     if summary.is_file():
         print("\n" + summary.read_text()[:3000])
