@@ -35,31 +35,60 @@ class Comparison:
         return text
 
 
+#: Elements per block: the comparison runs block by block so its float64 temporaries stay small (8 MB each).
+CHUNK = 1 << 20
+
+
 def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> Comparison:
     """Compare ``out`` with ``ref`` (same shape; any numeric dtype, compared in float64).
 
     An element passes when |out - ref| <= atol + rtol*|ref| (numpy.isclose's rule, asymmetric in ref). NaN or Inf
-    in ``out`` fails unless ``ref`` holds the same non-finite value there. Raises ValueError on a shape mismatch.
+    in ``out`` fails unless ``ref`` holds the same non-finite value there. Evaluated in blocks of ``CHUNK``
+    elements, with a short path for blocks where both sides are finite. Raises ValueError on a shape mismatch.
     """
     if out.shape != ref.shape:
         raise ValueError(f"output {name}: shape {list(out.shape)} but reference {list(ref.shape)}")
-    o = out.astype(np.float64, copy=False)
-    r = ref.astype(np.float64, copy=False)
+    o_all, r_all = out.reshape(-1), ref.reshape(-1)
+    max_abs = max_rel = 0.0
+    n_bad = nonfinite = 0
+    err_all_finite = True
+    bad_idx: list[np.ndarray] = []
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        err = np.abs(o - r)
-        bound = atol + rtol * np.abs(r)
-        same_nonfinite = (~np.isfinite(o)) & (~np.isfinite(r)) & ((o == r) | (np.isnan(o) & np.isnan(r)))
-        # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
-        bad = ~(((err <= bound) & np.isfinite(r)) | same_nonfinite)
-        nonfinite = int(np.count_nonzero(~np.isfinite(o) & np.isfinite(r)))
-        finite = np.isfinite(err)
-        max_abs = float(err[finite].max()) if finite.any() else 0.0
-        rel = err / np.abs(r)
-        relf = np.isfinite(rel)
-        max_rel = float(rel[relf].max()) if relf.any() else 0.0
-    n_bad = int(np.count_nonzero(bad))
-    first = tuple(tuple(int(x) for x in idx) for idx in np.argwhere(bad)[:5]) if n_bad else ()
-    if nonfinite and not finite.all():
+        for start in range(0, o_all.size, CHUNK):
+            o = o_all[start:start + CHUNK].astype(np.float64)
+            r = r_all[start:start + CHUNK].astype(np.float64)
+            fo, fr = np.isfinite(o), np.isfinite(r)
+            err = np.abs(o - r)
+            absr = np.abs(r)
+            if fo.all() and fr.all():
+                bad = err > atol + rtol * absr
+                if err.size:
+                    max_abs = max(max_abs, float(err.max()))
+                    rel = np.divide(err, absr, out=np.zeros_like(err), where=absr > 0)
+                    max_rel = max(max_rel, float(rel.max()))
+            else:
+                same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
+                # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
+                bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
+                nonfinite += int(np.count_nonzero(~fo & fr))
+                finite = np.isfinite(err)
+                err_all_finite = err_all_finite and bool(finite.all())
+                if finite.any():
+                    max_abs = max(max_abs, float(err[finite].max()))
+                rel = err / absr
+                relf = np.isfinite(rel)
+                if relf.any():
+                    max_rel = max(max_rel, float(rel[relf].max()))
+            k = int(np.count_nonzero(bad))
+            if k:
+                n_bad += k
+                if sum(x.size for x in bad_idx) < 5:
+                    bad_idx.append(start + np.flatnonzero(bad)[:5])
+    first: tuple[tuple[int, ...], ...] = ()
+    if n_bad:
+        flat = np.concatenate(bad_idx)[:5]
+        first = tuple(tuple(int(x) for x in np.unravel_index(i, out.shape)) for i in flat) if out.shape else ((),)
+    if nonfinite and not err_all_finite:
         max_abs = float("inf")
     return Comparison(name=name, shape=tuple(out.shape), ok=n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel,
                       mismatched=n_bad, mismatch_pct=100.0 * n_bad / max(1, out.size), nonfinite=nonfinite,

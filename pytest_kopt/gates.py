@@ -328,7 +328,10 @@ def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildRe
             "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
             "arch": ctx.arch, "env": env,
-            "timing": {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS}}
+            "timing": {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS,
+                       # a .cu solve() launches on the legacy default stream: a capture on torch's capture stream
+                       # would run it eagerly instead of recording it, so its graph mode queues the pairs
+                       "capture": ctx.kind != "cuda"}}
 
 
 def _server(ctx: Context, role: str) -> str | None:

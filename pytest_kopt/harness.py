@@ -565,7 +565,7 @@ class Timer:
         #: what a non-final round reports besides the samples (the candidate's input spec, for the reference)
         self.info: dict[str, Any] = {}
         if self.method == "graph":
-            self._prepare_graphs()
+            self._prepare_graphs(t.get("capture", True))
 
     def _flush(self) -> None:
         self.torch.sum(self.flush_buf, dim=0, out=self.flush_out)
@@ -579,10 +579,13 @@ class Timer:
             if with_kernel:
                 self.launch(self.sets[j % len(self.sets)])
 
-    def _prepare_graphs(self) -> None:
+    def _prepare_graphs(self, capture: bool) -> None:
         torch = self.torch
         n = int(self.t.get("graph_calls", 20))
         try:
+            if not capture:
+                raise RuntimeError("a .cu solve() launches on the legacy default stream, which a capture does not "
+                                   "record")
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # torch's rule: warm up on a side stream before capture
@@ -599,7 +602,7 @@ class Timer:
         except Exception as exc:  # e.g. cudaErrorStreamCaptureImplicit: a launch on the legacy default stream
             torch.cuda.synchronize()
             self.graph_method = "queued"
-            self.graph_note = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); " \
+            self.graph_note = f"no CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); " \
                               f"the {n} pairs are queued behind a stream hold instead"
             h = time.perf_counter()
             self._pairs(True)
@@ -1000,7 +1003,7 @@ def serve(ctl_fd: int) -> int:
     request (the parent starts a fresh process: a CUDA error can leave this context unusable)."""
     import gc
 
-    import numpy  # noqa: F401  (imported once here, not per request)
+    import numpy  # noqa: F401,I001  (imported once here, not per request)
     import torch
 
     ctl = os.fdopen(ctl_fd, "w", buffering=1)
@@ -1009,12 +1012,17 @@ def serve(ctl_fd: int) -> int:
         if not line.strip():
             continue
         code = handle(line.strip())
-        gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
-        ctl.write(f"done {code}\n")
-        if code:
+        if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
+            ctl.write(f"done {code}\n")
             return code
+        gc.collect()
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
+        except Exception:  # an error the request's own checks missed: its result stands, this process ends
+            ctl.write(f"done {code}\n")
+            return 1
+        ctl.write(f"done {code}\n")
     return 0
 
 
