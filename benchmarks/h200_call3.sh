@@ -34,3 +34,5 @@ PY
 done
 rm -f "$OUT/ex.tmp"
 cat "$OUT/examples.log" | grep -E "^==|timing:|ncu:|roofline:|skipped" 
+(cd "$OUT" && tar czf ex_json.tgz ex_*.json && rm -f ex_*.json)
+echo "total wall=$(( $(date +%s) - T0 ))s"
