@@ -861,7 +861,7 @@ def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
     figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
                if doc.get(k) is not None}
     figures.update({f"budget_{a}": n for a, n in doc["axis_budget"].items()})
-    for k in ("arithmetic_intensity", "sol_pct_fp32", "roofline_bound"):
+    for k in ("arithmetic_intensity", "sol_pct_fp32", "sol_pct_best", "roofline_bound"):
         if doc.get(k) is not None:
             figures[k] = doc[k]
 
@@ -870,6 +870,8 @@ def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
 
     b = doc["axis_budget"]
     sol = f", {doc['sol_pct_fp32']:.1f}% of the fp32 roofline" if doc.get("sol_pct_fp32") is not None else ""
+    if doc.get("sol_pct_fp32") is not None and doc["sol_pct_fp32"] > 100 and doc.get("sol_pct_best") is not None:
+        sol += f" (above it: tensor-core work), {doc['sol_pct_best']:.1f}% of the bf16 tensor roofline"
     return Outcome(figures, f"Δc={g(doc['delta_compute'])} Δm={g(doc['delta_memory'])} Δl={g(doc['delta_latency'])}"
                             f", bound {doc['bound']}, budget {b['compute']}/{b['memory']}/{b['latency']}"
                             f" ({doc['method']}){sol}", tuple(p for p in (path, png) if p))

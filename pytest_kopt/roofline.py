@@ -104,7 +104,8 @@ def roofline(table: Mapping[str, float | None], registry: Mapping[str, Any], dur
              workload: Mapping[str, float] | None, peaks: Mapping[str, Any] | None) -> dict[str, Any]:
     """``roofline.json``: the three gaps, bound, near_peak and axis budget; with a workload model also achieved
     FLOP/s and bytes/s, arithmetic intensity (FLOP/byte), the roofline time floor from the measured peaks and the
-    % of speed of light (floor / duration). Without one it is labelled a bottleneck-gap heuristic (SKILL.md)."""
+    % of speed of light (floor / duration) against the fp32 peak (``sol_pct_fp32``) and against the best measured
+    peak, bf16 tensor cores (``sol_pct_best``). Without one it is labelled a bottleneck-gap heuristic (SKILL.md)."""
     delta = gaps(table, registry)
     budget = axis_budget(delta)
     has_model = bool(workload) and workload.get("bytes_min") is not None
@@ -130,6 +131,9 @@ def roofline(table: Mapping[str, float | None], registry: Mapping[str, Any], dur
             doc["floor_ms_fp32"] = max(t_mem, t_fp32) * 1e3
             doc["floor_ms_best"] = max(t_mem, flops / peak if peak else 0.0) * 1e3
             doc["sol_pct_fp32"] = 100.0 * doc["floor_ms_fp32"] / duration_ms
+            # against the best measured peak (bf16 tensor cores): the meaningful one for fp16/bf16/tf32 work, which
+            # can run past the fp32 roofline
+            doc["sol_pct_best"] = 100.0 * doc["floor_ms_best"] / duration_ms
             doc["roofline_bound"] = "memory" if t_mem >= t_fp32 else "compute"
     return doc
 

@@ -19,6 +19,9 @@ from pytest_kopt.settings import SANITIZER_TOOLS
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "registries" / "report_schema.json"
 H200_REPORT = Path(__file__).resolve().parent / "data" / "h200_softmax_report.json"
+#: The CUTLASS SGEMM example at 4096^3, every gate, from this session's H200 run (warm processes, interleaved
+#: reference timing).
+H200_CUTLASS_REPORT = Path(__file__).resolve().parent / "data" / "h200_gemm_cutlass_report.json"
 PACKAGE = Path(pytest_kopt.__file__).resolve().parent
 
 CANDIDATE = """\
@@ -99,6 +102,16 @@ def test_h200_report_validates(validator: jsonschema.Draft202012Validator, h200_
     assert errors_of(validator, h200_report) == []
     assert h200_report["env"]["gpu"]["name"] == "NVIDIA H200"
     assert {i["gate"] for i in h200_report["items"]} >= {"hardware", "correctness", "timing", "ncu", "sass"}
+
+
+def test_h200_cutlass_report_validates(validator: jsonschema.Draft202012Validator) -> None:
+    """The CUTLASS SGEMM example's real H200 report: valid, every gate passed, with the figures the README quotes."""
+    doc = json.loads(H200_CUTLASS_REPORT.read_text(), parse_constant=_reject_constant)
+    assert errors_of(validator, doc) == []
+    status = {i["gate"]: i["status"] for i in doc["items"]}
+    assert set(status.values()) == {"PASSED"} and {"timing", "ncu", "roofline", "sass"} <= set(status)
+    timing = next(i for i in doc["items"] if i["gate"] == "timing")["figures"]
+    assert round(timing["median_ms"], 2) == 3.46 and timing["stability"] == "stable"
 
 
 def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.Draft202012Validator) -> None:

@@ -85,6 +85,20 @@ def test_roofline_with_workload_model_and_peaks(tmp_path: Path) -> None:
     assert png is not None and (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tensor_core_work_is_measured_against_the_tensor_peak() -> None:
+    """The H200's fp16 Triton matmul, 4096^3 in 0.4176 ms: past the fp32 roofline (it runs on tensor cores), so
+    ``sol_pct_best`` puts it against the measured bf16 peak (777 TFLOP/s): 137.4 GFLOP / 777e12 = 0.1769 ms,
+    42.4% of 0.4176 ms."""
+    table = {name: None for name in REG["metrics"]}
+    wm = {"flops": 2 * 4096**3, "bytes_min": 2 * 2 * 4096**2 + 4 * 4096**2}
+    peaks = {"dram_bytes_per_s": 4.0e12, "fp32_flops": 5.1e13, "bf16_flops": 7.77e14}
+    doc = rf.roofline(table, REG, 0.4176, wm, peaks)
+    assert doc["sol_pct_fp32"] == pytest.approx(100 * 2 * 4096**3 / 5.1e13 * 1e3 / 0.4176)
+    assert doc["sol_pct_fp32"] > 100
+    assert doc["sol_pct_best"] == pytest.approx(100 * 2 * 4096**3 / 7.77e14 * 1e3 / 0.4176)
+    assert round(doc["sol_pct_best"], 1) == 42.4
+
+
 def test_near_peak_needs_model_and_all_gaps_under_015() -> None:
     table = {name: None for name in REG["metrics"]}
     table.update(sm_throughput_pct=90.0, dram_throughput_pct=88.0, stall_long_scoreboard=1.0, stall_wait=9.0)
