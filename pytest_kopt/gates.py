@@ -7,12 +7,14 @@ through artifacts on disk (build cache, ``<outdir>/<stem>/``), so they work acro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import statistics
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -28,7 +30,7 @@ from filelock import FileLock
 from .errors import (Blocked, CompileError, ContractError, HardwareError, IncorrectError, KernelRuntimeError, KoptError,
                      NotApplicable, ProfilerError, TimingError)
 from .inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan
-from .verdict import judge
+from .verdict import judge, tolerance_warnings
 
 
 class KoptToleranceWarning(UserWarning):
@@ -365,7 +367,10 @@ def _sha(*parts: Any) -> str:
 def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
     """Run (or reuse) the reference in its own child process on the candidate's spec; returns ``{"npz",
     "tolerances"}``. Cached under ``<cache>/refs/<key>`` where the key covers the reference file, spec, scalars,
-    plan, seeds, dims, device, tolerance overrides and any integer inputs taken from ``setup``."""
+    plan, seeds, dims, device, tolerance overrides and any integer inputs taken from ``setup``. The tolerance-sanity
+    warnings (:func:`pytest_kopt.verdict.tolerance_warnings`) are computed once here and kept in the entry."""
+    import numpy as np
+
     key = _sha(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
                req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"))
     folder = ctx.cache_dir / "refs"
@@ -380,8 +385,32 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
                              path=str(ctx.ref), workdir=ctx.work, lock=device_lock(ctx, req["device"]),
                              server=_server(ctx, "reference"))
         os.replace(result["npz"], folder / f"{key}.npz")
-        meta.write_text(json.dumps({"tolerances": result["tolerances"]}))
-        return {"tolerances": result["tolerances"], "npz": str(folder / f"{key}.npz"), "cache_hit": False}
+        tols = {n: (t["atol"], t["rtol"]) for n, t in result["tolerances"].items()}
+        with np.load(folder / f"{key}.npz") as z:
+            warns = tolerance_warnings(list(tols), LazyArrays(z), tols)
+        meta.write_text(json.dumps({"tolerances": result["tolerances"], "tolerance_warnings": warns}))
+        return {"tolerances": result["tolerances"], "tolerance_warnings": warns, "npz": str(folder / f"{key}.npz"),
+                "cache_hit": False}
+
+
+class LazyArrays(Mapping):
+    """A read-only mapping over the members of open ``np.load`` npz files, each read on first access and kept;
+    later files win on a repeated name."""
+
+    def __init__(self, *npz: Any) -> None:
+        self._src = {name: z for z in npz for name in z.files}
+        self._cache: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._cache:
+            self._cache[name] = self._src[name][name]
+        return self._cache[name]
+
+    def __iter__(self) -> Any:
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
 
 
 def _fingerprint(ctx: Context, res: build.BuildResult, case: dict[str, Any], device: str) -> str:
@@ -453,11 +482,17 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
         ref = reference_outputs(ctx, req, cand)
         tols = {n: (t["atol"], t["rtol"]) for n, t in ref["tolerances"].items()}
         with np.load(cand["npz"]) as c, np.load(ref["npz"]) as r:
-            arrays = {**{k: c[k] for k in c.files}, **{k: r[k] for k in r.files}}
-        v = judge(cand["outputs"], arrays, tols)
+            # members are read when the judge asks for them: the low-precision references (their warnings come
+            # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
+            v = judge(cand["outputs"], LazyArrays(c, r), tols, check_tolerance=False)
     finally:
         if os.path.exists(cand["npz"]):
             os.unlink(cand["npz"])
+    if v.ok and "tolerance_warnings" in ref:
+        v = dataclasses.replace(v, warnings=(*v.warnings, *ref["tolerance_warnings"]))
+    elif v.ok:  # an entry cached by an earlier version: compute them now
+        with np.load(ref["npz"]) as r:
+            v = dataclasses.replace(v, warnings=tuple(tolerance_warnings(cand["outputs"], LazyArrays(r), tols)))
     for w in v.warnings:
         warnings.warn(KoptToleranceWarning(f"{ctx.display}: {w}"), stacklevel=1)
     first = next(iter(ref["tolerances"].values()))

@@ -52,7 +52,8 @@ def tolerance_scale(low: np.ndarray, ref: np.ndarray, atol: float, rtol: float) 
     return float(finite.max()) if finite.size else float("inf")
 
 
-def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[str, tuple[float, float]]) -> Verdict:
+def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[str, tuple[float, float]],
+          check_tolerance: bool = True) -> Verdict:
     """Apply the guards in order and return the first failure, else PASSED.
 
     Order, per output: INCORRECT_SHAPE; CONSTANT_OUTPUT (all elements equal while the reference's are not: catches
@@ -60,8 +61,9 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
     fails); NONDETERMINISTIC (the second call on the same inputs fails: uninitialised reads, races); then set B
     (new values in the same buffers) must pass, else STALE_OUTPUT when the same values in new buffers (``candC``)
     pass (a result cached by address), INPUT_INDEPENDENT when the output is bit-identical to set A's while the
-    reference's changed, INCORRECT_NUMERICAL otherwise. Tolerance warnings: the
-    reference itself on inputs rounded to bf16/fp16 passes the tolerance, so a lower-precision kernel would too.
+    reference's changed, INCORRECT_NUMERICAL otherwise. Tolerance warnings (``check_tolerance``, for outputs that
+    passed; see :func:`tolerance_warnings`): the reference itself on inputs rounded to bf16/fp16 passes the
+    tolerance, so a lower-precision kernel would too.
     """
     details: list[str] = []
     warnings: list[str] = []
@@ -114,6 +116,21 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                     fail("INCORRECT_NUMERICAL", f"output {name}: wrong on a second set of input values")
                 details.append("new values, same buffers: " + third.describe(atol, rtol))
                 continue
+        if check_tolerance:
+            warnings += tolerance_warnings([name], arrays, tols)
+    return Verdict(status=status, message=message, details=tuple(details), figures=worst, warnings=tuple(warnings))
+
+
+def tolerance_warnings(outputs: list[str], arrays: Mapping[str, np.ndarray],
+                       tols: Mapping[str, tuple[float, float]]) -> list[str]:
+    """Tolerance sanity: for each output whose ``low_bf16__``/``low_fp16__`` array (the reference on inputs rounded
+    to that precision) passes the tolerance against ``ref__``, a warning naming the tolerances that would reject it
+    (scaled by :func:`tolerance_scale`). Depends on the reference and the inputs only, so it can be computed once
+    per reference run and reused for every candidate."""
+    warnings: list[str] = []
+    for name in outputs:
+        atol, rtol = tols[name]
+        r = arrays[f"ref__{name}"]
         for tag, label in (("low_bf16", "bf16"), ("low_fp16", "fp16")):
             low = arrays.get(f"{tag}__{name}")
             if low is not None and compare(name, low, r, atol, rtol).ok:
@@ -121,4 +138,4 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 warnings.append(f"output {name}: the reference on inputs rounded to {label} passes atol={atol:g}, "
                                 f"rtol={rtol:g}, so a {label} kernel could pass; tolerances below "
                                 f"atol={atol * s:.3g}, rtol={rtol * s:.3g} would reject it")
-    return Verdict(status=status, message=message, details=tuple(details), figures=worst, warnings=tuple(warnings))
+    return warnings

@@ -328,6 +328,39 @@ def test_gpu_graph_timing_triton(pytester: pytest.Pytester) -> None:
     assert _bench(pytester, "tri", "honest_triton")["timing_method"]["graph_method"] == "cuda_graph"
 
 
+LOOSE_REF = """\
+atol = 0.1
+rtol = 0.1
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+PY_SCALE = """\
+import torch
+def setup(n, seed, device="cuda"):
+    x = torch.empty(n, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+def run_kernel(x, y):
+    y.copy_(2 * x)
+"""
+
+
+def test_tolerance_warning_survives_the_reference_cache(pytester: pytest.Pytester) -> None:
+    """A tolerance a bf16 kernel would pass warns (KoptToleranceWarning, and the item's figures) on the first run,
+    which computes the reference, and on the second, which reuses it from the cache."""
+    pytester.makepyfile(k=PY_SCALE, ref=LOOSE_REF)
+    for hit in (False, True):
+        result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                               "n=4096", "--kopt-seeds", "3", "--kopt-json", "r.json", "-k",
+                                               "correctness", "-W", "always", timeout=300)
+        assert result.ret == 0, result.stdout.str()[-2000:]
+        result.stdout.fnmatch_lines(["*KoptToleranceWarning*rounded to bf16 passes atol=0.1, rtol=0.1*"])
+        item = next(i for i in json.loads((pytester.path / "r.json").read_text())["items"]
+                    if i["gate"] == "correctness")
+        assert "bf16" in item["figures"]["tolerance_warning"]
+        record = json.loads(next((pytester.path / ".kopt").rglob("seed=3.json")).read_text())
+        assert record["reference_cache_hit"] is hit
+
+
 def test_quiet_summary_is_one_line_per_kernel(pytester: pytest.Pytester) -> None:
     """-q: one line per candidate with its verdict and the gate that decided it."""
     import shutil
