@@ -331,6 +331,7 @@ def _request(ctx: Context, mode: str, device: str, seed: int, res: build.BuildRe
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
             "arch": ctx.arch, "env": env,
             "timing": {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS,
+                       "mem_fraction": ctx.settings.rotating_memory,
                        # a .cu solve() launches on the legacy default stream: a capture on torch's capture stream
                        # would run it eagerly instead of recording it, so its graph mode queues the pairs
                        "capture": ctx.kind != "cuda"}}

@@ -42,6 +42,8 @@ OPTIONS = (
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
     ("timing", "Timing method: events (default; CUDA events around each call) or graph (20 L2-flush+call pairs "
                "in a CUDA graph minus a flush-only graph, for kernels of a few µs)", "METHOD"),
+    ("rotating-memory", "Largest fraction of free GPU memory the timing gate's rotating input sets may take "
+                        "(default 0.25; at least one set is always used)", "FRACTION"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
     ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
                     "this many percent (e.g. 3)", "PCT"),

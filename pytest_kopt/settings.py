@@ -65,6 +65,8 @@ class Settings:
     #: Timing method: ``events`` (one CUDA event pair per call) or ``graph`` (N flush+call pairs in a CUDA graph
     #: minus a flush-only graph; for kernels of a few µs).
     timing_method: str = "events"
+    #: Largest fraction of the GPU's free memory the timing gate's rotating input sets may take (0 < f <= 0.9).
+    rotating_memory: float = 0.25
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -264,6 +266,12 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     timeout = _float(str(opt("timeout")), "--kopt-timeout", positive=True) if opt("timeout") is not None else DEFAULT_GATE_TIMEOUT_S
     ncu_timeout = (_float(str(opt("ncu_timeout")), "--kopt-ncu-timeout", positive=True)
                    if opt("ncu_timeout") is not None else DEFAULT_NCU_TIMEOUT_S)
+    rotating_memory = 0.25
+    if opt("rotating_memory") is not None:
+        rotating_memory = _float(str(opt("rotating_memory")), "--kopt-rotating-memory", positive=True)
+        if rotating_memory > 0.9:
+            raise ConfigError(f"--kopt-rotating-memory: {rotating_memory:g} is more than 0.9 of the free memory",
+                              fix="give a fraction such as 0.25 (the kernel's own buffers need the rest)")
     timing_method = str(opt("timing") or "events")
     if timing_method not in TIMING_METHODS:
         raise ConfigError(f"--kopt-timing: unknown method {timing_method!r}", fix=f"choose {' or '.join(TIMING_METHODS)}")
@@ -278,4 +286,5 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
-                    fresh_process=bool(get("fresh_process")), timing_method=timing_method)
+                    fresh_process=bool(get("fresh_process")), timing_method=timing_method,
+                    rotating_memory=rotating_memory)
