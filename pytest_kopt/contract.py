@@ -320,12 +320,16 @@ def check_dims(params: list[Param], dims: dict[str, int | float], path: str) -> 
 
     Raises ContractError naming the parameter's line and the ``--kopt-dims`` fix.
     """
+    missing = [p for p in params if not p.is_pointer and p.name not in dims]
+    if missing:  # all of them at once, so one run tells the whole fix
+        names = ", ".join(f"`{p.ctype} {p.name}`" for p in missing)
+        raise ContractError(f"solve() scalar{'s' if len(missing) > 1 else ''} {names} "
+                            f"{'have' if len(missing) > 1 else 'has'} no value in --kopt-dims", gate="preflight",
+                            path=path, line=missing[0].line,
+                            fix="add " + ",".join(f"{p.name}=<value>" for p in missing) + " to --kopt-dims")
     for p in params:
         if p.is_pointer:
             continue
-        if p.name not in dims:
-            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` has no value in --kopt-dims", gate="preflight",
-                                path=path, line=p.line, fix=f"add {p.name}=<value> to --kopt-dims")
         if not p.dtype.startswith("float") and not isinstance(dims[p.name], int):
             raise ContractError(f"solve() scalar `{p.ctype} {p.name}` is an integer but --kopt-dims gives "
                                 f"{dims[p.name]!r}", gate="preflight", path=path, line=p.line,

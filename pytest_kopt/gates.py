@@ -554,7 +554,8 @@ def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
     device = _device_for(ctx, "sanitizer")
     sanitizer = hardware.find_tool("compute-sanitizer")
     if not sanitizer:
-        raise Blocked("hardware", "compute-sanitizer not found (CUDA toolkit bin/)")
+        raise Blocked("hardware", "compute-sanitizer not found: install the CUDA toolkit's compute-sanitizer and put "
+                                  "its bin/ on PATH, or drop --kopt-sanitizer")
     res = _blocked_build(ctx)
     req = _request(ctx, "candidate", device, ctx.settings.seeds[0], res)
     req["calls"] = 1

@@ -460,8 +460,10 @@ class KoptController:
         for kernel, recs in by.items():
             failed = [r for r in recs if r["outcome"] == "failed"]
             skipped = sum(r["outcome"] == "skipped" for r in recs)
+            checked = any(r["gate"] == "correctness" and r["outcome"] == "passed" for r in recs)
+            note = f"{skipped} skipped" + ("" if checked else "; output not checked")
             status = f"{failed[0]['status']} at {failed[0]['gate']}" if failed else \
-                "PASSED" + (f" ({skipped} skipped)" if skipped else "")
+                "PASSED" + (f" ({note})" if skipped else "")
             timing = next((r["figures"] for r in recs if r["gate"] == "timing" and r["outcome"] == "passed"), {})
             fig = f"  {timing['median_ms']:.4g} ms, {timing['speedup_vs_ref']:.2f}x ref" if timing else ""
             tr.write_line(f"{kernel:<{width}}  {status}{fig}"[:200])
@@ -579,7 +581,8 @@ class KoptController:
         for r in rows:
             name = r["nodeid"] if len(kernels) > 1 else r["nodeid"].split("::", 1)[-1]
             text = r["summary"] if r["outcome"] == "passed" else (r["message"] or "")
-            tr.write_line(f"{name:<{width}} {r['status']:<20} {text}"[:400])
+            line = f"{name:<{width}} {r['status']:<20} {text}"
+            tr.write_line(line if len(line) <= 400 else line[:399] + "…")
         per_gate: dict[str, list[float]] = {}
         for r in self.records:
             per_gate.setdefault(r["gate"] or "?", []).append(r["duration_s"])

@@ -193,7 +193,8 @@ def _float(text: str, source: str, positive: bool = False) -> float:
     except ValueError:
         raise ConfigError(f"{source}: {text!r} is not a number", fix="give a float, e.g. 1e-3") from None
     if value != value or value == float("inf") or value < 0 or (positive and value == 0):
-        raise ConfigError(f"{source}: {text!r} must be {'> 0' if positive else '>= 0'}", fix="give a finite non-negative number")
+        raise ConfigError(f"{source}: {text!r} must be {'> 0' if positive else '>= 0'}",
+                          fix=f"give a finite {'positive' if positive else 'non-negative'} number")
     return value
 
 

@@ -274,6 +274,14 @@ def test_check_dims_missing_dim_names_parameter_and_line():
     assert err.fix == "add cols=<value> to --kopt-dims"
 
 
+def test_check_dims_names_every_missing_dim_at_once():
+    """One run gives the whole fix (a newcomer otherwise needs a run per missing scalar)."""
+    params = parse_solve_signature(MULTILINE, "k.cu")
+    err = _contract_error(check_dims, params, {"rows": 4}, "k.cu", path="k.cu", line=11)
+    assert err.message == ("solve() scalars `size_t cols`, `float eps`, `int stride` have no value in --kopt-dims")
+    assert err.fix == "add cols=<value>,eps=<value>,stride=<value> to --kopt-dims"
+
+
 def test_check_dims_integer_parameter_with_float():
     params = parse_solve_signature(MULTILINE, "k.cu")
     err = _contract_error(check_dims, params, {"rows": 4.0, "cols": 8, "eps": 1e-5, "stride": 1}, "k.cu",
