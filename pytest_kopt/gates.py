@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -125,8 +126,9 @@ class Context:
 
     @property
     def work(self) -> Path:
-        """Scratch folder for harness requests and outputs."""
-        return self.cache_dir / "work"
+        """Scratch folder for this kernel's harness requests and outputs (one per kernel, so a kernel's files are not
+        in a folder another kernel's process is working in)."""
+        return self.cache_dir / "work" / hashlib.sha256(str(self.kernel).encode()).hexdigest()[:16]
 
 
 def _tool(ctx: Context, name: str) -> str | None:
@@ -358,6 +360,26 @@ def local_sources(path: Path) -> bytes:
     return h.digest()
 
 
+#: Per-process key of the MACs on cached results (reference outputs and timings, correctness records). A child
+#: process (a candidate) can write files where those live but cannot sign them, so an entry this process did not
+#: write is recomputed, never trusted. Not passed to any child; xdist workers each have their own.
+_CACHE_KEY = os.urandom(32)
+
+
+def _mac(*parts: Any) -> str:
+    """HMAC-SHA256 under :data:`_CACHE_KEY` of ``parts`` (bytes, or anything JSON can encode)."""
+    h = hmac.new(_CACHE_KEY, digestmod="sha256")
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _file_sha(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
+
+
 def _sha(*parts: Any) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -379,7 +401,14 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
     meta = folder / f"{key}.json"
     with FileLock(str(folder / f"{key}.lock")):
         if meta.is_file() and (folder / f"{key}.npz").is_file():
-            return {**json.loads(meta.read_text()), "npz": str(folder / f"{key}.npz"), "cache_hit": True}
+            try:
+                entry = json.loads(meta.read_text())
+                ok = hmac.compare_digest(str(entry.get("mac")), _mac(_file_sha(folder / f"{key}.npz"),
+                                                                     entry["tolerances"], entry["tolerance_warnings"]))
+            except (OSError, ValueError, KeyError):
+                ok = False
+            if ok:  # written by this process, unchanged since
+                return {**entry, "npz": str(folder / f"{key}.npz"), "cache_hit": True}
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
                 "setup_npz": cand.get("npz"), "env": {}}
         result = run_harness(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
@@ -389,7 +418,8 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
         tols = {n: (t["atol"], t["rtol"]) for n, t in result["tolerances"].items()}
         with np.load(folder / f"{key}.npz") as z:
             warns = tolerance_warnings(list(tols), LazyArrays(z), tols)
-        meta.write_text(json.dumps({"tolerances": result["tolerances"], "tolerance_warnings": warns}))
+        meta.write_text(json.dumps({"tolerances": result["tolerances"], "tolerance_warnings": warns,
+                                    "mac": _mac(_file_sha(folder / f"{key}.npz"), result["tolerances"], warns)}))
         return {"tolerances": result["tolerances"], "tolerance_warnings": warns, "npz": str(folder / f"{key}.npz"),
                 "cache_hit": False}
 
@@ -453,6 +483,7 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
         record["status"], record["message"] = exc.status, exc.message
         raise
     finally:
+        record["mac"] = _mac(record["fingerprint"], record["passed"])
         _write_json(record_path, record)
 
 
@@ -489,11 +520,8 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     finally:
         if os.path.exists(cand["npz"]):
             os.unlink(cand["npz"])
-    if v.ok and "tolerance_warnings" in ref:
+    if v.ok:
         v = dataclasses.replace(v, warnings=(*v.warnings, *ref["tolerance_warnings"]))
-    elif v.ok:  # an entry cached by an earlier version: compute them now
-        with np.load(ref["npz"]) as r:
-            v = dataclasses.replace(v, warnings=tuple(tolerance_warnings(cand["outputs"], LazyArrays(r), tols)))
     for w in v.warnings:
         warnings.warn(KoptToleranceWarning(f"{ctx.display}: {w}"), stacklevel=1)
     first = next(iter(ref["tolerances"].values()))
@@ -521,7 +549,8 @@ def _require_correct(ctx: Context, res: build.BuildResult, device: str) -> None:
     for case in correctness_cases(ctx):
         path = ctx.outdir / "correctness" / f"{case_label(case)}.json"
         rec = json.loads(path.read_text()) if path.is_file() else None
-        if rec is None or rec.get("fingerprint") != _fingerprint(ctx, res, case, device):
+        fp = _fingerprint(ctx, res, case, device)
+        if rec is None or rec.get("fingerprint") != fp or rec.get("mac") != _mac(fp, rec.get("passed")):
             try:
                 gate_correctness(ctx, case)
             except KoptError as exc:
@@ -621,7 +650,12 @@ def device_peaks(ctx: Context) -> dict[str, Any] | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if path.is_file():
-            return json.loads(path.read_text())
+            try:
+                entry = json.loads(path.read_text())
+                if entry.get("mac") == _mac(entry["event_ms"], entry["stop_reason"]):
+                    return entry
+            except (OSError, ValueError, KeyError):
+                pass
         with gpu_lock(ctx):
             result = run_harness({"mode": "peaks"}, gate="timing", timeout_s=300.0, path=ctx.display,
                                  workdir=ctx.work)
@@ -777,19 +811,26 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
     """The reference timed in its own process on the candidate's spec; cached per (reference, spec, dims, GPU)
-    under ``<cache>/refs/`` so a session's candidates share one measurement of it."""
+    under ``<cache>/refs/`` so a session's candidates share one measurement of it (``--kopt-fresh-process``; entries
+    carry this process's MAC)."""
     key = _sha("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
                req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
     path = ctx.cache_dir / "refs" / f"{key}.timing.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if path.is_file():
-            return json.loads(path.read_text())
+            try:
+                entry = json.loads(path.read_text())
+                if entry.get("mac") == _mac(entry["event_ms"], entry["stop_reason"]):
+                    return entry
+            except (OSError, ValueError, KeyError):
+                pass
         rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
         result = run_harness(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                              path=str(ctx.ref), workdir=ctx.work, lock=gpu_lock(ctx),
                              server=_server(ctx, "reference"))
-        _write_json(path, {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"]})
+        _write_json(path, {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"],
+                           "mac": _mac(result["event_ms"], result["stop_reason"])})
         return result
 
 

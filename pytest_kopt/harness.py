@@ -33,8 +33,22 @@ class HarnessError(Exception):
         self.category = category
 
 
+#: Modules imported in this process, by (name, path, mtime_ns, size): a warm process imports a kernel or reference
+#: file once (importing some files twice fails, e.g. a torch.library definition), and again only when it changed.
+_MODULES: dict[tuple[str, str, int, int], Any] = {}
+
+
 def load_module(path: str, name: str) -> Any:
-    """Import a Python file by path under ``name`` (the reference or a Triton kernel file)."""
+    """Import a Python file by path under ``name`` (the reference or a Triton kernel file), once per version of
+    the file in this process. Raises HarnessError('contract') when it cannot be imported."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise HarnessError("contract", f"{path}: cannot be read: {exc}") from exc
+    key = (name, str(path), st.st_mtime_ns, st.st_size)
+    if key in _MODULES:
+        sys.modules[name] = _MODULES[key]
+        return _MODULES[key]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise HarnessError("contract", f"{path}: cannot be imported")
@@ -44,6 +58,7 @@ def load_module(path: str, name: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's module failed at import
         raise HarnessError("contract", f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
+    _MODULES[key] = module
     return module
 
 
@@ -1008,21 +1023,23 @@ def serve(ctl_fd: int) -> int:
 
     ctl = os.fdopen(ctl_fd, "w", buffering=1)
     ctl.write("ready\n")
-    for line in sys.stdin:
+    stdin = sys.stdin  # kept: a kernel that rebinds or closes sys.stdin does not cut the request channel
+    for line in stdin:
         if not line.strip():
             continue
-        code = handle(line.strip())
+        seq, _, path = line.strip().partition(" ")
+        code = handle(path)
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
-            ctl.write(f"done {code}\n")
+            ctl.write(f"done {seq} {code}\n")
             return code
         gc.collect()
         try:
             if torch.cuda.is_initialized():
                 torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
         except Exception:  # an error the request's own checks missed: its result stands, this process ends
-            ctl.write(f"done {code}\n")
+            ctl.write(f"done {seq} {code}\n")
             return 1
-        ctl.write(f"done {code}\n")
+        ctl.write(f"done {seq} {code}\n")
     return 0
 
 

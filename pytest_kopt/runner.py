@@ -44,16 +44,28 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     if server is not None and not prefix:
         srv = _server_for(server, req.get("env") or {}, workdir, gate=gate, path=path)
         with lock:
-            output, ended = srv.request(name, timeout_s)
-        if ended == "timeout":
+            try:
+                output, ended = srv.request(name, timeout_s)
+            except BaseException:
+                _drop(srv)
+                raise
+        if ended != "done":
+            _drop(srv)  # ends its whole process group, whatever state it is in
+            if ended == "timeout":
+                raise _timeout_error(timeout_s, gate, path, output)
+            if ended == "protocol":
+                raise KernelRuntimeError("the harness process broke its protocol (an answer out of turn on its "
+                                         "control pipe, or its log file removed)", gate=gate, path=path,
+                                         details=_tail(output), fix="the kernel must not touch file descriptors "
+                                         "it did not open; rerun with --kopt-fresh-process to compare")
+            raise _died_error(srv.proc.returncode, gate, path, output)
+        try:
+            return _result(out, output, gate, path, on_error=lambda: _drop(srv))
+        except (OSError, ValueError) as exc:  # result file missing or garbled: not a result this harness wrote
             _drop(srv)
-            raise _timeout_error(timeout_s, gate, path, output)
-        if ended == "died":
-            code = srv.proc.wait()
-            _drop(srv)
-            if not Path(out + ".json").is_file():
-                raise _died_error(code, gate, path, output)
-        return _result(out, output, gate, path, on_error=lambda: _drop(srv))
+            raise KernelRuntimeError(f"the harness's result file is missing or unreadable ({type(exc).__name__})",
+                                     gate=gate, path=path, details=_tail(output),
+                                     fix="the kernel must not touch files in the kopt work folder") from None
     env = _child_env(req.get("env") or {})
     cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
     with lock:
@@ -158,12 +170,35 @@ class HarnessServer:
                                          env=_child_env(dict(key[1])), pass_fds=(ctl_w,), start_new_session=True)
         os.close(ctl_w)
         self.ctl = os.fdopen(ctl_r, "rb", buffering=0)
+        self.log_fd = os.open(self.log, os.O_RDONLY)  # kept open: the log stays readable even if it is unlinked
         self.buf = b""
+        self.seq = 0
+        self.stopped = False
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def pause(self) -> None:
+        """SIGSTOP the process group between requests: a thread or child the kernel left behind cannot run while
+        another kernel or the reference is judged or timed."""
+        self._signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self) -> None:
+        if self.stopped:
+            self._signal(signal.SIGCONT)
+            self.stopped = False
 
     def _line(self, timeout_s: float) -> bytes | None:
-        """The next control line; None on timeout; b"" when the process closed the pipe (it ended)."""
+        """The next control line; None on timeout; b"" when the process closed the pipe (it ended) or wrote more
+        than 4 KB without a newline (not this harness)."""
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self.buf:
+            if len(self.buf) > 4096:
+                return b""
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -183,36 +218,57 @@ class HarnessServer:
         return "timeout" if line is None else "ready" if line == b"ready" else "died"
 
     def request(self, req_path: str, timeout_s: float) -> tuple[str, str]:
-        """Run one request; returns (its part of the log, ``done`` | ``timeout`` | ``died``)."""
-        start = self.log.stat().st_size
+        """Run one request; returns (the tail of its part of the log, ``done`` | ``timeout`` | ``died`` |
+        ``protocol``). Each request carries a sequence number that its ``done`` line must repeat."""
+        start = self._log_size()
+        self.seq += 1
+        self.resume()
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(req_path.encode() + b"\n")
+            self.proc.stdin.write(f"{self.seq} {req_path}\n".encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return self.output(start), "died"
         line = self._line(timeout_s)
-        ended = "timeout" if line is None else "done" if line.startswith(b"done") else "died"
-        return self.output(start), ended
+        if line is None:
+            return self.output(start), "timeout"
+        if line == b"":
+            return self.output(start), "died" if self.proc.poll() is not None else "protocol"
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
+            return self.output(start), "protocol"
+        self.pause()
+        return self.output(start), "done"
 
-    def output(self, start: int) -> str:
-        with open(self.log, "rb") as f:
-            f.seek(start)
-            return f.read().decode(errors="replace").strip()
+    def _log_size(self) -> int:
+        return os.fstat(self.log_fd).st_size
+
+    def output(self, start: int, limit: int = 65536) -> str:
+        """The log from byte ``start`` (at most its last ``limit`` bytes)."""
+        end = self._log_size()
+        data = os.pread(self.log_fd, min(limit, max(0, end - start)), max(start, end - limit))
+        return data.decode(errors="replace").strip()
 
     def close(self, kill: bool = False) -> None:
-        """End the process: close its stdin and wait briefly, or kill its process group."""
+        """End the process (close its stdin and wait briefly, else kill), then kill whatever is left of its
+        process group (children or daemons the kernel started)."""
+        self.resume()
         if not kill and self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
-                kill = True
-        if kill or self.proc.poll() is None:
-            _killpg(self.proc)
-            self.proc.wait()
-        self.ctl.close()
+                pass
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+        for f in (self.ctl, self.proc.stdin):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        os.close(self.log_fd)
         self.log.unlink(missing_ok=True)
 
 

@@ -345,20 +345,52 @@ def run_kernel(x, y):
 
 
 def test_tolerance_warning_survives_the_reference_cache(pytester: pytest.Pytester) -> None:
-    """A tolerance a bf16 kernel would pass warns (KoptToleranceWarning, and the item's figures) on the first run,
-    which computes the reference, and on the second, which reuses it from the cache."""
-    pytester.makepyfile(k=PY_SCALE, ref=LOOSE_REF)
-    for hit in (False, True):
-        result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
-                                               "n=4096", "--kopt-seeds", "3", "--kopt-json", "r.json", "-k",
-                                               "correctness", "-W", "always", timeout=300)
-        assert result.ret == 0, result.stdout.str()[-2000:]
-        result.stdout.fnmatch_lines(["*KoptToleranceWarning*rounded to bf16 passes atol=0.1, rtol=0.1*"])
-        item = next(i for i in json.loads((pytester.path / "r.json").read_text())["items"]
-                    if i["gate"] == "correctness")
-        assert "bf16" in item["figures"]["tolerance_warning"]
-        record = json.loads(next((pytester.path / ".kopt").rglob("seed=3.json")).read_text())
-        assert record["reference_cache_hit"] is hit
+    """A tolerance a bf16 kernel would pass warns (KoptToleranceWarning, and the item's figures) for the kernel whose
+    item computed the reference and for the next one, which reuses it from the cache."""
+    pytester.makepyfile(k=PY_SCALE, k2=PY_SCALE, ref=LOOSE_REF)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-candidate", "k2.py", "--kopt-ref",
+                                           "ref.py", "--kopt-dims", "n=4096", "--kopt-seeds", "3", "--kopt-json",
+                                           "r.json", "-k", "correctness", "-W", "always", "-p", "no:xdist",
+                                           timeout=300)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["*KoptToleranceWarning*rounded to bf16 passes atol=0.1, rtol=0.1*"])
+    items = [i for i in json.loads((pytester.path / "r.json").read_text())["items"] if i["gate"] == "correctness"]
+    assert len(items) == 2 and all("bf16" in i["figures"]["tolerance_warning"] for i in items)
+    hits = [json.loads((pytester.path / ".kopt" / k / "correctness" / "seed=3.json").read_text())["reference_cache_hit"]
+            for k in ("k", "k2")]
+    assert hits == [False, True]
+
+
+def test_planted_reference_cache_is_not_trusted(pytester: pytest.Pytester) -> None:
+    """Cache entries a child process could have written (here: overwritten between sessions with zero outputs and
+    a huge atol, as a candidate could) carry no valid MAC of this process: the reference is recomputed, the honest
+    kernel passes and a zero-output kernel fails."""
+    import numpy as np
+
+    pytester.makepyfile(k=PY_SCALE, ref=SCALE_REF.replace("def shapes(n):\n    return {\"x\": ((n,), \"float32\"), "
+                                                          "\"y\": ((n,), \"float32\")}\n", ""),
+                        zero=PY_SCALE.replace("y.copy_(2 * x)", "y.zero_()"))
+    args = ["--kopt-ref", "ref.py", "--kopt-dims", "n=256", "--kopt-seeds", "3", "-k", "correctness", "-p", "no:xdist"]
+    assert pytester.runpytest_subprocess("--kopt-baseline", "k.py", *args, timeout=300).ret == 0
+    refs = pytester.path / ".pytest_cache" / "d" / "kopt" / "refs"
+    planted = 0
+    for meta in refs.glob("*.json"):
+        if meta.name.endswith(".timing.json"):
+            continue
+        doc = json.loads(meta.read_text())
+        doc["tolerances"] = {n: {**t, "atol": 1e30} for n, t in doc["tolerances"].items()}
+        meta.write_text(json.dumps(doc))
+        npz = meta.with_suffix(".npz")
+        with np.load(npz) as z:
+            zeros = {k: np.zeros_like(z[k]) for k in z.files}
+        np.savez(npz, **zeros)
+        planted += 1
+    assert planted == 1
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-candidate", "zero.py", "--kopt-json",
+                                           "r.json", *args, timeout=300)
+    status = {i["nodeid"].split("::")[0]: i["status"] for i in json.loads((pytester.path / "r.json").read_text())["items"]
+              if i["gate"] == "correctness"}
+    assert status == {"k.py": "PASSED", "zero.py": "CONSTANT_OUTPUT"}, result.stdout.str()[-2000:]
 
 
 def test_quiet_summary_is_one_line_per_kernel(pytester: pytest.Pytester) -> None:
