@@ -29,10 +29,10 @@ EXPECTED = {
     "zero_input.py": "INPUT_MUTATED",
     "alias_output.py": "OUTPUT_REPLACED",
     "subclass_output.py": "NOT_A_TENSOR",
-    # (and when the allocator hands seed 2 seed 1's address, its first call already returns a stale answer)
+    # the warm process keeps module state across seeds: when the allocator hands seed 2 seed 1's address, the
+    # first call already returns a stale answer
     "cache_by_pointer.py": {"STALE_OUTPUT", "INCORRECT_NUMERICAL"},
-    # the warm process keeps module state across seeds: from the second seed on even the first call replays the
-    # first seed's answer, which is plainly wrong
+    # likewise: from the second seed on even the first call replays the first seed's answer, plainly wrong
     "first_call_only.py": {"INPUT_INDEPENDENT", "INCORRECT_NUMERICAL"},
     "constant_output.py": "CONSTANT_OUTPUT",
     "freed_reference_memory.py": {"INCORRECT_NUMERICAL", "CONSTANT_OUTPUT"},
