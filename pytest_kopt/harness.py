@@ -223,6 +223,27 @@ def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict
     return spec, scalars, kept
 
 
+def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_path: str) -> None:
+    """In the reference's process: every buffer the reference's ``shapes(**dims)`` names must have that shape and
+    dtype in the candidate's spec, so a Triton/Python ``setup()`` cannot shrink the problem it is judged (and
+    timed) on. No ``shapes()``: nothing to check against. Raises HarnessError('contract')."""
+    if not callable(getattr(ref, "shapes", None)):
+        return
+    try:
+        want = dict(ref.shapes(**dims))
+    except Exception as exc:
+        raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
+    for s in spec:
+        if s["name"] not in want:
+            continue
+        shape, dtype = want[s["name"]]
+        shape = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
+        if list(s["shape"]) != shape or str(dtype).replace("torch.", "") != s["dtype"]:
+            raise HarnessError("contract", f"the candidate's buffer {s['name']!r} is {s['dtype']}{list(s['shape'])} "
+                               f"but {ref_path}'s shapes() says {str(dtype).replace('torch.', '')}{shape} for "
+                               f"these dims: setup() must build the problem the dims describe")
+
+
 class CudaKernel:
     """A ``solve`` loaded from the built shared library with ctypes, plus the shim's error/sync functions."""
 
@@ -397,6 +418,7 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
     device, dims = req["device"], req["dims"]
+    check_spec(ref, req["spec"], dims, req["ref"])
     given = {}
     if req.get("setup_npz"):
         with np.load(req["setup_npz"]) as data:
@@ -829,6 +851,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     def prepare() -> tuple[Timer, Any]:
         ref = load_module(req["ref"], "kopt_reference")
         dims = req["dims"]
+        check_spec(ref, req["spec"], dims, req["ref"])
         first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")
         first.fill(req["plan"], int(req["seed"]), ref, dims, {})
         t = req["timing"]
@@ -852,6 +875,7 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
 
     ref = load_module(req["ref"], "kopt_reference")
     dims = req["dims"]
+    check_spec(ref, req["spec"], dims, req["ref"])
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])
     with np.load(req["inputs_npz"]) as data:
         for s in inp.spec:
@@ -1043,8 +1067,22 @@ def serve(ctl_fd: int) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the process that started it ends (prctl PR_SET_PDEATHSIG), so a pytest
+    killed by SIGTERM does not leave a kernel spinning on the GPU. Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+        if os.getppid() == 1:  # the parent was already gone before the call
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     """Entry point: ``REQUEST.json`` runs one request; ``--serve CTL_FD`` runs :func:`serve`."""
+    if sys.platform.startswith("linux"):
+        _die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]))
     return handle(argv[1])
