@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 3: GPU tests, the loop-speed scenario, every example at full size. Logs in $OUT.
+# One device call: GPU tests, the loop-speed scenario, every example at full size (the README table). Logs in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
