@@ -267,3 +267,21 @@ def test_sanitizer_gate_gpu(pytester: pytest.Pytester) -> None:
         result.stdout.str()[-3000:]
     bench = json.loads(next((pytester.path / "out").rglob("honest*/bench.json")).read_text())
     assert bench["race_safe"] is True
+
+
+@pytest.mark.gpu
+def test_graph_timing_checks_the_graphs_own_outputs_gpu(pytester: pytest.Pytester) -> None:
+    """On a GPU, --kopt-timing graph: a candidate that skips its work while a capture is under way passes
+    correctness (eager calls) but fails the timing gate's output check, which replays the timed graph; the honest
+    candidate passes."""
+    for name in ("skip_under_capture.py", "honest_python.py", "ref_softmax.py"):
+        shutil.copy(REDTEAM / name, pytester.path / name)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "honest_python.py", "--kopt-candidate", "skip_under_capture.py", "--kopt-ref",
+        "ref_softmax.py", "--kopt-dims", "M=512,N=256", "--kopt-seeds", "3", "--kopt-timing", "graph",
+        "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness or timing", timeout=600)
+    doc = json.loads((pytester.path / "r.json").read_text())
+    status = {(i["nodeid"].split("::")[0], i["gate"]): i["status"] for i in doc["items"]}
+    assert status[("skip_under_capture.py", "correctness")] == "PASSED", result.stdout.str()[-3000:]
+    assert status[("skip_under_capture.py", "timing")] == "INCORRECT_NUMERICAL", result.stdout.str()[-3000:]
+    assert status[("honest_python.py", "timing")] == "PASSED", result.stdout.str()[-3000:]
