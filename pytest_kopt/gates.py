@@ -682,11 +682,12 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     peaks = device_peaks(ctx)
     req = _request(ctx, "timing", device, ctx.settings.seeds[0], res)
     ref_result: dict[str, Any] | None = None
+    base_result: dict[str, Any] | None = None
     if ctx.settings.fresh_process:
         result = run_harness(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                              path=ctx.display, workdir=ctx.work, lock=gpu_lock(ctx))
     else:
-        result, ref_result = _interleaved(ctx, req)
+        result, ref_result, base_result = _interleaved(ctx, req)
     # the timed output check: the reference, in its own process, on the inputs of the last timed call
     try:
         creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
@@ -756,6 +757,9 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                                "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
                                "interleaved_with_reference": not ctx.settings.fresh_process},
              "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
+    if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
+        bench["pr_baseline"] = {"kernel": str(ctx.settings.baseline), "samples_ms": base_result["event_ms"],
+                                "stop_reason": base_result["stop_reason"]}
     path = _write_json(ctx.outdir / "bench.json", bench)
     if not verdict.ok:
         raise IncorrectError(f"a timed call's output is wrong: {verdict.message}", gate="timing", path=ctx.display,
@@ -776,37 +780,52 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                             f"{_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]{extra}", (path,))
 
 
-def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Candidate and reference timed in alternating rounds (each in its own warm process; each round about
-    ``ROUND_S`` seconds of samples per party), so a drift of clocks or temperature during the measurement hits
-    both and the speedup's CI stays honest. A party stops sampling once its stopping rule is met; rounds stop when
-    both have, or after 4x the timing budget + 30 s. Returns (candidate result, reference result) as the one-shot
-    timing modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns."""
+def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """Candidate and reference (and, for the PR gate, the baseline kernel) timed in alternating rounds, each in its
+    own warm process, each round about ``ROUND_S`` seconds of samples per party, so a drift of clocks or
+    temperature during the measurement hits all of them and the ratios' CIs stay honest. A party stops sampling
+    once its stopping rule is met; rounds stop when all have, or after 4x the timing budget + 30 s. Returns
+    (candidate result, reference result, baseline result or None) as the one-shot timing modes do. The reference
+    is prepared on the candidate's spec, which the candidate's first round returns (its process checks it against
+    ``ref.shapes()``)."""
     import time
     import uuid
 
     timeout = max(ctx.settings.gate_timeout_s, 120.0)
     key = uuid.uuid4().hex
-    servers = (_server(ctx, "candidate"), _server(ctx, "reference"))
-    paths = (ctx.display, str(ctx.ref))
+    parties: list[tuple[dict[str, Any], str | None, str]] = [(req, _server(ctx, "candidate"), ctx.display)]
 
-    def round_(i: int, r: dict[str, Any], count: int, final: bool = False) -> dict[str, Any]:
+    def round_(i: int, count: int, final: bool = False) -> dict[str, Any]:
+        r, server, path = parties[i]
         return run_harness({**r, "round": {"key": f"{key}-{i}", "count": count, "final": final}}, gate="timing",
-                           timeout_s=timeout, path=paths[i], workdir=ctx.work, lock=gpu_lock(ctx),
-                           server=servers[i])
+                           timeout_s=timeout, path=path, workdir=ctx.work, lock=gpu_lock(ctx), server=server)
 
-    first = round_(0, req, 3)
-    rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}), "env": {}}
-    reqs = (req, rreq)
-    last: list[dict[str, Any]] = [first, round_(1, rreq, 3)]
+    last: list[dict[str, Any]] = [round_(0, 3)]
+    rreq = {**req, "mode": "time_reference", "spec": last[0]["spec"], "scalars": last[0].get("scalars", {}),
+            "env": {}}
+    parties.append((rreq, _server(ctx, "reference"), str(ctx.ref)))
+    last.append(round_(1, 3))
+    base = ctx.settings.baseline
+    if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
+        bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+        try:
+            breq: dict[str, Any] | None = _request(bctx, "timing", req["device"], ctx.settings.seeds[0],
+                                                   ensure_built(bctx))
+        except KoptError:
+            breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
+        if breq is not None:
+            parties.append((breq, _server(bctx, "candidate"), bctx.display))
+            last.append(round_(2, 3))
     t0 = time.monotonic()
     cap = 4 * TIMING["budget_s"] + 30.0
     while any(r["stop_reason"] is None for r in last) and time.monotonic() - t0 < cap:
-        for i in (0, 1):
+        for i in range(len(parties)):
             if last[i]["stop_reason"] is None:
-                count = int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6))))
-                last[i] = round_(i, reqs[i], count)
-    return round_(0, req, 0, final=True), round_(1, rreq, 0, final=True)
+                last[i] = round_(i, int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6)))))
+    finals = [round_(i, 0, final=True) for i in range(len(parties))]
+    if len(finals) > 2 and finals[2].get("npz") and os.path.exists(finals[2]["npz"]):
+        os.unlink(finals[2]["npz"])
+    return finals[0], finals[1], finals[2] if len(finals) > 2 else None
 
 
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:

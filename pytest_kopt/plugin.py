@@ -485,12 +485,23 @@ class KoptController:
         for cand in settings.candidates:
             cs = samples(cand)
             entry: dict[str, Any] = {"baseline": str(settings.baseline), "candidate": str(cand)}
-            if base is None or cs is None:
+            # the baseline timed in the candidate's own rounds (interleaved), else the baseline's timing gate
+            paired = self._paired_baseline(cand, settings.baseline)
+            if cs is None or (paired is None and base is None):
                 entry.update(verdict="NOT_TIMED", fails=False)
             else:
-                entry.update(prgate.verdict(base, cs, threshold))
+                entry.update(prgate.verdict(paired or base, cs, threshold), interleaved=paired is not None)
             out.append(entry)
         return out
+
+    def _paired_baseline(self, kernel: Path, baseline: Path | None) -> list[float] | None:
+        """The baseline's samples (ms) timed in ``kernel``'s timing rounds (``pr_baseline`` in its bench.json)."""
+        path = context(self.config, kernel, str(kernel)).outdir / "bench.json"
+        if baseline is None or not path.is_file():
+            return None
+        pr = json.loads(path.read_text()).get("pr_baseline") or {}
+        same = pr.get("kernel") and Path(pr["kernel"]).resolve() == Path(baseline).resolve()
+        return pr.get("samples_ms") if same and pr.get("samples_ms") else None
 
     def _timed_samples(self, kernel: Path) -> list[float] | None:
         """A kernel's timing samples (ms) from this session's bench.json, None when its timing is not valid."""

@@ -67,6 +67,8 @@ class Settings:
     timing_method: str = "events"
     #: Largest fraction of the GPU's free memory the timing gate's rotating input sets may take (0 < f <= 0.9).
     rotating_memory: float = 0.25
+    #: PR gate (``--kopt-fail-slower``): each candidate's timing gate also times the baseline, round by round.
+    pr_gate: bool = False
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -288,4 +290,5 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
                     fresh_process=bool(get("fresh_process")), timing_method=timing_method,
-                    rotating_memory=rotating_memory)
+                    rotating_memory=rotating_memory,
+                    pr_gate=bool(get("fail_slower")) and bool(candidates))

@@ -359,3 +359,13 @@ def test_timing_options_reach_settings(tmp_path):
     s = build_settings(_getter(baseline="k.cu", ref="ref.py", timing="graph", rotating_memory="0.5",
                                fresh_process=True), tmp_path)
     assert (s.timing_method, s.rotating_memory, s.fresh_process) == ("graph", 0.5, True)
+
+
+def test_pr_gate_needs_a_threshold_and_a_candidate(tmp_path):
+    """pr_gate (the baseline timed in each candidate's rounds) is on only with --kopt-fail-slower and a candidate."""
+    _files(tmp_path)
+    (tmp_path / "k2.cu").write_text((tmp_path / "k.cu").read_text())
+    assert build_settings(_getter(baseline="k.cu", ref="ref.py", fail_slower="3"), tmp_path).pr_gate is False
+    both = build_settings(_getter(baseline="k.cu", ref="ref.py", fail_slower="3", candidate=["k2.cu"]), tmp_path)
+    assert both.pr_gate is True
+    assert build_settings(_getter(baseline="k.cu", ref="ref.py", candidate=["k2.cu"]), tmp_path).pr_gate is False
