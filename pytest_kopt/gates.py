@@ -755,6 +755,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
              "timing_method": {**req["timing"], "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
                                "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True,
                                "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
+                               "graph_hold": result.get("graph_hold"),
                                "interleaved_with_reference": not ctx.settings.fresh_process},
              "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
     if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel

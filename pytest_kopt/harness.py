@@ -541,6 +541,40 @@ def _reset_persisting_l2() -> None:
         pass
 
 
+class StreamGate:
+    """Holds the current stream on a host-written flag (driver ``cuStreamWaitValue32``, nvbench's blocking-kernel
+    idea without a spin): :meth:`close` enqueues a wait for flag >= 1, the host queues the timed work, :meth:`open`
+    writes the flag. Used by the queued graph mode, where the host may need longer to queue N pairs than any fixed
+    spin. ``create`` returns None where stream memory operations are unavailable (the caller then spins)."""
+
+    def __init__(self, torch: Any, fn: Any, flag: Any) -> None:
+        self.torch, self.fn, self.flag = torch, fn, flag
+
+    @staticmethod
+    def create(torch: Any) -> "StreamGate | None":
+        try:
+            lib = _LIBCUDA[0] if _LIBCUDA else ctypes.CDLL("libcuda.so.1")
+            fn = getattr(lib, "cuStreamWaitValue32_v2", None) or lib.cuStreamWaitValue32
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # mapped into the device's address space
+        except (OSError, AttributeError, RuntimeError):
+            return None
+        return StreamGate(torch, fn, flag)
+
+    def close(self) -> bool:
+        """Enqueue the wait on the current stream (flag reset to 0 first); False when the driver refused it."""
+        try:
+            self.flag[0] = 0
+            stream = self.torch.cuda.current_stream().cuda_stream
+            return self.fn(ctypes.c_void_p(stream), self.flag.data_ptr(), 1, 0) == 0  # CU_STREAM_WAIT_VALUE_GEQ
+        except (ctypes.ArgumentError, RuntimeError, OSError):
+            return False
+
+    def open(self) -> None:
+        self.flag[0] = 1
+
+
 class Timer:
     """The timing loop shared by kernel and reference timing, resumable so two parties can be timed in alternating
     rounds (:meth:`take`). Created once per party: allocates the L2 flush buffer, warms up, calibrates the stream
@@ -555,7 +589,8 @@ class Timer:
     dominate): ``t["graph_calls"]`` (N) pairs of (L2 flush, launch on the next set) captured in one CUDA graph and
     the N flushes alone in another; one sample = (replay time of the pairs - replay time of the flushes) / N, the two
     replays timed back to back. A launch CUDA cannot capture (a ``.cu`` ``solve()`` launches on the legacy default
-    stream) falls back to the same N pairs queued behind a stream hold (``graph_method`` says which ran). Values of
+    stream) falls back to the same N pairs queued behind a hold on a host-written flag (:class:`StreamGate`; a GPU
+    spin where the driver refuses it; ``graph_method`` and ``graph_hold`` say which ran). Values of
     the rotating sets are refreshed between samples, outside the window. All times in ms."""
 
     def __init__(self, torch: Any, sets: list[Any], launch: Any, refresh: Any, t: dict[str, Any]) -> None:
@@ -599,6 +634,8 @@ class Timer:
         self.k = 0
         self.graph_method: str | None = None
         self.graph_note: str | None = None
+        self._gate: StreamGate | None = None
+        self.graph_hold: str | None = None
         #: what a non-final round reports besides the samples (the candidate's input spec, for the reference)
         self.info: dict[str, Any] = {}
         if self.method == "graph":
@@ -645,6 +682,7 @@ class Timer:
             self._pairs(True)
             self.queue_us = (time.perf_counter() - h) * 1e6
             torch.cuda.synchronize()
+            self._gate = StreamGate.create(torch)
 
     def _timed_block(self, with_kernel: bool) -> float:
         torch = self.torch
@@ -655,7 +693,19 @@ class Timer:
             self.start.record()
             graph.replay()
         else:
-            self._hold(2 * self.queue_us + 20)
+            gate = self._gate
+            if gate is not None and gate.close():
+                self.graph_hold = "stream_wait_value"
+                try:  # held until every pair is queued, however slow the host is
+                    self.start.record()
+                    self._pairs(with_kernel)
+                    self.stop.record()
+                finally:
+                    gate.open()
+                torch.cuda.synchronize()
+                return self.start.elapsed_time(self.stop)
+            self.graph_hold = "spin"
+            self._hold(4 * self.queue_us + 100)
             self.start.record()
             self._pairs(with_kernel)
         self.stop.record()
@@ -742,7 +792,7 @@ class Timer:
                "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method}
         if self.method == "graph":
             out.update(graph_method=self.graph_method, graph_calls=int(self.t.get("graph_calls", 20)),
-                       graph_note=self.graph_note)
+                       graph_note=self.graph_note, graph_hold=self.graph_hold)
         return out
 
 
