@@ -233,7 +233,12 @@ class HarnessServer:
         if line is None:
             return self.output(start), "timeout"
         if line == b"":
-            return self.output(start), "died" if self.proc.poll() is not None else "protocol"
+            # end of the control pipe: the process died (give the kernel a moment to reap it), or closed the pipe
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return self.output(start), "protocol"
+            return self.output(start), "died"
         parts = line.split()
         if len(parts) != 3 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
             return self.output(start), "protocol"
