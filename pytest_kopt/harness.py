@@ -234,14 +234,22 @@ def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_p
     except Exception as exc:
         raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
     for s in spec:
-        if s["name"] not in want:
+        entry = want.get(s["name"])
+        if entry is None:
             continue
-        shape, dtype = want[s["name"]]
-        shape = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
-        if list(s["shape"]) != shape or str(dtype).replace("torch.", "") != s["dtype"]:
+        # (shape, dtype) or a bare shape, as _shape_table reads it; no dtype given: only the shape is checked
+        pair = isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], (tuple, list))
+        shape, dtype = (entry[0], entry[1]) if pair else (entry, None)
+        try:
+            shape = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
+        except (TypeError, ValueError):
+            raise HarnessError("contract", f"{ref_path}: shapes()[{s['name']!r}] = {entry!r} is not a shape or "
+                               "(shape, dtype)") from None
+        dtype = None if dtype is None else str(dtype).replace("torch.", "")
+        if list(s["shape"]) != shape or (dtype is not None and dtype != s["dtype"]):
             raise HarnessError("contract", f"the candidate's buffer {s['name']!r} is {s['dtype']}{list(s['shape'])} "
-                               f"but {ref_path}'s shapes() says {str(dtype).replace('torch.', '')}{shape} for "
-                               f"these dims: setup() must build the problem the dims describe")
+                               f"but {ref_path}'s shapes() says {dtype or s['dtype']}{shape} for these dims: "
+                               "setup() must build the problem the dims describe")
 
 
 class CudaKernel:
