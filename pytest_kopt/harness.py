@@ -1137,10 +1137,14 @@ def serve(ctl_fd: int) -> int:
 
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the process that started it ends (prctl PR_SET_PDEATHSIG), so a pytest
-    killed by SIGTERM does not leave a kernel spinning on the GPU. Elsewhere a no-op."""
+    killed by SIGTERM does not leave a kernel spinning on the GPU; and become the subreaper of its descendants.
+    Elsewhere a no-op."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+        # PR_SET_CHILD_SUBREAPER = 36: orphans of the kernel's own children (a setsid() double fork) stay below
+        # this process, where the parent finds, pauses and kills them, instead of escaping to init
+        libc.prctl(36, 1)
         if os.getppid() == 1:  # the parent was already gone before the call
             os._exit(1)
     except (OSError, AttributeError):

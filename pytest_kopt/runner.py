@@ -175,11 +175,18 @@ class HarnessServer:
         self.seq = 0
         self.stopped = False
 
-    def _signal(self, sig: int) -> None:
+    def _signal(self, sig: int, tree: list[int] | None = None) -> None:
+        """``sig`` to the process group and to every descendant (the harness is their subreaper, so one that left
+        the group with setsid() is still below it)."""
         try:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        for pid in (descendants(self.proc.pid) if tree is None else tree):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def pause(self) -> None:
         """SIGSTOP the process group between requests: a thread or child the kernel left behind cannot run while
@@ -257,6 +264,7 @@ class HarnessServer:
     def close(self, kill: bool = False) -> None:
         """End the process (close its stdin and wait briefly, else kill), then kill whatever is left of its
         process group (children or daemons the kernel started)."""
+        tree = descendants(self.proc.pid)  # now, while the harness is their subreaper (at its exit they go to init)
         self.resume()
         if not kill and self.proc.poll() is None:
             try:
@@ -265,7 +273,7 @@ class HarnessServer:
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        self._signal(signal.SIGKILL)
+        self._signal(signal.SIGKILL, tree + (descendants(self.proc.pid) if self.proc.poll() is None else []))
         self.proc.wait()
         for f in (self.ctl, self.proc.stdin):
             try:
@@ -275,6 +283,32 @@ class HarnessServer:
                 pass
         os.close(self.log_fd)
         self.log.unlink(missing_ok=True)
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of every live descendant of ``root``, from ``/proc/<pid>/stat`` (Linux; [] elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])  # the field after the state, past "(comm)"
+        children.setdefault(ppid, []).append(int(name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _server_for(identity: str, env: dict[str, str], workdir: Path, *, gate: str, path: str) -> HarnessServer:

@@ -114,6 +114,29 @@ def test_warm_process_attacks_are_contained(pytester: pytest.Pytester) -> None:
     assert str(pytester.path) not in left
 
 
+def test_a_daemon_that_leaves_the_process_group_is_killed(pytester: pytest.Pytester) -> None:
+    """A candidate's setsid() double-fork daemon stays below the harness (its subreaper) and dies with it."""
+    import os
+    import time
+
+    for name in ("escaping_daemon.py", "ref_softmax.py"):
+        shutil.copy(REDTEAM / name, pytester.path / name)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "escaping_daemon.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16",
+        "--kopt-seeds", "3,5", "-p", "no:cacheprovider", "-k", "correctness", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    pid = int((pytester.path / "daemon.pid").read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail(f"the daemon {pid} outlived the session")
+
+
 GPU_CASES = {
     # accumulates into the output without zeroing it: the NaN poison shows it
     "accumulate_unzeroed.cu": ("y[i] += 2.0f * x[i];", "INCORRECT_NUMERICAL"),
