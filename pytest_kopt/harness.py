@@ -456,7 +456,13 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
             arrays[f"{tag}__{name}"] = _to_numpy(torch, t)
 
     inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
     call("ref")
+    # an "input" the reference writes is an output the candidate's setup() did not list (so it was never compared)
+    written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])]
+    if written:
+        raise HarnessError("contract", f"reference() wrote {', '.join(map(repr, written))}, which the candidate "
+                           "lists as input(s): every buffer the reference writes must be among setup()'s outputs")
     low = [s for s in inp.spec if s["role"] == "input" and s["dtype"] in ("float32", "float64")]
     if low and req.get("low_precision", True):
         pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in low}

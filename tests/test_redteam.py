@@ -308,3 +308,35 @@ def test_graph_timing_checks_the_graphs_own_outputs_gpu(pytester: pytest.Pyteste
     assert status[("skip_under_capture.py", "correctness")] == "PASSED", result.stdout.str()[-3000:]
     assert status[("skip_under_capture.py", "timing")] == "INCORRECT_NUMERICAL", result.stdout.str()[-3000:]
     assert status[("honest_python.py", "timing")] == "PASSED", result.stdout.str()[-3000:]
+
+
+TWO_OUTPUT_REF = """\
+import torch
+atol = 1e-6
+rtol = 1e-5
+def shapes(M, N):
+    return {"x": ((M, N), "float32"), "y": ((M, N), "float32"), "z": ((M, N), "float32")}
+def reference(x, y, z, **_):
+    y.copy_(torch.softmax(x.double(), dim=-1).float())
+    z.copy_(torch.exp(x))
+"""
+UNDECLARED_OUTPUT = """\
+import torch
+def setup(M, N, seed, device="cuda"):
+    x = torch.empty(M, N, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x), "z": torch.empty_like(x)}, "outputs": ["y"]}
+def run_kernel(x, y, z):
+    y.copy_(torch.softmax(x, dim=-1))  # z is never computed: setup() calls it an input
+"""
+
+
+def test_an_output_declared_as_an_input_is_caught(pytester: pytest.Pytester) -> None:
+    """A Python candidate whose setup() lists an output the reference writes as an input (so it would never be
+    compared) fails CONTRACT_ERROR: the reference's process sees the reference write it."""
+    pytester.makepyfile(ref=TWO_OUTPUT_REF, cand=UNDECLARED_OUTPUT)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "cand.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "M=4,N=16", "--kopt-seeds", "3", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "correctness", timeout=300)
+    got = _statuses(json.loads((pytester.path / "r.json").read_text()))
+    assert got == {"cand.py": {"CONTRACT_ERROR"}}, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["*reference() wrote 'z', which the candidate lists as input(s)*"])
