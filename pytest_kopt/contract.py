@@ -334,3 +334,14 @@ def check_dims(params: list[Param], dims: dict[str, int | float], path: str) -> 
             raise ContractError(f"solve() scalar `{p.ctype} {p.name}` is an integer but --kopt-dims gives "
                                 f"{dims[p.name]!r}", gate="preflight", path=path, line=p.line,
                                 fix=f"give an integer value for {p.name}")
+
+
+def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contracts: PyContract) -> list[str]:
+    """Dims no one names: not a scalar of ``solve()``, not a parameter of any function the given Python files
+    define (``setup``, ``reference``, ``shapes``, ``workload_model``, ``make_inputs``...). Usually a typo (``HW``
+    for ``W``); a function that reads a dim only through ``**kwargs`` cannot be seen, so callers warn, never fail."""
+    named = {p.name for p in solve_params if not p.is_pointer}
+    for c in contracts:
+        for params, _kwargs, _line in c.functions.values():
+            named.update(params)
+    return [d for d in dims if d not in named]

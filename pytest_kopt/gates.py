@@ -39,6 +39,11 @@ class KoptToleranceWarning(UserWarning):
 from .runner import run_harness
 from .settings import DEFAULT_ARCH, Settings
 
+
+class KoptDimsWarning(UserWarning):
+    """A --kopt-dims entry that no function or solve() parameter names (likely a typo); never a failure."""
+
+
 #: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
 #: 0.5% (nvbench's default noise target) with at least 10 samples and 0.2 s, or 2 s / 2000 samples; up to 8
 #: rotating input sets within a quarter of the free device memory.
@@ -225,15 +230,22 @@ def preflight(ctx: Context) -> list[contract.Param]:
 
 
 def gate_preflight(ctx: Context, param: Any = None) -> Outcome:
-    """Check the kernel and reference contracts without running anything."""
+    """Check the kernel and reference contracts without running anything. Dims that nothing names (see
+    :func:`pytest_kopt.contract.unused_dims`) give a KoptDimsWarning and a note in the summary."""
     params = preflight(ctx)
+    pys = [contract.read_python(ctx.ref)] + ([contract.read_python(ctx.kernel)] if ctx.kernel.suffix == ".py" else [])
+    unused = contract.unused_dims(ctx.settings.dims, params, *pys)
+    note = ""
+    if unused:
+        note = f"; --kopt-dims {', '.join(unused)} not named by solve(), setup() or ref.py (a typo?)"
+        warnings.warn(KoptDimsWarning(f"{ctx.display}: {note[2:]}"), stacklevel=1)
     if ctx.kind in ("triton", "python"):
         what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
-        return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found")
+        return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found{note}")
     kind = "cutlass" if contract.is_cutlass(ctx.kernel.read_text(errors="replace")) else "cuda"
     sig = ", ".join(f"{'const ' if p.is_const else ''}{p.ctype}{'*' if p.is_pointer else ''} {p.name}" for p in params)
     return Outcome({"kind": kind, "inputs": sum(p.role == "input" for p in params),
-                    "outputs": sum(p.role == "output" for p in params)}, f"solve({sig})")
+                    "outputs": sum(p.role == "output" for p in params)}, f"solve({sig}){note}")
 
 
 # --------------------------------------------------------------------------------------------- compile

@@ -459,3 +459,16 @@ def test_global_solve_is_named_as_such():
     with pytest.raises(ContractError) as info:
         parse_solve_signature('extern "C" __global__ void solve(const float* x, float* y, int n) {}\n', "k.cu")
     assert info.value.message.startswith("solve() is a __global__ kernel") and info.value.line == 1
+
+
+def test_unused_dims_are_the_ones_no_one_names(tmp_path):
+    """A dim that neither solve() nor any function of the Python files names is reported (HW below); dims named
+    only by a function's parameters count as used."""
+    from pytest_kopt.contract import read_python, unused_dims
+
+    ref = tmp_path / "ref.py"
+    ref.write_text("def reference(x, y, **_):\n    pass\n\ndef shapes(N, C, eps):\n    return {}\n")
+    params = parse_solve_signature('extern "C" void solve(const float* x, float* y, int N, int C, float eps) {}',
+                                   "k.cu")
+    assert unused_dims({"N": 4, "C": 8, "eps": 1e-5, "HW": 16}, params, read_python(ref)) == ["HW"]
+    assert unused_dims({"N": 4, "C": 8, "eps": 1e-5}, params, read_python(ref)) == []
