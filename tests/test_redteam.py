@@ -29,9 +29,10 @@ EXPECTED = {
     "zero_input.py": "INPUT_MUTATED",
     "alias_output.py": "OUTPUT_REPLACED",
     "subclass_output.py": "NOT_A_TENSOR",
-    # the warm process keeps module state across seeds: when the allocator hands seed 2 seed 1's address, the
-    # first call already returns a stale answer
-    "cache_by_pointer.py": {"STALE_OUTPUT", "INCORRECT_NUMERICAL"},
+    # the warm process keeps module state across seeds: when the allocator hands a later seed an address an
+    # earlier seed used, that call already returns a stale answer (INCORRECT_NUMERICAL), or set B's fresh buffers
+    # do too, so the output looks input-independent; every label here is a failure
+    "cache_by_pointer.py": {"STALE_OUTPUT", "INCORRECT_NUMERICAL", "INPUT_INDEPENDENT"},
     # likewise: from the second seed on even the first call replays the first seed's answer, plainly wrong
     "first_call_only.py": {"INPUT_INDEPENDENT", "INCORRECT_NUMERICAL"},
     "constant_output.py": "CONSTANT_OUTPUT",
