@@ -173,7 +173,7 @@ class HarnessServer:
         self.log_fd = os.open(self.log, os.O_RDONLY)  # kept open: the log stays readable even if it is unlinked
         self.buf = b""
         self.seq = 0
-        self.stopped = False
+        self.stopped: list[int] | None = None  # the descendants stopped by pause(), None while running
 
     def _signal(self, sig: int, tree: list[int] | None = None) -> None:
         """``sig`` to the process group and to every descendant (the harness is their subreaper, so one that left
@@ -191,13 +191,15 @@ class HarnessServer:
     def pause(self) -> None:
         """SIGSTOP the process group between requests: a thread or child the kernel left behind cannot run while
         another kernel or the reference is judged or timed."""
-        self._signal(signal.SIGSTOP)
-        self.stopped = True
+        tree = descendants(self.proc.pid)
+        self._signal(signal.SIGSTOP, tree)
+        self.stopped = tree  # a stopped tree cannot grow: resume() reuses it instead of scanning /proc again
 
     def resume(self) -> None:
-        if self.stopped:
-            self._signal(signal.SIGCONT)
-            self.stopped = False
+        """SIGCONT what :meth:`pause` stopped."""
+        if self.stopped is not None:
+            self._signal(signal.SIGCONT, self.stopped)
+            self.stopped = None
 
     def _line(self, timeout_s: float) -> bytes | None:
         """The next control line; None on timeout; b"" when the process closed the pipe (it ended) or wrote more
