@@ -107,8 +107,10 @@ def test_warm_process_attacks_are_contained(pytester: pytest.Pytester) -> None:
         "honest_awkward.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16", "--kopt-seeds", "3,5,7",
         "--kopt-timeout", "20", "--kopt-json", "r.json", "-p", "no:cacheprovider", timeout=300)
     got = _statuses(json.loads((pytester.path / "r.json").read_text()))
-    assert got == {"honest_python.py": {"PASSED"}, "honest_awkward.py": {"PASSED"},
-                   "harness_protocol.py": {"RUNTIME_ERROR"}}, result.stdout.str()[-3000:]
+    # the fake answer races the real one: when the parent reads it after the result is written, that call (whose
+    # output is right) passes and the breach shows on the next request; the last seed may therefore pass
+    assert got["honest_python.py"] == got["honest_awkward.py"] == {"PASSED"}, result.stdout.str()[-3000:]
+    assert "RUNTIME_ERROR" in got["harness_protocol.py"] <= {"RUNTIME_ERROR", "PASSED"}, result.stdout.str()[-3000:]
     # the fake answer names the right request: the result it announces is then missing (else: out of turn)
     result.stdout.re_match_lines([r".*(broke its protocol|result file is missing).*"])
     left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
