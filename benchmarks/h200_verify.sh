@@ -1,27 +1,64 @@
 #!/usr/bin/env bash
-# One device call that re-checks every GPU path after CPU-only changes (run it first in a session with device
-# time): GPU tests, saved baselines (--kopt-save/--kopt-compare), the loop-speed scenario, the timing-fidelity
-# table (events, graph, do_bench vs ncu). Logs in $OUT (at most 8 files).
-# Usage (device machine, repository root): bash benchmarks/h200_verify.sh
+# Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
+# Logs in $OUT (one file per section). Usage (device machine, repository root):
+#   bash benchmarks/h200_verify.sh [tests] [loop] [saved] [pr] [speed] [fidelity]      (no argument: all, in order)
+#   tests     GPU tests (pytest tests -m gpu -n 4)
+#   loop      the loop-speed scenario: benchmarks/loop_gemm.py -n 4 --iterations 1 (naive SGEMM 4096^3)
+#   saved     --kopt-save / --kopt-compare on the tiled SGEMM
+#   pr        the PR gate on (naive, tiled), (tiled, tiled), (tiled, naive) SGEMM at 4096^3
+#   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates)
+#   fidelity  benchmarks/timing_fidelity.py (kopt events and graph, do_bench, ncu)
 set -u
 export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/kopt-out}
+mkdir -p "$OUT"
 T0=$(date +%s)
+sections=${*:-tests loop saved pr speed fidelity}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 ls .wheels/nvidia_cutlass-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .wheels/nvidia_cutlass-*.whl >>"$OUT/install.log" 2>&1
-t0=$(date +%s)
-timeout 240 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
-echo "gpu tests rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/walls.txt"; tail -12 "$OUT/gpu-tests.log"
-t0=$(date +%s)
-for step in "--kopt-save main" "--kopt-compare main"; do
-  timeout 90 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm_tiled/gemm_tiled.cu \
-    --kopt-ref examples/gemm_tiled/ref.py --kopt-dims M=4096,N=4096,K=4096 --kopt-seeds 1 -k "correctness or timing" \
-    --kopt-storage /tmp/kbench $step -q 2>&1 | grep -E "kopt|passed|failed" >> "$OUT/saved.log"
+wall() { echo "$1 rc=$2 wall=$(( $(date +%s) - $3 ))s" | tee -a "$OUT/walls.txt"; }
+DIMS=M=4096,N=4096,K=4096
+for s in $sections; do
+  t0=$(date +%s)
+  case $s in
+    tests)
+      timeout 300 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
+      wall tests $? $t0; tail -12 "$OUT/gpu-tests.log" ;;
+    loop)
+      timeout 420 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
+      rc=$?; cp /tmp/kl/loop/init.log "$OUT/loop-init.log" 2>/dev/null; cp /tmp/kl/loop/iter1.log "$OUT/loop-iter1.log" 2>/dev/null
+      wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log" ;;
+    saved)
+      for step in "--kopt-save main" "--kopt-compare main"; do
+        timeout 90 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm_tiled/gemm_tiled.cu \
+          --kopt-ref examples/gemm_tiled/ref.py --kopt-dims $DIMS --kopt-seeds 1 -k "correctness or timing" \
+          --kopt-storage /tmp/kbench $step -q 2>&1 | grep -E "kopt|passed|failed" >> "$OUT/saved.log"
+      done
+      wall saved 0 $t0; cat "$OUT/saved.log" ;;
+    pr)
+      rm -rf /tmp/pr && mkdir -p /tmp/pr/main /tmp/pr/pr && cp examples/gemm/ref.py /tmp/pr/
+      for side in main pr; do
+        cp examples/gemm/gemm.cu /tmp/pr/$side/naive.cu
+        cp examples/gemm_tiled/gemm_tiled.cu examples/gemm_tiled/*.cuh /tmp/pr/$side/ 2>/dev/null
+      done
+      for pair in "main/naive.cu pr/gemm_tiled.cu" "main/gemm_tiled.cu pr/gemm_tiled.cu" "main/gemm_tiled.cu pr/naive.cu"; do
+        set -- $pair; p0=$(date +%s)
+        (cd /tmp/pr && timeout 150 python3 -m pytest -p no:randomly --kopt-baseline $1 --kopt-candidate $2 --kopt-ref ref.py \
+          --kopt-dims $DIMS --kopt-seeds 1,2 --kopt-fail-slower 3 -k "correctness or timing" -q \
+          --kopt-json "pr_${1%%/*}_$(basename $1 .cu)__$(basename $2 .cu).json" > /tmp/pr/out.log 2>&1)
+        rc=$?; grep "kopt PR gate" /tmp/pr/out.log | sed "s/\$/      exit $rc, $(( $(date +%s) - p0 )) s/" | tee -a "$OUT/pr.log"
+        [ $rc -ne 0 ] && [ $rc -ne 2 ] && tail -30 /tmp/pr/out.log >> "$OUT/pr.log"
+      done
+      cp /tmp/pr/pr_main_naive__gemm_tiled.json "$OUT/h200_report.json" 2>/dev/null
+      wall pr 0 $t0 ;;
+    speed)
+      timeout 200 python3 benchmarks/loop_speed.py --jobs 8 > "$OUT/speed.log" 2>&1
+      wall speed $? $t0; cat "$OUT/speed.log" ;;
+    fidelity)
+      left=$(( 580 - ($(date +%s) - T0) ))
+      [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
+      wall fidelity $? $t0; tail -10 "$OUT/fidelity.log" 2>/dev/null ;;
+    *) echo "unknown section $s" ;;
+  esac
 done
-echo "saved baselines wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/walls.txt"; cat "$OUT/saved.log"
-t0=$(date +%s)
-timeout 150 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
-echo "loop rc=$? wall=$(( $(date +%s) - t0 ))s" | tee -a "$OUT/walls.txt"; grep -A5 "^phase" "$OUT/loop.log"
-left=$(( 560 - ($(date +%s) - T0) ))
-[ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
-tail -10 "$OUT/fidelity.log" 2>/dev/null
 echo "total wall=$(( $(date +%s) - T0 ))s"

@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,16 +38,31 @@ def naive(block: int) -> str:
     return src.replace("dim3 block(16, 16);", f"dim3 block({block}, {block});")
 
 
-def pytest(args: list[str], cwd: Path, log: Path) -> tuple[int, float]:
-    """Run pytest, log its output, return (exit code, wall seconds)."""
+def pytest(args: list[str], cwd: Path, log: Path, timeout_s: float = 600.0) -> tuple[int, float]:
+    """Run pytest (``-v``), streaming its output into ``log`` with each line's elapsed seconds, so a phase cut off by a
+    timeout still shows which items finished when; returns (exit code, wall seconds), exit code 124 on a timeout."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-rs", *args], cwd=cwd,
-                          capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly", "-rs", "-v", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    with log.open("w") as fh:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            fh.write(f"{time.perf_counter() - t0:7.1f} {line}")
+            fh.flush()
+    rc = proc.wait()
+    timed_out = not timer.is_alive() and rc < 0
+    timer.cancel()
     wall = time.perf_counter() - t0
-    log.write_text(proc.stdout + proc.stderr)
-    tail = proc.stdout[proc.stdout.find("kopt gates"):] if "kopt gates" in proc.stdout else proc.stdout[-3000:]
+    out = "".join(lines)
+    tail = out[out.find("kopt gates"):] if "kopt gates" in out else out[-3000:]
     print(tail[-4000:])
-    return proc.returncode, wall
+    if timed_out:
+        print(f"(cut off after {timeout_s:.0f} s; see {log})")
+        return 124, wall
+    return rc, wall
 
 
 def write_iteration(run: Path, i: int, plan: dict) -> list[str]:
@@ -109,7 +126,8 @@ def main() -> None:
     for name, rc, wall in phases:
         print(f"{name[:56]:<56} {rc:>3} {wall:>8.1f}")
     for log in [work / "init.log"] + sorted(work.glob("iter*.log")):
-        line = next((ln for ln in log.read_text().splitlines() if ln.startswith("kopt item time per gate")), "")
+        line = next((ln[8:] for ln in log.read_text().splitlines() if ln[8:].startswith("kopt item time per gate")),
+                    "")
         print(f"{log.name}: {line}")
     summary = run / "summary.md"
     if summary.is_file():

@@ -15,6 +15,7 @@ import os
 import re
 import statistics
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -514,6 +515,7 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = _request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
+    clock = time.perf_counter()
     cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
                        workdir=ctx.work, lock=device_lock(ctx, device), server=_server(ctx, "candidate"))
     record["plan"] = req["plan"]
@@ -522,13 +524,20 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
             raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
                                  path=ctx.display, status=status, fix="write results into the output buffers "
                                  "in place and leave the inputs untouched", details=replay)
+    # where a seed's wall time goes (s): the candidate's process (inputs, 4 calls, npz), the reference's (cached
+    # across candidates), and the judge here; kept in the record to find the next cut (loop-speed issue)
+    phase_s = {"candidate": time.perf_counter() - clock, "candidate_save": cand.get("save_s")}
     try:
+        clock = time.perf_counter()
         ref = reference_outputs(ctx, req, cand)
+        phase_s["reference"] = time.perf_counter() - clock
+        clock = time.perf_counter()
         tols = {n: (t["atol"], t["rtol"]) for n, t in ref["tolerances"].items()}
         with np.load(cand["npz"]) as c, np.load(ref["npz"]) as r:
             # members are read when the judge asks for them: the low-precision references (their warnings come
             # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
             v = judge(cand["outputs"], LazyArrays(c, r), tols, check_tolerance=False)
+        phase_s["judge"] = time.perf_counter() - clock
     finally:
         if os.path.exists(cand["npz"]):
             os.unlink(cand["npz"])
@@ -539,7 +548,8 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     first = next(iter(ref["tolerances"].values()))
     atol, rtol = first["atol"], first["rtol"]
     record.update(v.figures, status=v.status, atol=atol, rtol=rtol, warnings=list(v.warnings),
-                  reference_cache_hit=ref["cache_hit"])
+                  reference_cache_hit=ref["cache_hit"],
+                  phase_s={k: round(x, 3) for k, x in phase_s.items() if x is not None})
     figures = {"seed": seed, "regime": req["plan"]["regime"], "device": device, "atol": atol, "rtol": rtol,
                **v.figures}
     if v.warnings:
@@ -727,10 +737,15 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                                     or None, (peaks or {}).get("dram_bytes_per_s"))
     throttled = result.get("throttled")
     speedup, sp_lo, sp_hi = stats.bootstrap_ratio_ci(ref_result["event_ms"], result["event_ms"])
+    # graph samples are differences of two replays: their spread is the flush's, so judge the median's precision
+    graph = result.get("method") == "graph"
+    stability = stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if graph else k.stability
+    basis = "median_rse" if graph else "robust_cv"
     figures: dict[str, Any] = {"median_ms": k.median_ms, "mean_ms": k.mean_ms, "min_ms": k.min_ms,
                                "p10_ms": k.p10_ms, "p90_ms": k.p90_ms, "ci95_low_ms": k.ci95_low_ms,
                                "ci95_high_ms": k.ci95_high_ms, "robust_cv": round(k.robust_cv, 5),
-                               "median_rse": round(k.median_rse, 5), "stability": k.stability, "samples": k.n,
+                               "median_rse": round(k.median_rse, 5), "stability": stability, "stability_basis": basis,
+                               "samples": k.n,
                                "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
                                "timing_method": result.get("graph_method") or result.get("method", "events"),
                                "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
@@ -751,13 +766,13 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     if gap > max(0.02, 0.25 * k.median_ms):
         suspect.append(f"the host clock (synchronised) saw {_ms(host_med)} per call but CUDA events {_ms(k.median_ms)}"
                        " (work on another stream or a background thread?)")
-    timing_valid = k.stability != "unstable" and not suspect and verdict.ok
+    timing_valid = stability != "unstable" and not suspect and verdict.ok
     dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
     bench = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
              "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
              "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": _race_safe(ctx),
              "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
-             "robust_cv": k.robust_cv, "stability": k.stability, "distribution": dist,
+             "robust_cv": k.robust_cv, "stability": stability, "stability_basis": basis, "distribution": dist,
              "samples_ms": result["event_ms"], "host_ms": result["host_ms"], "throttled": throttled,
              "nvml": result.get("nvml"), "stop_reason": result["stop_reason"],
              "reference": {**{f: getattr(r, f) for f in r.__dataclass_fields__}, "samples_ms": ref_result["event_ms"]},
@@ -781,15 +796,17 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     if suspect:
         raise TimingError("; ".join(suspect), gate="timing", path=ctx.display, status="SUSPECT",
                           fix="synchronise all work inside solve()/run_kernel(); check workload_model's bytes_min")
-    if k.stability == "unstable":
-        raise TimingError(f"timing is unstable: robust CV {k.robust_cv:.3f} > 0.10 over {k.n} samples "
-                          f"(median {_ms(k.median_ms)})", gate="timing", path=ctx.display,
+    if stability == "unstable":
+        what = (f"the median's relative standard error {k.median_rse:.1%} > 4.0% (graph samples, robust CV "
+                f"{k.robust_cv:.3f})" if graph else f"robust CV {k.robust_cv:.3f} > 0.10")
+        raise TimingError(f"timing is unstable: {what} over {k.n} samples (median {_ms(k.median_ms)})",
+                          gate="timing", path=ctx.display,
                           fix="make sure nothing else runs on the GPU; a kernel of a few µs needs more samples")
     extra = f", {figures['gflops']:.1f} GFLOP/s" if "gflops" in figures else ""
     if throttled:
         extra += f", {sum(throttled)} throttled samples"
     return Outcome(figures, f"median {_ms(k.median_ms)} [{_ms(k.ci95_low_ms)}, {_ms(k.ci95_high_ms)}] (robust CV "
-                            f"{k.robust_cv:.3f}, {k.stability}, n={k.n}, {result['stop_reason']}), reference "
+                            f"{k.robust_cv:.3f}, {stability}, n={k.n}, {result['stop_reason']}), reference "
                             f"{_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]{extra}", (path,))
 
 
@@ -801,7 +818,6 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
     (candidate result, reference result, baseline result or None) as the one-shot timing modes do. The reference
     is prepared on the candidate's spec, which the candidate's first round returns (its process checks it against
     ``ref.shapes()``)."""
-    import time
     import uuid
 
     timeout = max(ctx.settings.gate_timeout_s, 120.0)
@@ -811,7 +827,17 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
     def round_(i: int, count: int, final: bool = False) -> dict[str, Any]:
         r, server, path = parties[i]
         return run_harness({**r, "round": {"key": f"{key}-{i}", "count": count, "final": final}}, gate="timing",
-                           timeout_s=timeout, path=path, workdir=ctx.work, lock=gpu_lock(ctx), server=server)
+                           timeout_s=timeout, path=path, workdir=ctx.work, server=server)
+
+    # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
+    # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
+    with device_lock(ctx, req["device"]):
+        return _rounds(ctx, req, parties, round_)
+
+
+def _rounds(ctx: Context, req: dict[str, Any], parties: list[tuple[dict[str, Any], str | None, str]],
+            round_: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """The rounds of :func:`_interleaved`, run while it holds the GPU lock."""
 
     last: list[dict[str, Any]] = [round_(0, 3)]
     rreq = {**req, "mode": "time_reference", "spec": last[0]["spec"], "scalars": last[0].get("scalars", {}),

@@ -409,8 +409,10 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     for name, t in sorted(cand.kept.items()):
         arrays[f"setup__{name}"] = t.numpy()
         setup_sha.update(name.encode() + t.numpy().tobytes())
+    t_save = time.perf_counter()
     np.savez(req["out"] + ".npz", **arrays)
-    return {"spec": inp.spec, "setup_sha": setup_sha.hexdigest(), "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
+    save_s = time.perf_counter() - t_save
+    return {"save_s": save_s, "spec": inp.spec, "setup_sha": setup_sha.hexdigest(), "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
             "guards": guards, "outputs": inp.outputs, "first_call_ms": first_ms, "npz": req["out"] + ".npz"}
 
 

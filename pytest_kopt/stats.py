@@ -35,6 +35,15 @@ def stability_class(robust_cv: float) -> str:
     return "unstable"
 
 
+def stability_class_rse(median_rse: float, min_samples: int = 10) -> str:
+    """Stability class judged on the median's relative standard error instead of the per-sample robust CV, for the
+    graph method, where each sample is the difference of two replays (pairs minus flushes), so its spread is the
+    L2 flush's noise, not the kernel's. The thresholds are SKILL.md's 0.05/0.10 robust CV carried to the median's
+    RSE at ``min_samples`` (the fewest samples a timing may stop at): RSE = 1.2533 * CV / sqrt(min_samples), i.e.
+    2.0% / 4.0% at 10 samples. Returns ``stable``, ``borderline`` or ``unstable``."""
+    return stability_class(median_rse * min_samples ** 0.5 / MEDIAN_SE_FACTOR)
+
+
 def summarize(samples_ms: list[float]) -> TimingStats:
     """Summarize samples (ms). Raises ValueError on an empty list or a non-positive median."""
     if not samples_ms:

@@ -232,7 +232,8 @@ GPU_CRASH_CU = textwrap.dedent("""\
     #include <cuda_runtime.h>
     __global__ void bad(const float* x, float* y, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x;
-        y[i + 1000000000] = x[i];   // far out of bounds: illegal address
+        y[i + 1000000000] = x[i];   // 4 GB past y: an illegal address (700) or, where that lands in another
+                                    // window of the generic address space, 717 (seen on the H200, 2026-11-29)
     }
     extern "C" void solve(const float* x, float* y, int n) { bad<<<(n + 255) / 256, 256>>>(x, y, n); }
 """)
@@ -250,7 +251,7 @@ def test_gpu_crashing_kernel_is_contained(pytester: pytest.Pytester) -> None:
     table = outcomes(result)
     assert table["correctness[seed=7]"] == "RUNTIME_ERROR"
     assert table["timing"] == "SKIPPED" and table["sass"] == "PASSED"
-    result.stdout.fnmatch_lines(["*illegal*"])
+    result.stdout.fnmatch_lines(["*RUNTIME_ERROR*CUDA error 7[01]?: *"])
 
 
 @pytest.mark.gpu
@@ -346,7 +347,10 @@ def test_gpu_graph_timing_triton(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--kopt-baseline", "honest_triton.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims",
                  "M=1024,N=512", "--kopt-seeds", "7", "--kopt-timing", "graph", "--kopt-outdir", "tri", "-k", "timing")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    assert _bench(pytester, "tri", "honest_triton")["timing_method"]["graph_method"] == "cuda_graph"
+    bench = _bench(pytester, "tri", "honest_triton")
+    assert bench["timing_method"]["graph_method"] == "cuda_graph"
+    # a 1024x512 fp32 softmax moves 4 MB: a few µs on an H200, not the tens of µs of a Triton launch from Python
+    assert bench["stability_basis"] == "median_rse" and 0.0005 < bench["median_ms"] < 0.05, bench["median_ms"]
 
 
 LOOSE_REF = """\

@@ -83,3 +83,19 @@ def test_summarize_empty_raises():
 def test_summarize_non_positive_median_raises(samples, shown):
     with pytest.raises(ValueError, match=f"non-positive median {shown} ms"):
         summarize(samples)
+
+
+@pytest.mark.parametrize(("rse", "expected"), [
+    (0.0, "stable"),
+    (0.0198, "stable"),       # 0.0198 * sqrt(10) / 1.2533 = 0.04996 <= 0.05
+    (0.0199, "borderline"),   # 0.05021
+    (0.0396, "borderline"),   # 0.09992
+    (0.0397, "unstable"),     # 0.10017
+])
+def test_graph_stability_is_judged_on_the_medians_rse(rse, expected):
+    """Graph samples are differences of two replays; their stability class comes from the median's RSE, carried
+    from SKILL.md's CV thresholds at 10 samples (2% / 4%)."""
+    from pytest_kopt.stats import stability_class_rse
+
+    assert stability_class_rse(rse) == expected
+    assert stability_class_rse(rse / 2, min_samples=40) == expected  # sqrt(40) = 2 sqrt(10)
