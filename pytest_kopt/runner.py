@@ -89,6 +89,9 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
+    # the gates decide where Triton's interpreter runs (CPU correctness only): a TRITON_INTERPRET=1 left in the
+    # user's shell would make the compile and SASS gates find no compiled kernel, and GPU correctness interpret
+    env.pop("TRITON_INTERPRET", None)
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     pkg_root = str(Path(__file__).resolve().parent.parent)

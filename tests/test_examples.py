@@ -44,3 +44,19 @@ def test_example_cpu_gates(pytester: pytest.Pytester, name: str) -> None:
     gpu = bool(hardware.probe_gpus()["gpus"])
     if kernel.endswith(".py") or gpu:
         assert correctness and set(correctness) == {"PASSED"}, status
+
+
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+def test_triton_interpret_in_the_users_shell_is_not_inherited(pytester: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``TRITON_INTERPRET=1`` left in the shell must not reach the compile and SASS gates (which need Triton's real
+    compiler; with it every gate failed as CONTRACT_ERROR "run_kernel() launched no @triton.jit kernel")."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    shutil.copytree(EXAMPLES / "softmax_triton", pytester.path / "s")
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "s/softmax.py", "--kopt-ref", "s/ref.py", "--kopt-dims", "M=8,N=100", "--kopt-seeds", "3",
+        "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "compile or correctness or sass", timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    status = {i["nodeid"].split("::")[1]: i["status"] for i in json.loads((pytester.path / "r.json").read_text())["items"]}
+    assert status == {"compile": "PASSED", "correctness[seed=3]": "PASSED", "sass": "PASSED"}, status
