@@ -373,10 +373,26 @@ def local_sources(path: Path) -> bytes:
     return h.digest()
 
 
-#: Per-process key of the MACs on cached results (reference outputs and timings, correctness records). A child
-#: process (a candidate) can write files where those live but cannot sign them, so an entry this process did not
-#: write is recomputed, never trusted. Not passed to any child; xdist workers each have their own.
+#: Per-session key of the MACs on cached results (reference outputs and timings, correctness records). A child
+#: process (a candidate) can write files where those live but cannot sign them, so an entry this session did not
+#: write is recomputed, never trusted. Never passed to a harness child; the xdist controller hands it to its
+#: workers (``workerinput``), so a worker reuses another's reference outputs and the controller (which profiles
+#: the loop's champion) accepts the workers' correctness records instead of re-running every seed.
 _CACHE_KEY = os.urandom(32)
+
+
+def session_key() -> str:
+    """This session's MAC key as hex, for the xdist controller to hand to its workers (never to a child)."""
+    return _CACHE_KEY.hex()
+
+
+def use_session_key(key_hex: str) -> None:
+    """Adopt the controller's MAC key (xdist worker). Raises ValueError unless it is 64 hex digits."""
+    global _CACHE_KEY
+    key = bytes.fromhex(key_hex)
+    if len(key) != 32:
+        raise ValueError(f"a session key is 32 bytes, got {len(key)}")
+    _CACHE_KEY = key
 
 
 def _mac(*parts: Any) -> str:

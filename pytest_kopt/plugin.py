@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import __version__, hardware
+from . import __version__, gates, hardware
 from .errors import Blocked, ConfigError, KoptError, NotApplicable
 from .gates import GATE_ORDER, GATES, Context, Gate, case_label, correctness_cases
 from .inputs import fresh_session_seed
@@ -187,6 +187,8 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "kopt_env" in workerinput:
         config.stash[ENV_KEY] = workerinput["kopt_env"]
+        if "kopt_key" in workerinput:
+            gates.use_session_key(workerinput["kopt_key"])
         return
     config.stash[ENV_KEY] = hardware.detect()
     if settings.loop_mode == "init":
@@ -376,9 +378,11 @@ class KoptController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: give each worker the detected environment and the session seed (builtins only), so workers never
-        probe CUDA themselves and collect the same items."""
+        """xdist: give each worker the detected environment, the session seed and the MAC key of cached results
+        (builtins only), so workers never probe CUDA themselves, collect the same items and trust each other's
+        reference outputs and correctness records."""
         node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+        node.workerinput["kopt_key"] = gates.session_key()
         if self.config.stash[SETTINGS_KEY].run_dir is not None:
             node.workerinput["kopt_run_dir"] = str(self.config.stash[SETTINGS_KEY].run_dir)
         seed = self.config.stash[SETTINGS_KEY].session_seed

@@ -386,6 +386,21 @@ def test_tolerance_warning_survives_the_reference_cache(pytester: pytest.Pyteste
     assert hits == [False, True]
 
 
+def test_xdist_workers_share_the_reference_cache(pytester: pytest.Pytester) -> None:
+    """Under ``-n 2`` the two kernels run on different workers; the controller hands both the session's MAC key, so
+    one computes each seed's reference and the other reuses it (before, each worker had its own key, so every
+    worker recomputed every reference and the loop's champion profile re-ran every correctness seed)."""
+    pytester.makepyfile(k=PY_SCALE, k2=PY_SCALE, ref=LOOSE_REF)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-candidate", "k2.py", "--kopt-ref",
+                                           "ref.py", "--kopt-dims", "n=4096", "--kopt-seeds", "3,4", "-k",
+                                           "correctness", "-n", "2", "-p", "no:cacheprovider", timeout=300)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    for seed in (3, 4):
+        hits = sorted(json.loads((pytester.path / ".kopt" / k / "correctness" / f"seed={seed}.json").read_text())
+                      ["reference_cache_hit"] for k in ("k", "k2"))
+        assert hits == [False, True], (seed, hits)
+
+
 def test_planted_reference_cache_is_not_trusted(pytester: pytest.Pytester) -> None:
     """Cache entries a child process could have written (here: overwritten between sessions with zero outputs and
     a huge atol, as a candidate could) carry no valid MAC of this process: the reference is recomputed, the honest
