@@ -27,7 +27,13 @@ for s in $sections; do
     loop)
       timeout 420 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
       rc=$?; cp /tmp/kl/loop/init.log "$OUT/loop-init.log" 2>/dev/null; cp /tmp/kl/loop/iter1.log "$OUT/loop-iter1.log" 2>/dev/null
-      wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log" ;;
+      python3 - >> "$OUT/loop.log" <<'PY'
+import glob, json
+for f in sorted(glob.glob("/tmp/kl/loop/**/correctness/*.json", recursive=True)):
+    r = json.load(open(f))
+    print("phase_s", f.split("/loop/")[-1], r.get("reference_cache_hit"), r.get("phase_s"))
+PY
+      wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log"; grep "^phase_s" "$OUT/loop.log" | head -8 ;;
     saved)
       for step in "--kopt-save main" "--kopt-compare main"; do
         timeout 90 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm_tiled/gemm_tiled.cu \

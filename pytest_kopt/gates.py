@@ -37,7 +37,7 @@ from .verdict import judge, tolerance_warnings
 
 class KoptToleranceWarning(UserWarning):
     """The reference's tolerance would pass a lower-precision (bf16/fp16) computation of an fp32/fp64 task."""
-from .runner import run_harness
+from .runner import prestart, run_harness
 from .settings import DEFAULT_ARCH, Settings
 
 
@@ -404,9 +404,12 @@ def _mac(*parts: Any) -> str:
     return h.hexdigest()
 
 
-def _file_sha(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").digest()
+def _file_stamp(path: Path) -> list[int]:
+    """What the MAC of a cached file covers: device, inode, size, mtime and ctime (ns). Any write to the file, or a
+    file put in its place, changes the ctime, which an unprivileged process cannot set back; hashing the content
+    instead cost up to a second per cache hit on 4096^2 outputs. Raises OSError when the file is gone."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _sha(*parts: Any) -> str:
@@ -432,7 +435,7 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
         if meta.is_file() and (folder / f"{key}.npz").is_file():
             try:
                 entry = json.loads(meta.read_text())
-                ok = hmac.compare_digest(str(entry.get("mac")), _mac(_file_sha(folder / f"{key}.npz"),
+                ok = hmac.compare_digest(str(entry.get("mac")), _mac(_file_stamp(folder / f"{key}.npz"),
                                                                      entry["tolerances"], entry["tolerance_warnings"]))
             except (OSError, ValueError, KeyError):
                 ok = False
@@ -448,7 +451,7 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
         with np.load(folder / f"{key}.npz") as z:
             warns = tolerance_warnings(list(tols), LazyArrays(z), tols)
         _write_json(meta, {"tolerances": result["tolerances"], "tolerance_warnings": warns,
-                           "mac": _mac(_file_sha(folder / f"{key}.npz"), result["tolerances"], warns)})
+                           "mac": _mac(_file_stamp(folder / f"{key}.npz"), result["tolerances"], warns)})
         return {"tolerances": result["tolerances"], "tolerance_warnings": warns, "npz": str(folder / f"{key}.npz"),
                 "cache_hit": False}
 
@@ -531,6 +534,7 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = _request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
+    prestart(_server(ctx, "reference"), {}, ctx.work)  # its torch import overlaps the candidate's first request
     clock = time.perf_counter()
     cand = run_harness(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
                        workdir=ctx.work, lock=device_lock(ctx, device), server=_server(ctx, "candidate"))

@@ -151,6 +151,8 @@ MAX_SERVERS = 3
 READY_TIMEOUT_S = 180.0
 
 _POOL: dict[tuple[str, tuple[tuple[str, str], ...]], "HarnessServer"] = {}
+#: processes :func:`prestart` started that no request has used yet
+_STARTING: dict[tuple[str, tuple[tuple[str, str], ...]], "HarnessServer"] = {}
 
 
 class HarnessServer:
@@ -327,7 +329,7 @@ def _server_for(identity: str, env: dict[str, str], workdir: Path, *, gate: str,
             _POOL.pop(next(iter(_POOL))).close()
         if not _POOL:
             atexit.register(shutdown_servers)
-        srv = HarnessServer(key, workdir)
+        srv = _STARTING.pop(key, None) or HarnessServer(key, workdir)
         state = srv.wait_ready()
         if state != "ready":
             output = srv.output(0)
@@ -341,6 +343,22 @@ def _server_for(identity: str, env: dict[str, str], workdir: Path, *, gate: str,
     return srv
 
 
+def prestart(identity: str | None, env: dict[str, str], workdir: Path) -> None:
+    """Start the warm process of ``identity`` (with ``env``) now, without waiting for it, so its start (a Python
+    process importing torch: seconds) overlaps other work; the first request to it waits for it as usual. Used to
+    start the reference's process while the candidate's first correctness request runs. A no-op for None (fresh
+    processes) or when that process is already running or starting."""
+    if identity is None:
+        return
+    key = (identity, tuple(sorted(env.items())))
+    if key in _POOL or key in _STARTING:
+        return
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not _POOL and not _STARTING:
+        atexit.register(shutdown_servers)
+    _STARTING[key] = HarnessServer(key, workdir)
+
+
 def _drop(srv: HarnessServer) -> None:
     _POOL.pop(srv.key, None)
     srv.close(kill=True)
@@ -350,6 +368,8 @@ def shutdown_servers() -> None:
     """End every warm harness process of this pytest process (at session end, and at exit)."""
     while _POOL:
         _POOL.popitem()[1].close()
+    while _STARTING:
+        _STARTING.popitem()[1].close(kill=True)
 
 
 def _tail(text: str, limit: int = 2000) -> str:

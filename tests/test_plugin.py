@@ -311,10 +311,6 @@ def test_gpu_pr_gate_times_the_baseline_in_the_candidates_rounds(pytester: pytes
 
 @pytest.mark.gpu
 @needs_nvcc
-@pytest.mark.xfail(strict=False, reason="#4: on the H200 (2026-11-29, under -n 4 load) the queued graph mode of this "
-                   "4 µs .cu kernel gave median 3.93 µs with robust CV 0.263 (> 0.10, UNSTABLE_TIMING); the host "
-                   "enqueue outran its stream hold. Since then the pairs wait on cuStreamWaitValue32 (StreamGate), "
-                   "not yet run on a GPU.")
 def test_gpu_graph_timing_cu(pytester: pytest.Pytester) -> None:
     """On a GPU: --kopt-timing graph on a 4 µs .cu kernel (its legacy-stream launches cannot be captured, so the
     flush+call pairs are queued): the median agrees with the events median within a factor 2, and is not above it

@@ -22,6 +22,8 @@ H200_REPORT = Path(__file__).resolve().parent / "data" / "h200_softmax_report.js
 #: The CUTLASS SGEMM example at 4096^3, every gate, from this session's H200 run (warm processes, interleaved
 #: reference timing).
 H200_CUTLASS_REPORT = Path(__file__).resolve().parent / "data" / "h200_gemm_cutlass_report.json"
+#: the PR gate on the H200 (2026-11-29): pr/gemm_tiled.cu vs main/naive.cu at 4096^3, timed in the same rounds
+H200_PR_REPORT = Path(__file__).resolve().parent / "data" / "h200_pr_report.json"
 PACKAGE = Path(pytest_kopt.__file__).resolve().parent
 
 CANDIDATE = """\
@@ -202,3 +204,15 @@ def test_schema_statuses_all_exist_in_source(schema: dict) -> None:
 
 def test_gate_enum_matches_gates(schema: dict) -> None:
     assert schema["$defs"]["gate"]["enum"] == [g.name for g in GATES]
+
+
+def test_h200_pr_gate_report_validates(validator: jsonschema.Draft202012Validator) -> None:
+    """The PR gate's real H200 report (tiled vs naive SGEMM 4096^3): valid, FASTER with the interleaved CI the
+    README quotes, and the verdict agrees with the timing medians of the two kernels."""
+    doc = json.loads(H200_PR_REPORT.read_text(), parse_constant=_reject_constant)
+    assert errors_of(validator, doc) == []
+    (cmp,) = doc["comparisons"]
+    assert cmp["verdict"] == "FASTER" and cmp["interleaved"] is True and not cmp["fails"]
+    assert [round(x, 3) for x in (cmp["speedup"], *cmp["ci95"])] == [5.718, 5.712, 5.747]
+    med = {i["nodeid"].split("/")[0]: i["figures"]["median_ms"] for i in doc["items"] if i["gate"] == "timing"}
+    assert 5.5 < med["main"] / med["pr"] < 6.0, med
