@@ -90,7 +90,9 @@ class IncorrectError(KoptError):
 
 
 class KernelRuntimeError(KoptError):
-    """The kernel crashed or raised a CUDA error (RUNTIME_ERROR), or ran past the gate's timeout (TIMEOUT); exit 2."""
+    """The kernel crashed or raised a CUDA error (RUNTIME_ERROR), ran past the gate's timeout (TIMEOUT), or a file
+    of the trusted reference process changed between its write and pytest's read (TAMPERED: the SHA-256 sent on
+    the process's private control pipe, or the file's stat stamp, no longer matches); exit 2."""
 
     status = "RUNTIME_ERROR"
 

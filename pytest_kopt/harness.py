@@ -9,6 +9,7 @@ that child), and reads back ``<out>.json`` (and ``<out>.npz`` with the outputs f
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import json
 import math
@@ -480,7 +481,7 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
     call("refB")
-    np.savez(req["out"] + ".npz", **arrays)
+    _save_npz(req["out"] + ".npz", arrays)
     tol = {}
     for name in inp.outputs:
         tol[name] = tolerances(ref, name, req.get("atol"), req.get("rtol"))
@@ -960,7 +961,7 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
     inp.poison_outputs()
     ref.reference(**inp.kwargs())
     torch.cuda.synchronize()
-    np.savez(req["out"] + ".npz", **{f"ref__{n}": _to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
+    _save_npz(req["out"] + ".npz", {f"ref__{n}": _to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
     return {"npz": req["out"] + ".npz", "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol"))
                                                        for n in inp.outputs}}
 
@@ -1087,14 +1088,38 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     return {"mode": "aot", "kernels": names}
 
 
+#: SHA-256 of the ``.npz`` the current request saved through :func:`_save_npz` (None: none saved)
+_ATTEST: dict[str, str | None] = {"npz": None}
+
+
+def _save_npz(path: str, arrays: dict[str, Any]) -> None:
+    """Save ``arrays`` as an uncompressed ``.npz`` built in memory, so the SHA-256 that goes back to pytest on the
+    private control pipe is that of the bytes this process produced, not of a file another process (a candidate's
+    escaped daemon, another xdist worker's kernel) could rewrite between the write and a re-read. Used by the
+    reference's modes, whose files pytest trusts."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    data = buf.getbuffer()
+    _ATTEST["npz"] = hashlib.sha256(data).hexdigest()
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mode_timing,
          "time_reference": mode_time_reference, "check_outputs": mode_check_outputs, "peaks": mode_peaks, "profile": mode_profile,
          "triton_build": mode_triton_build}
 
 
-def handle(req_path: str) -> int:
-    """Run one request file's mode and write ``<out>.json``; 0 on success, 1 on error."""
+def handle(req_path: str) -> tuple[int, str, str]:
+    """Run one request file's mode and write ``<out>.json``. Returns (0 on success or 1 on error, SHA-256 of the
+    JSON bytes written, SHA-256 of the ``.npz`` saved through :func:`_save_npz` or ``-``): the attestation the
+    process sends on its private control pipe."""
     req = json.loads(Path(req_path).read_text())
+    _ATTEST["npz"] = None
     result: dict[str, Any]
     try:
         result = {"ok": True, **MODES[req["mode"]](req)}
@@ -1106,10 +1131,11 @@ def handle(req_path: str) -> int:
         result = {"ok": False, "category": "runtime", "message": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()}
         code = 1
-    Path(req["out"] + ".json").write_text(json.dumps(result, default=_jsonable))
+    data = json.dumps(result, default=_jsonable).encode()
+    Path(req["out"] + ".json").write_bytes(data)
     sys.stdout.flush()
     sys.stderr.flush()
-    return code
+    return code, hashlib.sha256(data).hexdigest(), _ATTEST["npz"] or "-"
 
 
 def serve(ctl_fd: int) -> int:
@@ -1128,18 +1154,19 @@ def serve(ctl_fd: int) -> int:
         if not line.strip():
             continue
         seq, _, path = line.strip().partition(" ")
-        code = handle(path)
+        code, json_sha, npz_sha = handle(path)
+        done = f"done {seq} {code} {json_sha} {npz_sha}\n"
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
-            ctl.write(f"done {seq} {code}\n")
+            ctl.write(done)
             return code
         gc.collect()
         try:
             if torch.cuda.is_initialized():
                 torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
         except Exception:  # an error the request's own checks missed: its result stands, this process ends
-            ctl.write(f"done {seq} {code}\n")
+            ctl.write(done)
             return 1
-        ctl.write(f"done {seq} {code}\n")
+        ctl.write(done)
     return 0
 
 
@@ -1165,7 +1192,11 @@ def main(argv: list[str]) -> int:
         _die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]))
-    return handle(argv[1])
+    code, json_sha, npz_sha = handle(argv[1])
+    if len(argv) > 3 and argv[2] == "--ctl":  # a fresh process: the same attestation, on its own private pipe
+        with os.fdopen(int(argv[3]), "w") as ctl:
+            ctl.write(f"done 0 {code} {json_sha} {npz_sha}\n")
+    return code
 
 
 def _jsonable(x: Any) -> Any:

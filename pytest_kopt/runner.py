@@ -7,6 +7,7 @@ that started the child; the pytest process stays clean of CUDA.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import contextlib
 import json
 import os
@@ -60,17 +61,25 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
                                          "it did not open; rerun with --kopt-fresh-process to compare")
             raise _died_error(srv.proc.returncode, gate, path, output)
         try:
-            return _result(out, output, gate, path, on_error=lambda: _drop(srv))
+            return _result(out, output, gate, path, on_error=lambda: _drop(srv), attest=srv.attest)
         except (OSError, ValueError) as exc:  # result file missing or garbled: not a result this harness wrote
             _drop(srv)
             raise KernelRuntimeError(f"the harness's result file is missing or unreadable ({type(exc).__name__})",
                                      gate=gate, path=path, details=_tail(output),
                                      fix="the kernel must not touch files in the kopt work folder") from None
     env = _child_env(req.get("env") or {})
+    # the attestation pipe; not under a wrapping tool (ncu, compute-sanitizer), which need not pass extra file
+    # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
+    ctl_r, ctl_w = os.pipe()
+    attested = not prefix
     cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
-    with lock:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+    cmd += ["--ctl", str(ctl_w)] if attested else []
+    with lock, os.fdopen(ctl_r, "rb") as ctl:
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                    start_new_session=True, pass_fds=(ctl_w,) if attested else ())
+        finally:
+            os.close(ctl_w)
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -81,10 +90,19 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
         except BaseException:
             _killpg(proc)  # Ctrl-C in pytest: leave no child running on the GPU
             raise
+        os.set_blocking(ctl.fileno(), False)
+        parts = (ctl.read() or b"").split()
     output = (stdout + stderr).strip()
     if not Path(out + ".json").is_file():
         raise _died_error(proc.returncode, gate, path, output)
-    return _result(out, output, gate, path)
+    if not attested:
+        data = Path(out + ".json").read_bytes()
+        return _result(out, output, gate, path, attest=(hashlib.sha256(data).hexdigest(), "-"))
+    if len(parts) != 5 or parts[0] != b"done":
+        raise KernelRuntimeError("the harness process ended without its attestation on the control pipe",
+                                 gate=gate, path=path, details=_tail(output),
+                                 fix="the kernel must not touch file descriptors it did not open")
+    return _result(out, output, gate, path, attest=(parts[3].decode(), parts[4].decode()))
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -123,10 +141,24 @@ def _died_error(returncode: int | None, gate: str, path: str, output: str) -> Ke
                               details=_tail(output), fix="run the kernel under compute-sanitizer to find the fault")
 
 
-def _result(out: str, output: str, gate: str, path: str, on_error: Any = None) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(Path(out + ".json").read_text())
+def _result(out: str, output: str, gate: str, path: str, on_error: Any = None,
+            attest: tuple[str, str] = ("", "-")) -> dict[str, Any]:
+    """The request's result, read once and checked against the SHA-256 its process sent on the private control
+    pipe (another process could have rewritten the file in the work folder in between); ``npz_sha`` carries the
+    attested hash of its ``.npz`` for :func:`pytest_kopt.gates.verified_npz`. Raises KernelRuntimeError on a
+    mismatch, the error the harness reported otherwise."""
+    data = Path(out + ".json").read_bytes()
+    if hashlib.sha256(data).hexdigest() != attest[0]:
+        if on_error is not None:
+            on_error()
+        raise KernelRuntimeError("the harness's result file changed after its process wrote it (another process "
+                                 "writes into the kopt work folder)", gate=gate, path=path, status="TAMPERED",
+                                 details=_tail(output), fix="a kernel (or what it left running) must not touch "
+                                 "files in the kopt work folder")
+    result: dict[str, Any] = json.loads(data)
     result["stdout"] = _tail(output, 4000)
     result["out"] = out
+    result["npz_sha"] = None if attest[1] == "-" else attest[1]
     if result.get("ok"):
         return result
     if on_error is not None:
@@ -179,26 +211,49 @@ class HarnessServer:
         self.buf = b""
         self.seq = 0
         self.stopped: list[int] | None = None  # the descendants stopped by pause(), None while running
+        #: SHA-256 of the last request's result JSON and of its attested .npz (``-``: none), from the control pipe
+        self.attest: tuple[str, str] = ("", "-")
 
-    def _signal(self, sig: int, tree: list[int] | None = None) -> None:
-        """``sig`` to the process group and to every descendant (the harness is their subreaper, so one that left
-        the group with setsid() is still below it)."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def _signal(self, sig: int, tree: list[int] | None = None, group: bool = True) -> None:
+        """``sig`` to the process group (unless ``group`` is False) and to every descendant (the harness is their
+        subreaper, so one that left the group with setsid() is still below it)."""
+        if group:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for pid in (descendants(self.proc.pid) if tree is None else tree):
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _freeze(self, group: bool) -> list[int]:
+        """SIGSTOP every descendant until a walk of the tree finds none that was not already stopped (a stopped
+        process cannot fork; one that forked and exited between two walks left its child below this harness, its
+        subreaper, where the next walk finds it). Zombies (orphans the harness has not reaped) are noted once and
+        not walked again, so a walk stays short however many a forking daemon leaves. Returns the live pids
+        stopped; 1000 rounds bound the work."""
+        stopped: list[int] = []
+        seen: set[int] = set()
+        dead: set[int] = set()
+        for round_ in range(1000):
+            new = [p for p in descendants(self.proc.pid, skip=dead) if p not in seen]
+            if round_ and not new:
+                break
+            self._signal(signal.SIGSTOP, new, group=group and round_ == 0)
+            seen.update(new)
+            for p in new:
+                if _is_zombie(p):
+                    dead.add(p)
+                else:
+                    stopped.append(p)
+        return stopped
+
     def pause(self) -> None:
-        """SIGSTOP the process group between requests: a thread or child the kernel left behind cannot run while
-        another kernel or the reference is judged or timed."""
-        tree = descendants(self.proc.pid)
-        self._signal(signal.SIGSTOP, tree)
-        self.stopped = tree  # a stopped tree cannot grow: resume() reuses it instead of scanning /proc again
+        """SIGSTOP the process group and every descendant between requests: a thread or child the kernel left
+        behind cannot run while another kernel or the reference is judged or timed."""
+        self.stopped = self._freeze(group=True)  # a stopped tree cannot grow: resume() reuses it
 
     def resume(self) -> None:
         """SIGCONT what :meth:`pause` stopped."""
@@ -254,8 +309,9 @@ class HarnessServer:
                 return self.output(start), "protocol"
             return self.output(start), "died"
         parts = line.split()
-        if len(parts) != 3 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
+        if len(parts) != 5 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
             return self.output(start), "protocol"
+        self.attest = (parts[3].decode(), parts[4].decode())
         self.pause()
         return self.output(start), "done"
 
@@ -271,7 +327,10 @@ class HarnessServer:
     def close(self, kill: bool = False) -> None:
         """End the process (close its stdin and wait briefly, else kill), then kill whatever is left of its
         process group (children or daemons the kernel started)."""
-        tree = descendants(self.proc.pid)  # now, while the harness is their subreaper (at its exit they go to init)
+        # the kernel's processes first, while the harness is still their subreaper (at its exit they would go to
+        # init): frozen to a fixpoint, then killed
+        if self.proc.poll() is None:
+            self._signal(signal.SIGKILL, self._freeze(group=False), group=False)
         self.resume()
         if not kill and self.proc.poll() is None:
             try:
@@ -280,7 +339,10 @@ class HarnessServer:
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        self._signal(signal.SIGKILL, tree + (descendants(self.proc.pid) if self.proc.poll() is None else []))
+        if self.proc.poll() is None:
+            self._signal(signal.SIGKILL, self._freeze(group=True))
+        else:
+            self._signal(signal.SIGKILL, [])  # what is left of its process group
         self.proc.wait()
         for f in (self.ctl, self.proc.stdin):
             try:
@@ -292,8 +354,49 @@ class HarnessServer:
         self.log.unlink(missing_ok=True)
 
 
-def descendants(root: int) -> list[int]:
-    """Pids of every live descendant of ``root``, from ``/proc/<pid>/stat`` (Linux; [] elsewhere)."""
+#: Linux with CONFIG_PROC_CHILDREN: ``/proc/<pid>/task/<tid>/children`` lists a thread's children
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` ([] when it is gone)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _is_zombie(pid: int) -> bool:
+    """True when ``pid`` has exited and waits to be reaped (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def descendants(root: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Pids of every descendant of ``root`` (Linux; [] elsewhere), leaving out (and not walking below) ``skip``:
+    from each thread's ``children`` file, a walk of microseconds, fast enough to catch a process that forks its
+    successor and exits every millisecond (:meth:`HarnessServer._freeze`); else from the ``stat`` file of every
+    process. Zombies not yet reaped are included."""
+    if _HAS_CHILDREN_FILES:
+        found: list[int] = []
+        todo = [root]
+        while todo:
+            kids = [k for k in _children(todo.pop()) if k not in skip]
+            found.extend(kids)
+            todo.extend(kids)
+        return found
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")

@@ -93,6 +93,10 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
         if not first.ok:
             fail("INCORRECT_NUMERICAL", "output differs from the reference")
             details.append(first.describe(atol, rtol))
+            at_ref_nan = [list(i) for i in first.first_bad if not np.isfinite(r[i])]
+            if at_ref_nan:  # a kernel with a finite answer where the reference has none: suspect the reference
+                details.append(f"output {name}: the reference itself is NaN/Inf at {', '.join(map(str, at_ref_nan))}"
+                               "; check the reference (ref.py) before the kernel")
             continue
         if f"cand2__{name}" in arrays and not np.array_equal(arrays[f"cand2__{name}"], c1, equal_nan=True):
             second = compare(name, arrays[f"cand2__{name}"], r, atol, rtol)

@@ -38,6 +38,8 @@ EXPECTED = {
     "constant_output.py": "CONSTANT_OUTPUT",
     "freed_reference_memory.py": {"INCORRECT_NUMERICAL", "CONSTANT_OUTPUT"},
     "shrink_problem.py": "CONTRACT_ERROR",
+    # claims (through the harness's own json module) that there are no outputs to judge
+    "empty_outputs.py": "INCORRECT_NUMERICAL",
 }
 needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None,
                                   reason="triton not installed")
@@ -72,7 +74,7 @@ def test_redteam_corpus_cpu(pytester: pytest.Pytester) -> None:
     assert not wrong, f"{wrong}\n{result.stdout.str()[-3000:]}"
     assert result.ret == 2  # kernel validation failures (the earliest failing gate's code), and nothing else
     caught = sum(1 for n, w in EXPECTED.items() if w != "PASSED")
-    assert caught == 12
+    assert caught == 13
 
 
 def test_crash_and_hang_among_good_candidates(pytester: pytest.Pytester) -> None:
@@ -343,3 +345,84 @@ def test_an_output_declared_as_an_input_is_caught(pytester: pytest.Pytester) -> 
     got = _statuses(json.loads((pytester.path / "r.json").read_text()))
     assert got == {"cand.py": {"CONTRACT_ERROR"}}, result.stdout.str()[-2000:]
     result.stdout.fnmatch_lines(["*reference() wrote 'z', which the candidate lists as input(s)*"])
+
+
+def test_fork_walking_daemon_is_frozen_and_cannot_rewrite_the_reference(pytester: pytest.Pytester) -> None:
+    """A daemon that changes pid every millisecond (setsid, fork, exit) and rewrites reference outputs to match its
+    kernel's 1.5x answer: every seed fails (INCORRECT_NUMERICAL when the daemon was frozen in time, TAMPERED when
+    its write was caught), and none of its pids is alive after the session."""
+    import os
+    import time
+
+    for name in ("fork_walker.py", "ref_softmax.py"):
+        shutil.copy(REDTEAM / name, pytester.path / name)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "fork_walker.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=8,N=64",
+        "--kopt-seeds", "3,4,5", "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness",
+        timeout=300)
+    got = _statuses(json.loads((pytester.path / "r.json").read_text()))
+    assert got["fork_walker.py"] and got["fork_walker.py"] <= {"INCORRECT_NUMERICAL", "TAMPERED"}, \
+        result.stdout.str()[-3000:]
+    pids = [int(x) for x in (pytester.path / "walker.pids").read_text().split()]
+    time.sleep(0.5)
+    alive = []
+    for pid in set(pids):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    alive.append(pid)
+        except OSError:
+            continue
+    for pid in alive:
+        os.kill(pid, 9)
+    assert not alive, f"the walker outlived the session: {alive}"
+
+
+def test_a_kernel_on_another_worker_cannot_rewrite_the_reference(pytester: pytest.Pytester) -> None:
+    """Under -n 2, a kernel whose thread rewrites every reference output it finds (the honest baseline's, being
+    computed on the other worker, and the cached ones it then reuses) to match its own 1.5x answer still fails.
+    The honest kernel may be sabotaged (same uid, same folders: a known limit), but only visibly: TAMPERED, with
+    its reference computed twice, never a wrong verdict on its own output."""
+    for name in ("honest_python.py", "ref_softmax.py"):
+        shutil.copy(REDTEAM / name, pytester.path / name)
+    (pytester.path / "racer.py").write_text(RACER)
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "honest_python.py", "--kopt-candidate", "racer.py", "--kopt-ref", "ref_softmax.py",
+        "--kopt-dims", "M=8,N=64", "--kopt-seeds", "3,4", "--kopt-json", "r.json", "-n", "2",
+        "-p", "no:cacheprovider", "-k", "correctness", timeout=300)
+    got = _statuses(json.loads((pytester.path / "r.json").read_text()))
+    assert got["racer.py"] <= {"INCORRECT_NUMERICAL", "TAMPERED"}, result.stdout.str()[-3000:]
+    assert got["honest_python.py"] <= {"PASSED", "TAMPERED"}, result.stdout.str()[-3000:]
+
+
+RACER = """
+import glob, os, threading, time
+import numpy as np
+import torch
+
+def _rewrite_forever():
+    root = os.path.join(os.getcwd(), ".pytest_cache", "d", "kopt")
+    while True:
+        for p in glob.glob(root + "/work/*/*.npz") + glob.glob(root + "/refs/*.npz"):
+            try:
+                with np.load(p) as z:
+                    if not any(k.startswith("ref") for k in z.files):
+                        continue
+                    a = {k: z[k] * 1.5 for k in z.files}
+                with open(p, "r+b") as f:
+                    np.savez(f, **a)
+                    f.truncate()
+            except Exception:
+                pass
+        time.sleep(0.001)
+
+threading.Thread(target=_rewrite_forever, daemon=True).start()
+
+def setup(M, N, seed, device="cuda"):
+    x = torch.empty(M, N, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+def run_kernel(x, y):
+    time.sleep(0.2)  # let the thread find the other worker's fresh reference
+    y.copy_(torch.softmax(x, dim=-1) * 1.5)
+"""

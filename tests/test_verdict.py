@@ -288,3 +288,17 @@ def test_warning_for_exact_match_with_zero_tolerance_has_no_nan():
     assert len(v.warnings) == 1
     assert "nan" not in v.warnings[0]
     assert v.warnings[0].endswith("atol=0, rtol=0 would reject it")
+
+
+def test_a_nan_in_the_reference_is_pointed_at():
+    """A finite answer where the reference is NaN fails (matching NaNs are the only pass), and the details say the
+    reference is NaN there, so the fix is looked for in ref.py first."""
+    ref = REF.copy()
+    ref[2] = np.nan
+    v = judge(["y"], with_(honest(), ref__y=ref), TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+    assert v.details[-1] == "output y: the reference itself is NaN/Inf at [2]; check the reference (ref.py) before " \
+                            "the kernel"
+    both = REF.copy()
+    both[2] = np.nan
+    assert judge(["y"], with_(honest(), ref__y=ref, cand1__y=both, cand2__y=both.copy()), TOLS).status == "PASSED"
