@@ -41,7 +41,8 @@ _MODULES: dict[tuple[str, str, int, int], Any] = {}
 
 def load_module(path: str, name: str) -> Any:
     """Import a Python file by path under ``name`` (the reference or a Triton kernel file), once per version of
-    the file in this process. Raises HarnessError('contract') when it cannot be imported."""
+    the file in this process, compiled from its source (a ``.pyc`` is never read for it). Raises
+    HarnessError('contract') when it cannot be imported."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -56,7 +57,9 @@ def load_module(path: str, name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        # compiled from its source, never from a __pycache__ .pyc, which a candidate's process (same user) could
+        # plant beside ref.py with the source's mtime and size in its header
+        exec(compile(Path(path).read_bytes(), path, "exec", dont_inherit=True), module.__dict__)
     except Exception as exc:  # the user's module failed at import
         raise HarnessError("contract", f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
     _MODULES[key] = module

@@ -426,3 +426,34 @@ def run_kernel(x, y):
     time.sleep(0.2)  # let the thread find the other worker's fresh reference
     y.copy_(torch.softmax(x, dim=-1) * 1.5)
 """
+
+
+def test_a_planted_pyc_of_the_reference_is_not_used(pytester: pytest.Pytester) -> None:
+    """A .pyc planted in __pycache__ beside ref.py, whose header matches ref.py's mtime and size but whose code
+    computes the kernel's wrong answer (1.5x softmax), is never loaded: the reference is compiled from its source,
+    so the wrong kernel fails."""
+    import os
+    import py_compile
+
+    honest = (REDTEAM / "ref_softmax.py").read_text()
+    evil = honest.replace("y.copy_(torch.softmax(x.double(), dim=-1).float())",
+                          "y.copy_(torch.softmax(x.double(), dim=-1).float() * 1.5)")
+    honest += " " * (len(evil) - len(honest))  # the same size, so the .pyc's header matches the source
+    ref = pytester.path / "ref.py"
+    ref.write_text(evil)
+    py_compile.compile(str(ref), doraise=True)
+    st = os.stat(ref)
+    ref.write_text(honest)
+    os.utime(ref, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(ref).st_size == st.st_size
+    pytester.makepyfile(wrong="import torch\n"
+                        "def setup(M, N, seed, device='cuda'):\n"
+                        "    x = torch.empty(M, N, device=device)\n"
+                        "    return {'inputs': {'x': x, 'y': torch.empty_like(x)}, 'outputs': ['y']}\n"
+                        "def run_kernel(x, y):\n"
+                        "    y.copy_(torch.softmax(x, dim=-1) * 1.5)\n")
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "wrong.py", "--kopt-ref", "ref.py", "--kopt-dims", "M=8,N=64", "--kopt-seeds", "3",
+        "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness", timeout=300)
+    assert _statuses(json.loads((pytester.path / "r.json").read_text()))["wrong.py"] == {"INCORRECT_NUMERICAL"}, \
+        result.stdout.str()[-2000:]
