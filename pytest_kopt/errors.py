@@ -92,7 +92,8 @@ class IncorrectError(KoptError):
 class KernelRuntimeError(KoptError):
     """The kernel crashed or raised a CUDA error (RUNTIME_ERROR), ran past the gate's timeout (TIMEOUT), or a file
     of the trusted reference process changed between its write and pytest's read (TAMPERED: the SHA-256 sent on
-    the process's private control pipe, or the file's stat stamp, no longer matches); exit 2."""
+    the process's private control pipe no longer matches, or the warm reference process was killed between
+    requests); exit 2."""
 
     status = "RUNTIME_ERROR"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import os
 import re
@@ -404,41 +405,18 @@ def _mac(*parts: Any) -> str:
     return h.hexdigest()
 
 
-def _file_stamp(path: Path) -> list[int]:
-    """What the MAC of a cached file covers: device, inode, size, mtime and ctime (ns). Any write to the file, or a
-    file put in its place, changes the ctime, which an unprivileged process cannot set back; hashing the content
-    instead cost up to a second per cache hit on 4096^2 outputs. Raises OSError when the file is gone."""
-    st = os.stat(path)
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
-def verified_npz(path: Path, sha: str | None, gate: str, display: str) -> list[int]:
-    """The stat stamp (:func:`_file_stamp`) of a trusted process's ``.npz`` whose content is checked against the
-    SHA-256 that process sent on its private control pipe (``sha``), the stamp taken before and after hashing so
-    the bytes hashed are the bytes stamped. Raises KernelRuntimeError (TAMPERED) when they differ or no hash came."""
-    before = _file_stamp(path)
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    if sha is None or digest != sha or _file_stamp(path) != before:
+def read_verified(path: Path, sha: str | None, gate: str, display: str) -> bytes:
+    """The bytes of a trusted process's file, read once, whose SHA-256 must be ``sha`` (sent on that process's
+    private control pipe, or MAC'd in a cache entry). Everything is then judged from these bytes, never from the
+    file again: another process of the same user could rewrite it at any time, even through a shared mapping that
+    leaves its mtime and ctime alone. Raises KernelRuntimeError (TAMPERED) when the hash differs or none came."""
+    data = path.read_bytes()
+    if sha is None or not hmac.compare_digest(hashlib.sha256(data).hexdigest(), sha):
         raise KernelRuntimeError(f"the reference's outputs ({path.name}) changed after its process wrote them",
                                  gate=gate, path=display, status="TAMPERED",
                                  fix="a kernel (or a process it left running) wrote into the kopt work or cache "
                                      "folder; run the kernels in separate sessions to see which one")
-    return before
-
-
-def unchanged(path: Path, stamp: list[int], gate: str, display: str) -> None:
-    """Raise KernelRuntimeError (TAMPERED) unless ``path`` still has the stat stamp it was judged with (a write
-    during the comparison, which reads the file lazily, changes its ctime)."""
-    try:
-        now = _file_stamp(path)
-    except OSError:
-        now = None
-    if now != stamp:
-        raise KernelRuntimeError(f"the reference's outputs ({path.name}) changed while they were compared",
-                                 gate=gate, path=display, status="TAMPERED",
-                                 fix="a kernel (or a process it left running) wrote into the kopt cache folder; "
-                                     "run the kernels in separate sessions to see which one")
+    return data
 
 
 def _sha(*parts: Any) -> str:
@@ -464,13 +442,14 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
         if meta.is_file() and (folder / f"{key}.npz").is_file():
             try:
                 entry = json.loads(meta.read_text())
-                ok = hmac.compare_digest(str(entry.get("mac")), _mac(_file_stamp(folder / f"{key}.npz"),
-                                                                     entry["tolerances"], entry["tolerance_warnings"]))
-            except (OSError, ValueError, KeyError):
+                ok = hmac.compare_digest(str(entry.get("mac")), _mac(entry["sha256"], entry["tolerances"],
+                                                                     entry["tolerance_warnings"]))
+                data = read_verified(folder / f"{key}.npz", entry["sha256"], "correctness", ctx.display) \
+                    if ok else b""
+            except (OSError, ValueError, KeyError, KoptError):
                 ok = False
-            if ok:  # written by this session, unchanged since
-                return {**entry, "npz": str(folder / f"{key}.npz"), "cache_hit": True,
-                        "stamp": _file_stamp(folder / f"{key}.npz")}
+            if ok:  # written by this session, the content unchanged since
+                return {**entry, "npz": str(folder / f"{key}.npz"), "npz_bytes": data, "cache_hit": True}
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
                 "setup_npz": cand.get("npz"), "env": {}}
         for attempt in (1, 2):  # a file changed under it is computed once more, then reported
@@ -478,21 +457,20 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
                                  path=str(ctx.ref), workdir=ctx.work, lock=device_lock(ctx, req["device"]),
                                  server=_server(ctx, "reference"))
             os.replace(result["npz"], folder / f"{key}.npz")
-            # moved first (a rename changes the ctime), then checked against the hash its process sent
-            try:
-                stamp = verified_npz(folder / f"{key}.npz", result.get("npz_sha"), "correctness", ctx.display)
+            try:  # checked against the hash its process sent; judged from these bytes only
+                data = read_verified(folder / f"{key}.npz", result.get("npz_sha"), "correctness", ctx.display)
                 break
             except KernelRuntimeError:
                 if attempt == 2:
                     raise
         tols = {n: (t["atol"], t["rtol"]) for n, t in result["tolerances"].items()}
-        with np.load(folder / f"{key}.npz") as z:
+        with np.load(io.BytesIO(data)) as z:
             warns = tolerance_warnings(list(tols), LazyArrays(z), tols)
-        unchanged(folder / f"{key}.npz", stamp, "correctness", ctx.display)
-        _write_json(meta, {"tolerances": result["tolerances"], "tolerance_warnings": warns,
-                           "mac": _mac(stamp, result["tolerances"], warns)})
+        sha = hashlib.sha256(data).hexdigest()
+        _write_json(meta, {"tolerances": result["tolerances"], "tolerance_warnings": warns, "sha256": sha,
+                           "mac": _mac(sha, result["tolerances"], warns)})
         return {"tolerances": result["tolerances"], "tolerance_warnings": warns, "npz": str(folder / f"{key}.npz"),
-                "cache_hit": False, "stamp": stamp}
+                "npz_bytes": data, "cache_hit": False}
 
 
 class LazyArrays(Mapping):
@@ -595,7 +573,7 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
         # which outputs are judged is the reference process's answer, never the candidate's (its process could
         # report no outputs at all); every call's array of each must be there
         outputs = list(ref["tolerances"])
-        with np.load(cand["npz"]) as c, np.load(ref["npz"]) as r:
+        with np.load(cand["npz"]) as c, np.load(io.BytesIO(ref["npz_bytes"])) as r:
             missing = [f"{p}__{o}" for o in outputs for p in ("cand1", "cand2", "candB", "candC")
                        if f"{p}__{o}" not in c.files]
             if missing or not outputs:
@@ -607,7 +585,6 @@ def _check_case(ctx: Context, res: build.BuildResult, case: dict[str, Any], devi
             # members are read when the judge asks for them: the low-precision references (their warnings come
             # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
             v = judge(outputs, LazyArrays(c, r), tols, check_tolerance=False)
-        unchanged(Path(ref["npz"]), ref["stamp"], "correctness", ctx.display)
         phase_s["judge"] = time.perf_counter() - clock
     finally:
         if os.path.exists(cand["npz"]):
@@ -787,10 +764,9 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                 "inputs_npz": result["npz"], "env": {}}
         check = run_harness(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                             path=str(ctx.ref), workdir=ctx.work, lock=gpu_lock(ctx), server=_server(ctx, "reference"))
-        stamp = verified_npz(Path(check["npz"]), check.get("npz_sha"), "timing", ctx.display)
-        with np.load(result["npz"]) as c, np.load(check["npz"]) as r:
+        data = read_verified(Path(check["npz"]), check.get("npz_sha"), "timing", ctx.display)
+        with np.load(result["npz"]) as c, np.load(io.BytesIO(data)) as r:
             arrays = {**{k: c[k] for k in c.files if k.startswith("cand1__")}, **{k: r[k] for k in r.files}}
-        unchanged(Path(check["npz"]), stamp, "timing", ctx.display)
         outputs = [k.removeprefix("ref__") for k in arrays if k.startswith("ref__")]
         missing = [o for o in outputs if f"cand1__{o}" not in arrays]
         if missing or not outputs:

@@ -61,7 +61,10 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
                                          "it did not open; rerun with --kopt-fresh-process to compare")
             raise _died_error(srv.proc.returncode, gate, path, output)
         try:
-            return _result(out, output, gate, path, on_error=lambda: _drop(srv), attest=srv.attest)
+            result = _result(out, output, gate, path, on_error=lambda: _drop(srv), attest=srv.attest)
+            if srv.ending:
+                _drop(srv)
+            return result
         except (OSError, ValueError) as exc:  # result file missing or garbled: not a result this harness wrote
             _drop(srv)
             raise KernelRuntimeError(f"the harness's result file is missing or unreadable ({type(exc).__name__})",
@@ -72,27 +75,31 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
     ctl_r, ctl_w = os.pipe()
     attested = not prefix
-    cmd = [*(prefix or []), sys.executable, "-m", "pytest_kopt.harness", name]
+    cmd = [*(prefix or []), *_python(env), name]
     cmd += ["--ctl", str(ctl_w)] if attested else []
-    with lock, os.fdopen(ctl_r, "rb") as ctl:
+    # its output goes to a file, not a pipe: a daemon the kernel left holding a pipe would keep it open forever
+    fd, log = tempfile.mkstemp(prefix="fresh-", suffix=".log", dir=workdir)
+    with lock, os.fdopen(ctl_r, "rb") as ctl, os.fdopen(fd, "wb") as sink:
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                    start_new_session=True, pass_fds=(ctl_w,) if attested else ())
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    pass_fds=(ctl_w,) if attested else ())
         finally:
             os.close(ctl_w)
         try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it
-            _killpg(proc)
-            stdout, stderr = proc.communicate()
-            raise _timeout_error(timeout_s, gate, path, (stdout or "") + (stderr or "")) from None
+            # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it,
+            # and whatever left the group below it
+            kill_tree(proc.pid)
+            proc.wait()
+            raise _timeout_error(timeout_s, gate, path, _read_log(log)) from None
         except BaseException:
-            _killpg(proc)  # Ctrl-C in pytest: leave no child running on the GPU
+            kill_tree(proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
             raise
+        _killpg(proc)  # what is left of its process group (the harness killed its own descendants at exit)
         os.set_blocking(ctl.fileno(), False)
         parts = (ctl.read() or b"").split()
-    output = (stdout + stderr).strip()
+    output = _read_log(log)
     if not Path(out + ".json").is_file():
         raise _died_error(proc.returncode, gate, path, output)
     if not attested:
@@ -105,6 +112,20 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     return _result(out, output, gate, path, attest=(parts[3].decode(), parts[4].decode()))
 
 
+_BOOT = ("import json, runpy, sys; sys.path.extend(json.loads(sys.argv.pop(1))); "
+         "runpy.run_module('pytest_kopt.harness', run_name='__main__', alter_sys=True)")
+
+
+def _python(env: dict[str, str]) -> list[str]:
+    """How a harness process starts: -P keeps pytest's working directory (where a candidate can write, say, a
+    ``statistics.py``) off the front of ``sys.path``, -s keeps the user's site-packages out, and PYTHONPATH's
+    entries (taken out of ``env``) and pytest_kopt's own folder are *appended* to ``sys.path``, after the
+    standard library and site-packages, so nothing there can shadow them."""
+    extra = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    extra.append(str(Path(__file__).resolve().parent.parent))
+    return [sys.executable, "-P", "-s", "-c", _BOOT, json.dumps(extra)]
+
+
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     # the gates decide where Triton's interpreter runs (CPU correctness only): a TRITON_INTERPRET=1 left in the
@@ -112,9 +133,64 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     env.pop("TRITON_INTERPRET", None)
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    pkg_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _read_log(log: str, limit: int = 65536) -> str:
+    """The last ``limit`` bytes of a fresh process's output file, which is then removed."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            text = f.read().decode(errors="replace").strip()
+        os.unlink(log)
+    except OSError:
+        return ""
+    return text
+
+
+def freeze_tree(root: int, group: int | None = None) -> list[int]:
+    """SIGSTOP every descendant of ``root`` (and, once, the process group ``group``) until a walk of the tree finds
+    none that was not already stopped: a stopped process cannot fork, and one that forked and exited between two
+    walks left its child below ``root`` when ``root`` is its subreaper (the harness is), where the next walk finds
+    it. Zombies are noted once and not walked again, so a walk stays short however many a forking daemon leaves.
+    Returns the live pids stopped; 1000 rounds bound the work."""
+    stopped: list[int] = []
+    seen: set[int] = set()
+    dead: set[int] = set()
+    for round_ in range(1000):
+        new = [p for p in descendants(root, skip=dead) if p not in seen]
+        if round_ and not new:
+            break
+        if group is not None and round_ == 0:
+            try:
+                os.killpg(group, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
+        seen.update(new)
+        for pid in new:
+            if _is_zombie(pid):
+                dead.add(pid)
+            else:
+                stopped.append(pid)
+    return stopped
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root``'s process group and every descendant, frozen first (:func:`freeze_tree`)."""
+    for pid in freeze_tree(root, group=root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(root, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _killpg(proc: subprocess.Popen[Any]) -> None:
@@ -202,9 +278,10 @@ class HarnessServer:
         self.log = Path(log)
         ctl_r, ctl_w = os.pipe()
         with open(self.log, "ab") as sink:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pytest_kopt.harness", "--serve", str(ctl_w)],
+            env = _child_env(dict(key[1]))
+            self.proc = subprocess.Popen([*_python(env), "--serve", str(ctl_w)],
                                          stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT,
-                                         env=_child_env(dict(key[1])), pass_fds=(ctl_w,), start_new_session=True)
+                                         env=env, pass_fds=(ctl_w,), start_new_session=True)
         os.close(ctl_w)
         self.ctl = os.fdopen(ctl_r, "rb", buffering=0)
         self.log_fd = os.open(self.log, os.O_RDONLY)  # kept open: the log stays readable even if it is unlinked
@@ -213,6 +290,7 @@ class HarnessServer:
         self.stopped: list[int] | None = None  # the descendants stopped by pause(), None while running
         #: SHA-256 of the last request's result JSON and of its attested .npz (``-``: none), from the control pipe
         self.attest: tuple[str, str] = ("", "-")
+        self.ending = False
 
     def _signal(self, sig: int, tree: list[int] | None = None, group: bool = True) -> None:
         """``sig`` to the process group (unless ``group`` is False) and to every descendant (the harness is their
@@ -229,26 +307,8 @@ class HarnessServer:
                 pass
 
     def _freeze(self, group: bool) -> list[int]:
-        """SIGSTOP every descendant until a walk of the tree finds none that was not already stopped (a stopped
-        process cannot fork; one that forked and exited between two walks left its child below this harness, its
-        subreaper, where the next walk finds it). Zombies (orphans the harness has not reaped) are noted once and
-        not walked again, so a walk stays short however many a forking daemon leaves. Returns the live pids
-        stopped; 1000 rounds bound the work."""
-        stopped: list[int] = []
-        seen: set[int] = set()
-        dead: set[int] = set()
-        for round_ in range(1000):
-            new = [p for p in descendants(self.proc.pid, skip=dead) if p not in seen]
-            if round_ and not new:
-                break
-            self._signal(signal.SIGSTOP, new, group=group and round_ == 0)
-            seen.update(new)
-            for p in new:
-                if _is_zombie(p):
-                    dead.add(p)
-                else:
-                    stopped.append(p)
-        return stopped
+        """:func:`freeze_tree` of this harness (and its process group when ``group``)."""
+        return freeze_tree(self.proc.pid, self.proc.pid if group else None)
 
     def pause(self) -> None:
         """SIGSTOP the process group and every descendant between requests: a thread or child the kernel left
@@ -312,6 +372,7 @@ class HarnessServer:
         if len(parts) != 5 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
             return self.output(start), "protocol"
         self.attest = (parts[3].decode(), parts[4].decode())
+        self.ending = parts[2] != b"0"  # the process ends after this answer (a failed request)
         self.pause()
         return self.output(start), "done"
 
@@ -425,8 +486,15 @@ def _server_for(identity: str, env: dict[str, str], workdir: Path, *, gate: str,
     key = (identity, tuple(sorted(env.items())))
     srv = _POOL.pop(key, None)
     if srv is not None and srv.proc.poll() is not None:
+        # it was paused and idle: only another process (a kernel, or what it left running) can have ended it, and
+        # a silent restart would let whatever that process planted load into the new one
+        code = srv.proc.returncode
         srv.close()
-        srv = None
+        raise KernelRuntimeError(f"the warm process of {identity.split(':', 1)[0]} {path} ended between requests "
+                                 f"({'killed by signal ' + str(-code) if code < 0 else 'exit ' + str(code)})",
+                                 gate=gate, path=path, status="TAMPERED",
+                                 fix="a kernel (or a process it left running) killed it; run the kernels in "
+                                     "separate sessions to see which one (the next request starts a fresh one)")
     if srv is None:
         while len(_POOL) >= MAX_SERVERS:
             _POOL.pop(next(iter(_POOL))).close()

@@ -119,8 +119,10 @@ def test_warm_process_attacks_are_contained(pytester: pytest.Pytester) -> None:
     assert str(pytester.path) not in left
 
 
-def test_a_daemon_that_leaves_the_process_group_is_killed(pytester: pytest.Pytester) -> None:
-    """A candidate's setsid() double-fork daemon stays below the harness (its subreaper) and dies with it."""
+@pytest.mark.parametrize("mode", [[], ["--kopt-fresh-process"]], ids=["warm", "fresh"])
+def test_a_daemon_that_leaves_the_process_group_is_killed(pytester: pytest.Pytester, mode: list[str]) -> None:
+    """A candidate's setsid() double-fork daemon stays below the harness (its subreaper) and dies with it; with
+    fresh processes it also must not hold pytest up (it once kept the output pipe open: pytest waited forever)."""
     import os
     import time
 
@@ -128,7 +130,7 @@ def test_a_daemon_that_leaves_the_process_group_is_killed(pytester: pytest.Pytes
         shutil.copy(REDTEAM / name, pytester.path / name)
     result = pytester.runpytest_subprocess(
         "--kopt-baseline", "escaping_daemon.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16",
-        "--kopt-seeds", "3,5", "-p", "no:cacheprovider", "-k", "correctness", timeout=300)
+        "--kopt-seeds", "3,5", "-p", "no:cacheprovider", "-k", "correctness", *mode, timeout=120)
     assert result.ret == 0, result.stdout.str()[-2000:]
     pid = int((pytester.path / "daemon.pid").read_text())
     for _ in range(50):
@@ -457,3 +459,27 @@ def test_a_planted_pyc_of_the_reference_is_not_used(pytester: pytest.Pytester) -
         "--kopt-json", "r.json", "-p", "no:cacheprovider", "-k", "correctness", timeout=300)
     assert _statuses(json.loads((pytester.path / "r.json").read_text()))["wrong.py"] == {"INCORRECT_NUMERICAL"}, \
         result.stdout.str()[-2000:]
+
+
+@pytest.mark.parametrize("mode", [[], ["--kopt-fresh-process"]], ids=["warm", "fresh"])
+def test_a_module_planted_in_the_working_directory_is_never_imported(pytester: pytest.Pytester,
+                                                                    mode: list[str]) -> None:
+    """A kernel that writes ``statistics.py`` (a module the harness imports) into pytest's working directory: no
+    later harness process, the reference's included, imports it (-P keeps the directory off sys.path)."""
+    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref_softmax.py")
+    pytester.makepyfile(planter="import os\n"
+                        "import torch\n"
+                        "PLANT = 'import os\\nopen(os.path.join(%r, \\'imported\\'), \\'w\\').close()\\n' % os.getcwd()\n"
+                        "def setup(M, N, seed, device='cuda'):\n"
+                        "    x = torch.empty(M, N, device=device)\n"
+                        "    return {'inputs': {'x': x, 'y': torch.empty_like(x)}, 'outputs': ['y']}\n"
+                        "def run_kernel(x, y):\n"
+                        "    with open('statistics.py', 'w') as f:\n"
+                        "        f.write(PLANT)\n"
+                        "    y.copy_(torch.softmax(x, dim=-1))\n")
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "planter.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims", "M=4,N=16",
+        "--kopt-seeds", "3,5", "-p", "no:cacheprovider", "-k", "correctness", *mode, timeout=300)
+    assert (pytester.path / "statistics.py").is_file(), result.stdout.str()[-2000:]
+    assert not (pytester.path / "imported").exists(), "a harness process imported the planted statistics.py"
+    assert result.ret == 0, result.stdout.str()[-2000:]
