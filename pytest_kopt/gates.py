@@ -886,39 +886,32 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
     with device_lock(ctx, req["device"]):
-        return _rounds(ctx, req, parties, round_)
-
-
-def _rounds(ctx: Context, req: dict[str, Any], parties: list[tuple[dict[str, Any], str | None, str]],
-            round_: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """The rounds of :func:`_interleaved`, run while it holds the GPU lock."""
-
-    last: list[dict[str, Any]] = [round_(0, 3)]
-    rreq = {**req, "mode": "time_reference", "spec": last[0]["spec"], "scalars": last[0].get("scalars", {}),
-            "env": {}}
-    parties.append((rreq, _server(ctx, "reference"), str(ctx.ref)))
-    last.append(round_(1, 3))
-    base = ctx.settings.baseline
-    if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
-        bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
-        try:
-            breq: dict[str, Any] | None = _request(bctx, "timing", req["device"], ctx.settings.seeds[0],
-                                                   ensure_built(bctx))
-        except KoptError:
-            breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
-        if breq is not None:
-            parties.append((breq, _server(bctx, "candidate"), bctx.display))
-            last.append(round_(2, 3))
-    t0 = time.monotonic()
-    cap = 4 * TIMING["budget_s"] + 30.0
-    while any(r["stop_reason"] is None for r in last) and time.monotonic() - t0 < cap:
-        for i in range(len(parties)):
-            if last[i]["stop_reason"] is None:
-                last[i] = round_(i, int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6)))))
-    finals = [round_(i, 0, final=True) for i in range(len(parties))]
-    if len(finals) > 2 and finals[2].get("npz") and os.path.exists(finals[2]["npz"]):
-        os.unlink(finals[2]["npz"])
-    return finals[0], finals[1], finals[2] if len(finals) > 2 else None
+        last: list[dict[str, Any]] = [round_(0, 3)]
+        rreq = {**req, "mode": "time_reference", "spec": last[0]["spec"], "scalars": last[0].get("scalars", {}),
+                "env": {}}
+        parties.append((rreq, _server(ctx, "reference"), str(ctx.ref)))
+        last.append(round_(1, 3))
+        base = ctx.settings.baseline
+        if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
+            bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+            try:
+                breq: dict[str, Any] | None = _request(bctx, "timing", req["device"], ctx.settings.seeds[0],
+                                                       ensure_built(bctx))
+            except KoptError:
+                breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
+            if breq is not None:
+                parties.append((breq, _server(bctx, "candidate"), bctx.display))
+                last.append(round_(2, 3))
+        t0 = time.monotonic()
+        cap = 4 * TIMING["budget_s"] + 30.0
+        while any(r["stop_reason"] is None for r in last) and time.monotonic() - t0 < cap:
+            for i in range(len(parties)):
+                if last[i]["stop_reason"] is None:
+                    last[i] = round_(i, int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6)))))
+        finals = [round_(i, 0, final=True) for i in range(len(parties))]
+        if len(finals) > 2 and finals[2].get("npz") and os.path.exists(finals[2]["npz"]):
+            os.unlink(finals[2]["npz"])
+        return finals[0], finals[1], finals[2] if len(finals) > 2 else None
 
 
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:

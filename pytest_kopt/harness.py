@@ -487,11 +487,11 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
     call("refB")
-    _save_npz(req["out"] + ".npz", arrays)
+    npz_sha = _save_npz(req["out"] + ".npz", arrays)
     tol = {}
     for name in inp.outputs:
         tol[name] = tolerances(ref, name, req.get("atol"), req.get("rtol"))
-    return {"npz": req["out"] + ".npz", "tolerances": tol}
+    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": tol}
 
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
@@ -967,8 +967,8 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
     inp.poison_outputs()
     ref.reference(**inp.kwargs())
     torch.cuda.synchronize()
-    _save_npz(req["out"] + ".npz", {f"ref__{n}": _to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
-    return {"npz": req["out"] + ".npz", "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol"))
+    npz_sha = _save_npz(req["out"] + ".npz", {f"ref__{n}": _to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
+    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol"))
                                                        for n in inp.outputs}}
 
 
@@ -1094,15 +1094,11 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     return {"mode": "aot", "kernels": names}
 
 
-#: SHA-256 of the ``.npz`` the current request saved through :func:`_save_npz` (None: none saved)
-_ATTEST: dict[str, str | None] = {"npz": None}
-
-
-def _save_npz(path: str, arrays: dict[str, Any]) -> None:
-    """Save ``arrays`` as an uncompressed ``.npz`` built in memory, so the SHA-256 that goes back to pytest on the
-    private control pipe is that of the bytes this process produced, not of a file another process (a candidate's
-    escaped daemon, another xdist worker's kernel) could rewrite between the write and a re-read. Used by the
-    reference's modes, whose files pytest trusts."""
+def _save_npz(path: str, arrays: dict[str, Any]) -> str:
+    """Save ``arrays`` as an uncompressed ``.npz`` built in memory and return its SHA-256: the hash of the bytes
+    this process produced, not of a file another process (a candidate's escaped daemon, another xdist worker's
+    kernel) could rewrite between the write and a re-read. The reference's modes put it in their result, whose
+    own hash goes back on the private control pipe."""
     import io
 
     import numpy as np
@@ -1110,9 +1106,9 @@ def _save_npz(path: str, arrays: dict[str, Any]) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     data = buf.getbuffer()
-    _ATTEST["npz"] = hashlib.sha256(data).hexdigest()
     with open(path, "wb") as f:
         f.write(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mode_timing,
@@ -1120,12 +1116,11 @@ MODES = {"candidate": mode_candidate, "reference": mode_reference, "timing": mod
          "triton_build": mode_triton_build}
 
 
-def handle(req_path: str) -> tuple[int, str, str]:
+def handle(req_path: str) -> tuple[int, str]:
     """Run one request file's mode and write ``<out>.json``. Returns (0 on success or 1 on error, SHA-256 of the
-    JSON bytes written, SHA-256 of the ``.npz`` saved through :func:`_save_npz` or ``-``): the attestation the
-    process sends on its private control pipe."""
+    JSON bytes written): the attestation the process sends on its private control pipe (the hash of any ``.npz``
+    it saved is inside that JSON)."""
     req = json.loads(Path(req_path).read_text())
-    _ATTEST["npz"] = None
     result: dict[str, Any]
     try:
         result = {"ok": True, **MODES[req["mode"]](req)}
@@ -1141,7 +1136,7 @@ def handle(req_path: str) -> tuple[int, str, str]:
     Path(req["out"] + ".json").write_bytes(data)
     sys.stdout.flush()
     sys.stderr.flush()
-    return code, hashlib.sha256(data).hexdigest(), _ATTEST["npz"] or "-"
+    return code, hashlib.sha256(data).hexdigest()
 
 
 def serve(ctl_fd: int) -> int:
@@ -1160,8 +1155,8 @@ def serve(ctl_fd: int) -> int:
         if not line.strip():
             continue
         seq, _, path = line.strip().partition(" ")
-        code, json_sha, npz_sha = handle(path)
-        done = f"done {seq} {code} {json_sha} {npz_sha}\n"
+        code, json_sha = handle(path)
+        done = f"done {seq} {code} {json_sha}\n"
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
             ctl.write(done)
             return code
@@ -1170,7 +1165,7 @@ def serve(ctl_fd: int) -> int:
             if torch.cuda.is_initialized():
                 torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
         except Exception:  # an error the request's own checks missed: its result stands, this process ends
-            ctl.write(f"done {seq} 1 {json_sha} {npz_sha}\n")  # code 1: the parent drops this process
+            ctl.write(f"done {seq} 1 {json_sha}\n")  # code 1: the parent drops this process
             return 1
         ctl.write(done)
     return 0
@@ -1198,19 +1193,15 @@ def main(argv: list[str]) -> int:
         _die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]))
-    code, json_sha, npz_sha = handle(argv[1])
+    code, json_sha = handle(argv[1])
     if len(argv) > 3 and argv[2] == "--ctl":  # a fresh process: the same attestation, on its own private pipe
         with os.fdopen(int(argv[3]), "w") as ctl:
-            ctl.write(f"done 0 {code} {json_sha} {npz_sha}\n")
+            ctl.write(f"done 0 {code} {json_sha}\n")
     # what the kernel started dies with this process (as its subreaper it holds even setsid() daemons, which at
     # its exit would go to init)
-    from pytest_kopt.runner import freeze_tree
+    from pytest_kopt.runner import kill_tree
 
-    for pid in freeze_tree(os.getpid()):
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
+    kill_tree(os.getpid(), include_root=False)
     return code
 
 

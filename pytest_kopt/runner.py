@@ -102,14 +102,11 @@ def run_harness(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, 
     output = _read_log(log)
     if not Path(out + ".json").is_file():
         raise _died_error(proc.returncode, gate, path, output)
-    if not attested:
-        data = Path(out + ".json").read_bytes()
-        return _result(out, output, gate, path, attest=(hashlib.sha256(data).hexdigest(), "-"))
-    if len(parts) != 5 or parts[0] != b"done":
+    if attested and (len(parts) != 4 or parts[0] != b"done"):
         raise KernelRuntimeError("the harness process ended without its attestation on the control pipe",
                                  gate=gate, path=path, details=_tail(output),
                                  fix="the kernel must not touch file descriptors it did not open")
-    return _result(out, output, gate, path, attest=(parts[3].decode(), parts[4].decode()))
+    return _result(out, output, gate, path, attest=parts[3].decode() if attested else None)
 
 
 _BOOT = ("import json, runpy, sys; sys.path.extend(json.loads(sys.argv.pop(1))); "
@@ -180,17 +177,19 @@ def freeze_tree(root: int, group: int | None = None) -> list[int]:
     return stopped
 
 
-def kill_tree(root: int) -> None:
-    """SIGKILL ``root``'s process group and every descendant, frozen first (:func:`freeze_tree`)."""
-    for pid in freeze_tree(root, group=root):
+def kill_tree(root: int, include_root: bool = True) -> None:
+    """SIGKILL every descendant of ``root``, frozen first (:func:`freeze_tree`), and (``include_root``) ``root``'s
+    process group."""
+    for pid in freeze_tree(root, group=root if include_root else None):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    try:
-        os.killpg(root, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if include_root:
+        try:
+            os.killpg(root, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _killpg(proc: subprocess.Popen[Any]) -> None:
@@ -218,13 +217,14 @@ def _died_error(returncode: int | None, gate: str, path: str, output: str) -> Ke
 
 
 def _result(out: str, output: str, gate: str, path: str, on_error: Any = None,
-            attest: tuple[str, str] = ("", "-")) -> dict[str, Any]:
-    """The request's result, read once and checked against the SHA-256 its process sent on the private control
-    pipe (another process could have rewritten the file in the work folder in between); ``npz_sha`` carries the
-    attested hash of its ``.npz`` for :func:`pytest_kopt.gates.verified_npz`. Raises KernelRuntimeError on a
-    mismatch, the error the harness reported otherwise."""
+            attest: str | None = None) -> dict[str, Any]:
+    """The request's result, read once and, when ``attest`` is given, checked against the SHA-256 its process sent
+    on the private control pipe (another process could have rewritten the file in the work folder in between);
+    its ``npz_sha`` (the reference's modes) is then as trustworthy as the rest, for
+    :func:`pytest_kopt.gates.read_verified`. Raises KernelRuntimeError (TAMPERED) on a mismatch, the error the
+    harness reported otherwise."""
     data = Path(out + ".json").read_bytes()
-    if hashlib.sha256(data).hexdigest() != attest[0]:
+    if attest is not None and hashlib.sha256(data).hexdigest() != attest:
         if on_error is not None:
             on_error()
         raise KernelRuntimeError("the harness's result file changed after its process wrote it (another process "
@@ -234,7 +234,6 @@ def _result(out: str, output: str, gate: str, path: str, on_error: Any = None,
     result: dict[str, Any] = json.loads(data)
     result["stdout"] = _tail(output, 4000)
     result["out"] = out
-    result["npz_sha"] = None if attest[1] == "-" else attest[1]
     if result.get("ok"):
         return result
     if on_error is not None:
@@ -288,38 +287,29 @@ class HarnessServer:
         self.buf = b""
         self.seq = 0
         self.stopped: list[int] | None = None  # the descendants stopped by pause(), None while running
-        #: SHA-256 of the last request's result JSON and of its attested .npz (``-``: none), from the control pipe
-        self.attest: tuple[str, str] = ("", "-")
+        #: SHA-256 of the last request's result JSON, from the control pipe
+        self.attest = ""
         self.ending = False
 
-    def _signal(self, sig: int, tree: list[int] | None = None, group: bool = True) -> None:
-        """``sig`` to the process group (unless ``group`` is False) and to every descendant (the harness is their
-        subreaper, so one that left the group with setsid() is still below it)."""
-        if group:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in (descendants(self.proc.pid) if tree is None else tree):
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _freeze(self, group: bool) -> list[int]:
-        """:func:`freeze_tree` of this harness (and its process group when ``group``)."""
-        return freeze_tree(self.proc.pid, self.proc.pid if group else None)
-
     def pause(self) -> None:
-        """SIGSTOP the process group and every descendant between requests: a thread or child the kernel left
-        behind cannot run while another kernel or the reference is judged or timed."""
-        self.stopped = self._freeze(group=True)  # a stopped tree cannot grow: resume() reuses it
+        """SIGSTOP the process group and every descendant between requests (:func:`freeze_tree`): a thread or child
+        the kernel left behind cannot run while another kernel or the reference is judged or timed."""
+        self.stopped = freeze_tree(self.proc.pid, self.proc.pid)  # a stopped tree cannot grow: resume() reuses it
 
     def resume(self) -> None:
-        """SIGCONT what :meth:`pause` stopped."""
-        if self.stopped is not None:
-            self._signal(signal.SIGCONT, self.stopped)
-            self.stopped = None
+        """SIGCONT the process group and what :meth:`pause` stopped."""
+        if self.stopped is None:
+            return
+        for pid in self.stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.stopped = None
 
     def _line(self, timeout_s: float) -> bytes | None:
         """The next control line; None on timeout; b"" when the process closed the pipe (it ended) or wrote more
@@ -369,9 +359,9 @@ class HarnessServer:
                 return self.output(start), "protocol"
             return self.output(start), "died"
         parts = line.split()
-        if len(parts) != 5 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
+        if len(parts) != 4 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
             return self.output(start), "protocol"
-        self.attest = (parts[3].decode(), parts[4].decode())
+        self.attest = parts[3].decode()
         self.ending = parts[2] != b"0"  # the process ends after this answer (a failed request)
         self.pause()
         return self.output(start), "done"
@@ -391,7 +381,7 @@ class HarnessServer:
         # the kernel's processes first, while the harness is still their subreaper (at its exit they would go to
         # init): frozen to a fixpoint, then killed
         if self.proc.poll() is None:
-            self._signal(signal.SIGKILL, self._freeze(group=False), group=False)
+            kill_tree(self.proc.pid, include_root=False)
         self.resume()
         if not kill and self.proc.poll() is None:
             try:
@@ -400,10 +390,7 @@ class HarnessServer:
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        if self.proc.poll() is None:
-            self._signal(signal.SIGKILL, self._freeze(group=True))
-        else:
-            self._signal(signal.SIGKILL, [])  # what is left of its process group
+        kill_tree(self.proc.pid)  # what is left: the harness, if it did not end, and its process group
         self.proc.wait()
         for f in (self.ctl, self.proc.stdin):
             try:
@@ -448,7 +435,7 @@ def _is_zombie(pid: int) -> bool:
 def descendants(root: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """Pids of every descendant of ``root`` (Linux; [] elsewhere), leaving out (and not walking below) ``skip``:
     from each thread's ``children`` file, a walk of microseconds, fast enough to catch a process that forks its
-    successor and exits every millisecond (:meth:`HarnessServer._freeze`); else from the ``stat`` file of every
+    successor and exits every millisecond (:func:`freeze_tree`); else from the ``stat`` file of every
     process. Zombies not yet reaped are included."""
     if _HAS_CHILDREN_FILES:
         found: list[int] = []
