@@ -101,6 +101,60 @@ def finish_init(run_dir: Path, ctx: gates.Context, records: list[dict[str, Any]]
                                        f"{it.name}/methods.json, branches/b*/kernel.*, ablations/<method>/kernel.*"}
 
 
+def _bench(ctx: gates.Context) -> dict[str, Any]:
+    """A kernel's ``bench.json`` of this session, {} when it has none or it is unreadable."""
+    try:
+        return json.loads((ctx.outdir / "bench.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: list[dict[str, Any]],
+                       ab_kernels: dict[str, Path], ctx_for: Callable[[Path], gates.Context]) -> dict[str, Any] | None:
+    """When the iteration's kernels were timed on more than one GPU: re-time the finalists
+    (:func:`pytest_kopt.loop.finalists`), every passing ablation and the best kernel so far in alternating rounds
+    on this process's GPU (:func:`pytest_kopt.gates.retime_interleaved`), so the champion, the attribution and the
+    improvement test compare times from one GPU. Rewrites the finalists' ``median_ms`` in ``results`` (the gate's
+    stays as ``gate_median_ms``) and marks each result's ``finalist``; only finalists can become champion. Returns the
+    decision record (also ``iterv{i}/decision.json``), or None when one GPU (or none) measured everything. Raises
+    the harness's KoptError when a re-timing fails."""
+    measured = {r["gpu_uuid"] for r in results if r["passed"]} | {_bench(ctx_for(k)).get("gpu_uuid")
+                                                                  for k in ab_kernels.values()}
+    measured.discard(None)
+    if len(measured) < 2:
+        return None
+    finals = loop.finalists(results)
+    names = [f"branches/{r['branch']}" for r in finals] + [f"ablations/{m}" for m in ab_kernels]
+    kernels = [Path(r["kernel"]) for r in finals] + list(ab_kernels.values())
+    best_file = Path(str(state.get("best_file") or ""))
+    best_note = None
+    if state.get("best_metric_ms") is not None and best_file.is_file():
+        try:
+            gates.ensure_built(ctx_for(best_file))
+            names.append("best")
+            kernels.append(best_file)
+        except KoptError as exc:  # the improvement test then uses the stored best_metric_ms
+            best_note = f"the best kernel so far did not build here ({exc.message}); stored best_metric_ms used"
+    ctxs = [ctx_for(k) for k in kernels]
+    timed = gates.retime_interleaved(ctxs)
+    retimed = {n: t["median_ms"] for n, t in zip(names, timed)}
+    keep = {r["branch"] for r in finals}
+    for r in results:
+        r["gate_median_ms"] = r["median_ms"]
+        r["finalist"] = r["branch"] in keep
+        if r["branch"] in keep:
+            r["median_ms"] = retimed[f"branches/{r['branch']}"]
+    gpu = ctxs[0].env.get("gpu") or {}
+    decision = {"method": "interleaved re-timing on one GPU (pytest_kopt.gates.retime_interleaved)",
+                "gpu_uuid": gpu.get("uuid"), "gpu_index": gpu.get("index"), "measured_on": sorted(measured),
+                "finalist_margin_pct": loop.FINALIST_MARGIN_PCT, "max_finalists": loop.MAX_FINALISTS,
+                "retimed_ms": retimed, "kernels": dict(zip(names, map(str, kernels))),
+                "stop_reasons": {n: t["stop_reason"] for n, t in zip(names, timed)},
+                "reported_gpu": {n: t["gpu_uuid"] for n, t in zip(names, timed)}, "best_note": best_note}
+    loop.write_json(it / "decision.json", decision)
+    return decision
+
+
 def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records: list[dict[str, Any]],
                rootpath: Path, finalize: bool) -> dict[str, Any]:
     """Close the open iteration from this session's results. Returns ``{"exit_code", "message"}``."""
@@ -115,13 +169,22 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
         ctx = ctx_for(kernel)
         recs = _kernel_records(records, rootpath, kernel)
         block = _blocker(recs, ("compile", "correctness", "timing"))
-        bench_path = ctx.outdir / "bench.json"
-        median = json.loads(bench_path.read_text())["median_ms"] if bench_path.is_file() and block is None else None
+        bench = _bench(ctx) if block is None else {}
+        median = bench.get("median_ms")
         results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
                         "passed": block is None and median is not None,
                         "failed_gate": block["gate"] if block else None,
-                        "status": block["status"] if block else "PASSED"})
-    champion = loop.select_champion(results)
+                        "status": block["status"] if block else "PASSED", "gpu_uuid": bench.get("gpu_uuid")})
+    ab_kernels = {m: k for m, k in ablations.items() if m in methods
+                  and _blocker(_kernel_records(records, rootpath, k), ("compile", "correctness", "timing")) is None
+                  and _bench(ctx_for(k)).get("median_ms") is not None}
+    try:
+        decision = _same_gpu_decision(run_dir, it, state, results, ab_kernels, ctx_for)
+    except KoptError as exc:
+        loop.stop_run(run_dir, f"re-timing the finalists on one GPU failed: {exc.message}", "timing", exc.exit_code)
+        return {"exit_code": exc.exit_code, "message": f"{it.name}: the finalists could not be re-timed on one GPU: "
+                                                      f"{exc.message}"}
+    champion = loop.select_champion([r for r in results if r.get("finalist", True)])
     if champion is None:
         loop.write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": None})
         loop.stop_run(run_dir, "all branches failed a strict gate", "branch_explore", 2, results)
@@ -149,12 +212,8 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
             continue
         base_file = kernel.parent / "base"
         base = base_file.read_text().strip() if base_file.is_file() else "b1"
-        recs = _kernel_records(records, rootpath, kernel)
-        bench_path = ctx_for(kernel).outdir / "bench.json"
-        if _blocker(recs, ("compile", "correctness", "timing")) is None and bench_path.is_file():
-            ab_ms[method] = json.loads(bench_path.read_text())["median_ms"]
-        else:
-            ab_ms[method] = None
+        ab_ms[method] = (decision["retimed_ms"].get(f"ablations/{method}") if decision
+                         else _bench(ctx_for(kernel)).get("median_ms")) if method in ab_kernels else None
         if base != champion["branch"]:
             why[method] = f"ablation built from {base}, champion is {champion['branch']}"
     attr = loop.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
@@ -162,7 +221,8 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
     sass = loop.sass_verify(methods, texts, loop.load_registry("sass_signatures"))
     bench = json.loads((cctx.outdir / "bench.json").read_text())
     state = loop.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
-                                 sass=sass, champion_roofline=roof, champion_bench=bench)
+                                 sass=sass, champion_roofline=roof, champion_bench=bench,
+                                 best_ms_now=(decision or {}).get("retimed_ms", {}).get("best"), decision=decision)
     done = finalize or i >= int(state["iterations_total"]) or bool(roof.get("near_peak"))
     if done:
         reason = "finalized" if finalize else ("near_peak" if roof.get("near_peak") else "iterations done")

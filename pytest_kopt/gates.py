@@ -25,6 +25,7 @@ from typing import Any, Callable
 from . import build, contract, hardware, profile, sass, stats
 from . import loop as loop_mod
 from . import roofline as roofline_mod
+from . import gpus as gpus_mod
 from .ncu_csv import metric_value
 import warnings
 
@@ -157,7 +158,8 @@ def gate_hardware(ctx: Context, param: Any = None) -> Outcome:
     Fails (HardwareError, exit 3) only when a tool the kernel cannot do without is missing: nvcc for a ``.cu``.
     No GPU is not a failure here: the GPU gates skip with the reason."""
     env = ctx.env
-    path = _write_json(ctx.settings.outdir / "env.json", env)
+    # the session's document, the same from every xdist worker (each one's own GPU is in this item's figures)
+    path = _write_json(ctx.settings.outdir / "env.json", gpus_mod.session_view(env))
     if ctx.kind == "cuda" and not _tool(ctx, "nvcc"):
         raise HardwareError("nvcc not found, so the .cu kernel cannot be built", gate="hardware",
                             fix="install the CUDA toolkit or set CUDA_HOME")
@@ -167,7 +169,11 @@ def gate_hardware(ctx: Context, param: Any = None) -> Outcome:
     g = env.get("gpu") or {}
     figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
                "generation_allowed": env.get("generation_allowed")}
-    return Outcome(figures, hardware.header_line(env), (path,))
+    line = hardware.header_line(env)
+    if env.get("pinned"):
+        figures.update(gpu_uuid=g.get("uuid"), gpu_index=g.get("index"))
+        line += f"; this worker's GPU: {g.get('index')} ({g.get('uuid')})"
+    return Outcome(figures, line, (path,))
 
 
 # --------------------------------------------------------------------------------------------- preflight
@@ -794,6 +800,11 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                           "above zero: the timed work did nothing measurable", gate="timing", path=ctx.display,
                           status="SUSPECT", fix="the kernel must launch its work on the current stream inside "
                                                 "solve()/run_kernel(), also while a CUDA graph is captured")
+    pinned = (ctx.env.get("gpu") or {}).get("uuid") if ctx.env.get("pinned") else None
+    if not gpus_mod.same_device(result.get("gpu_uuid"), pinned):
+        raise HardwareError(f"the timed process ran on {result.get('gpu_uuid')}, not on {pinned}, the GPU this "
+                            "worker is pinned to", gate="timing", path=ctx.display,
+                            fix="leave CUDA_VISIBLE_DEVICES to pytest-kopt (--kopt-gpus) in the kernel's process")
     if ref_result is None:
         ref_result = _reference_timing(ctx, req, result)
     k = stats.describe(result["event_ms"])
@@ -819,7 +830,8 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                                "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
                                "timing_method": result.get("graph_method") or result.get("method", "events"),
                                "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
-                               "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi}
+                               "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi,
+                               "gpu_uuid": result.get("gpu_uuid") or (ctx.env.get("gpu") or {}).get("uuid")}
     if throttled is not None:
         figures["throttled_samples"] = sum(throttled)
     if wm.get("flops") is not None:
@@ -840,6 +852,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
     bench = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
              "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
+             "gpu_uuid": figures["gpu_uuid"], "gpu_index": (ctx.env.get("gpu") or {}).get("index"),
              "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": _race_safe(ctx),
              "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
              "robust_cv": k.robust_cv, "stability": stability, "stability_basis": basis, "distribution": dist,
@@ -884,25 +897,17 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
     (candidate result, reference result, baseline result or None) as the one-shot timing modes do. The reference
     is prepared on the candidate's spec, which the candidate's first round returns (its process checks it against
     ``ref.shapes()``)."""
-    import uuid
-
-    timeout = max(ctx.settings.gate_timeout_s, 120.0)
-    key = uuid.uuid4().hex
     parties: list[tuple[dict[str, Any], str | None, str]] = [(req, _server(ctx, "candidate"), ctx.display)]
-
-    def round_(i: int, count: int, final: bool = False) -> dict[str, Any]:
-        r, server, path = parties[i]
-        return run_harness({**r, "round": {"key": f"{key}-{i}", "count": count, "final": final}}, gate="timing",
-                           timeout_s=timeout, path=path, workdir=ctx.work, server=server)
-
+    rounds = _Rounds(ctx, parties)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
     with device_lock(ctx, req["device"]):
-        last: list[dict[str, Any]] = [round_(0, 3)]
-        rreq = {**req, "mode": "time_reference", "spec": last[0]["spec"], "scalars": last[0].get("scalars", {}),
+        rounds.last.append(rounds.run(0, 3))
+        first = rounds.last[0]
+        rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
                 "env": {}}
         parties.append((rreq, _server(ctx, "reference"), str(ctx.ref)))
-        last.append(round_(1, 3))
+        rounds.last.append(rounds.run(1, 3))
         base = ctx.settings.baseline
         if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
             bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
@@ -913,17 +918,66 @@ def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dic
                 breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
             if breq is not None:
                 parties.append((breq, _server(bctx, "candidate"), bctx.display))
-                last.append(round_(2, 3))
-        t0 = time.monotonic()
-        cap = 4 * TIMING["budget_s"] + 30.0
-        while any(r["stop_reason"] is None for r in last) and time.monotonic() - t0 < cap:
-            for i in range(len(parties)):
-                if last[i]["stop_reason"] is None:
-                    last[i] = round_(i, int(min(500, max(1, ROUND_S / max(last[i]["sample_wall_s"], 1e-6)))))
-        finals = [round_(i, 0, final=True) for i in range(len(parties))]
+                rounds.last.append(rounds.run(2, 3))
+        finals = rounds.finish()
         if len(finals) > 2 and finals[2].get("npz") and os.path.exists(finals[2]["npz"]):
             os.unlink(finals[2]["npz"])
         return finals[0], finals[1], finals[2] if len(finals) > 2 else None
+
+
+class _Rounds:
+    """Alternating timing rounds of several parties (request, warm server identity, display path), each party in
+    its own process; see :func:`_interleaved`. The caller holds the GPU lock around all of it."""
+
+    def __init__(self, ctx: Context, parties: list[tuple[dict[str, Any], str | None, str]]) -> None:
+        import uuid
+
+        self.ctx, self.parties = ctx, parties
+        self.key = uuid.uuid4().hex
+        self.timeout = max(ctx.settings.gate_timeout_s, 120.0)
+        self.last: list[dict[str, Any]] = []
+
+    def run(self, i: int, count: int, final: bool = False) -> dict[str, Any]:
+        """One round of ``count`` samples of party ``i`` (``final``: end it and return its whole result)."""
+        r, server, path = self.parties[i]
+        return run_harness({**r, "round": {"key": f"{self.key}-{i}", "count": count, "final": final}},
+                           gate="timing", timeout_s=self.timeout, path=path, workdir=self.ctx.work, server=server)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Rounds of about ``ROUND_S`` per party until every party's stopping rule is met (or 4x the timing budget
+        + 30 s), then each party's final result, in party order."""
+        t0 = time.monotonic()
+        cap = 4 * TIMING["budget_s"] + 30.0
+        while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < cap:
+            for i in range(len(self.parties)):
+                if self.last[i]["stop_reason"] is None:
+                    self.last[i] = self.run(i, int(min(500, max(1, ROUND_S / max(self.last[i]["sample_wall_s"],
+                                                                                 1e-6)))))
+        return [self.run(i, 0, final=True) for i in range(len(self.parties))]
+
+
+def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
+    """Re-time kernels that a decision compares (the loop's finalists and ablations) in alternating rounds on this
+    process's GPU, each in its own warm process, so clock or temperature drift, and the differences between two
+    GPUs of one model, hit them all alike. ``ctxs``: built, correct kernels of one session. Returns, per kernel,
+    ``{"median_ms", "samples_ms", "stop_reason", "gpu_uuid"}`` (ms). Raises the harness's errors
+    (:class:`~pytest_kopt.errors.KoptError`: a kernel that no longer builds, crashes or times out). Outputs are not
+    judged again: each kernel passed its correctness seeds and timed-output check earlier in the session."""
+    parties: list[tuple[dict[str, Any], str | None, str]] = []
+    for c in ctxs:
+        parties.append((_request(c, "timing", "cuda", c.settings.seeds[0], ensure_built(c)),
+                        _server(c, "candidate"), c.display))
+    rounds = _Rounds(ctxs[0], parties)
+    with gpu_lock(ctxs[0]):
+        rounds.last = [rounds.run(i, 3) for i in range(len(parties))]
+        finals = rounds.finish()
+    out = []
+    for f in finals:
+        if f.get("npz") and os.path.exists(f["npz"]):
+            os.unlink(f["npz"])
+        out.append({"median_ms": statistics.median(f["event_ms"]), "samples_ms": f["event_ms"],
+                    "stop_reason": f["stop_reason"], "gpu_uuid": f.get("gpu_uuid")})
+    return out
 
 
 def _reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:

@@ -512,6 +512,13 @@ def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | No
     return out
 
 
+def _device_uuid(torch: Any) -> str | None:
+    """The UUID of the GPU this process runs on, ``GPU-xxxxxxxx-...`` as nvidia-smi prints it; None when this torch
+    does not report it."""
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+    return None if uuid is None else "GPU-" + str(uuid).removeprefix("GPU-")
+
+
 class Clocks:
     """NVML (nvidia-ml-py) readings of the GPU: SM clock (MHz), temperature (C) and throttle reasons; inert when
     NVML is missing. ``throttled`` follows nvbench: a power/thermal slowdown reason, or an SM clock under 75% of
@@ -527,9 +534,12 @@ class Clocks:
             import pynvml
 
             pynvml.nvmlInit()
-            index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0) \
-                if os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].isdigit() else 0
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            # NVML ignores CUDA_VISIBLE_DEVICES: find the GPU this process uses by the UUID or index it names
+            first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            if first.upper().startswith("GPU-"):
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(first)
+            else:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
             self.max_sm = pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM)
             self.nvml = pynvml
         except Exception:  # no NVML: readings are reported as unavailable
@@ -915,7 +925,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
                                        f"{type(exc).__name__}: {exc}") from exc
             return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
                     "scalars": {k: v for k, v in cand.inputs.scalars.items() if isinstance(v, (int, float, str))},
-                    "gpu": torch.cuda.get_device_name(0)}
+                    "gpu": torch.cuda.get_device_name(0), "gpu_uuid": _device_uuid(torch)}
 
         timer = Timer(torch, sets, launch, refresh, t)
         holder["timer"] = timer

@@ -231,6 +231,27 @@ def select_champion(results: list[Mapping[str, Any]]) -> Mapping[str, Any] | Non
     return min(ok, key=lambda r: (r["median_ms"], r["index"])) if ok else None
 
 
+#: Finalists of a decision timed on several GPUs: the passing branches within this many percent of the fastest.
+#: Two GPUs of one model differ by a few percent in clocks and temperature (on an H200 x2, see the closing note of
+#: the multi-GPU issue); 10% keeps every branch such a difference could have reordered.
+FINALIST_MARGIN_PCT = 10.0
+#: At most this many finalists (each is re-timed in its own process, in alternating rounds).
+MAX_FINALISTS = 4
+
+
+def finalists(results: list[Mapping[str, Any]], margin_pct: float = FINALIST_MARGIN_PCT,
+              limit: int = MAX_FINALISTS) -> list[Mapping[str, Any]]:
+    """The branches a decision re-times on one GPU: those that passed every strict gate with a median (ms) within
+    ``margin_pct`` percent of the fastest, fastest first (ties by branch index), at most ``limit``. [] when none
+    passed."""
+    ok = sorted((r for r in results if r.get("passed") and r.get("median_ms") is not None),
+                key=lambda r: (r["median_ms"], r["index"]))
+    if not ok:
+        return []
+    cut = ok[0]["median_ms"] * (1 + margin_pct / 100.0)
+    return [r for r in ok if r["median_ms"] <= cut][:limit]
+
+
 def attribution(champion_ms: float, ablations: Mapping[str, float | None], noise_pct: float,
                 inconclusive: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """attribution(m) = ms_without_m - ms_champion (SKILL.md 3h), also as % of the champion's time; ``contributed``
@@ -302,13 +323,18 @@ def improved(new_ms: float, best_ms: float | None, noise_pct: float) -> bool:
 
 def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], champion: Mapping[str, Any],
                     methods: list[str], attr: Mapping[str, Mapping[str, Any]], sass: Mapping[str, str],
-                    champion_roofline: Mapping[str, Any] | None, champion_bench: Mapping[str, Any]) -> dict[str, Any]:
+                    champion_roofline: Mapping[str, Any] | None, champion_bench: Mapping[str, Any],
+                    best_ms_now: float | None = None, decision: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``branch_results.json``, ``attribution.json``, ``sass_check.json``, ``bench.json`` and the champion's
-    ``kernel.<ext>`` into ``iterv{i}/``; update the method buckets, best, history and frontier (SKILL.md 3j)."""
+    ``kernel.<ext>`` into ``iterv{i}/``; update the method buckets, best, history and frontier (SKILL.md 3j).
+    ``best_ms_now`` (ms): the best kernel so far re-timed beside the champion on one GPU (a multi-GPU session's
+    decision), used instead of the stored ``best_metric_ms`` for the improvement test; ``decision``: that
+    re-timing's record, kept in ``branch_results.json`` and the history."""
     it = run_dir / f"iterv{i}"
     state = load_state(run_dir)
     noise = float(state.get("noise_threshold_pct", DEFAULT_NOISE_PCT))
-    write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"]})
+    write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"],
+                                            "decision": dict(decision) if decision else None})
     write_json(it / "attribution.json", {"champion_ms": champion["median_ms"], "noise_threshold_pct": noise,
                                          "methods": dict(attr)})
     write_json(it / "sass_check.json", {"methods": dict(sass)})
@@ -325,7 +351,7 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
             if m in buckets[b]:
                 buckets[b].remove(m)
         buckets[bucket].append(m)
-    best = state.get("best_metric_ms")
+    best = state.get("best_metric_ms") if best_ms_now is None else best_ms_now
     is_better = improved(champion["median_ms"], best, noise)
     updates: dict[str, Any] = {f"{b}_methods": v for b, v in buckets.items()}
     updates["selected_methods"] = list(dict.fromkeys([*state.get("selected_methods", []), *methods]))
@@ -337,7 +363,8 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     updates["history"] = [*state.get("history", []), {
         "iter": i, "champion": champion["branch"], "champion_ms": champion["median_ms"], "improved": is_better,
         "previous_best_ms": best, "methods": methods, "verdicts": verdicts, "attribution": dict(attr),
-        "sass": dict(sass), "roofline": dict(champion_roofline or {})}]
+        "sass": dict(sass), "roofline": dict(champion_roofline or {}),
+        "decision_gpu": (decision or {}).get("gpu_uuid")}]
     updates["verified_iterations"] = int(state.get("verified_iterations", 0)) + 1
     updates["last_verified_iter"] = i
     return save_state(run_dir, updates)

@@ -50,6 +50,8 @@ OPTIONS = (
     ("save", "Save every kernel's timing samples as a baseline NAME (pytest-benchmark's storage format)", "NAME"),
     ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
     ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
+    ("gpus", "GPUs to spread the session over with -n: all (default) or indices/UUIDs such as 0,1; xdist worker "
+             "gwK is pinned to the (K mod count)-th through CUDA_VISIBLE_DEVICES", "LIST"),
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
     ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
     ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
@@ -186,11 +188,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 config.args.append(str(kernel))
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "kopt_env" in workerinput:
-        config.stash[ENV_KEY] = workerinput["kopt_env"]
+        config.stash[ENV_KEY] = _worker_env(workerinput)
         if "kopt_key" in workerinput:
             gates.use_session_key(workerinput["kopt_key"])
         return
-    config.stash[ENV_KEY] = hardware.detect()
+    config.stash[ENV_KEY] = _controller_env(config)
     if settings.loop_mode == "init":
         _init_run(config, settings)
     cache = getattr(config, "cache", None)
@@ -201,6 +203,51 @@ def pytest_configure(config: pytest.Config) -> None:
         # parallel on different workers, and the per-GPU lock keeps GPU work one child at a time
         config.option.dist = "loadscope"
     config.pluginmanager.register(KoptController(config), "kopt-controller")
+
+
+def _controller_env(config: pytest.Config) -> dict[str, Any]:
+    """Detect the hardware and choose the session's GPUs (``--kopt-gpus``). When the session pins GPUs (several
+    used, or the option given), this process is pinned to the first one: the loop's decisions (re-timing, the
+    champion's profile) run there. Raises UsageError for a bad ``--kopt-gpus``."""
+    import os
+
+    from . import gpus
+
+    env = hardware.detect()
+    spec = config.getoption("kopt_gpus") or config.getini("kopt_gpus")
+    try:
+        chosen = gpus.select(env, spec)
+    except ConfigError as exc:
+        raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}") from None
+    if not gpus.should_pin(chosen, spec):
+        return env
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen[0]["uuid"]
+    return gpus.pinned({**env, "gpus": chosen}, chosen[0])
+
+
+def _worker_env(workerinput: dict[str, Any]) -> dict[str, Any]:
+    """An xdist worker's environment: the controller's, pinned to the worker's GPU when the session pins (its
+    ``CUDA_VISIBLE_DEVICES`` set, so every child it starts uses that GPU). A worker on another host (an ``ssh``
+    or ``socket`` gateway of ``--tx``) detects its own GPUs instead, since the controller's UUIDs name none there."""
+    import os
+
+    from . import gpus
+
+    env = workerinput["kopt_env"]
+    if workerinput.get("kopt_detect_here"):
+        env = hardware.detect()
+        own = gpus.select(env, None)
+        gpu = gpus.worker_gpu(own, workerinput.get("workerid", ""))
+        if gpu is None or len(own) < 2:
+            return env
+        env = gpus.pinned(env, gpu)
+    elif env.get("pinned"):
+        gpu = gpus.worker_gpu(env["gpus"], workerinput.get("workerid", ""))
+        if gpu is not None:
+            env = gpus.pinned(env, gpu)
+    if env.get("pinned"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = env["gpu"]["uuid"]
+    return env
 
 
 def _int_option(config: pytest.Config, name: str, default: float) -> float:
@@ -382,6 +429,8 @@ class KoptController:
         (builtins only), so workers never probe CUDA themselves, collect the same items and trust each other's
         reference outputs and correctness records."""
         node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+        if not getattr(getattr(node.gateway, "spec", None), "popen", True):
+            node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
         node.workerinput["kopt_key"] = gates.session_key()
         if self.config.stash[SETTINGS_KEY].run_dir is not None:
             node.workerinput["kopt_run_dir"] = str(self.config.stash[SETTINGS_KEY].run_dir)

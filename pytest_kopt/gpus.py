@@ -1,0 +1,100 @@
+"""Several GPUs in one session: which GPUs a session uses (``--kopt-gpus``), which one each pytest-xdist worker
+is pinned to, and the environment a pinned process reports.
+
+Plain Python over :func:`pytest_kopt.hardware.detect`'s document; nothing here touches CUDA. A worker is pinned
+by setting ``CUDA_VISIBLE_DEVICES`` to its GPU's UUID in the worker's environment, which every child it starts
+(harness, ncu, compute-sanitizer) inherits; UUIDs, unlike indices, name the same GPU whatever
+``CUDA_VISIBLE_DEVICES`` the controller itself was started with (CUDA C Programming Guide, "CUDA Environment
+Variables").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import ConfigError
+from .hardware import arch_of
+
+#: xdist worker ids (``gw0``, ``gw1``, ...): the number after ``gw`` picks the GPU round-robin.
+_WORKER_RE = re.compile(r"^gw(\d+)$")
+
+
+def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
+    """The GPUs a session uses, in the order given.
+
+    ``env``: :func:`pytest_kopt.hardware.detect`'s document (its ``gpus`` list: ``index``, ``uuid``, ``name``,
+    ``cc`` ...). ``spec``: ``None``/``""``/``all`` for every visible GPU, else a comma list of indices into that
+    list (``0,1``) or UUIDs (``GPU-5165af39-...``, or a unique prefix of one). Returns ``[]`` without a GPU (the
+    hardware gate then reports why). Raises :class:`~pytest_kopt.errors.ConfigError` for an index out of range, an
+    unknown or ambiguous UUID, a repeated GPU, or GPUs of different compute capability (one session compiles for
+    one arch).
+    """
+    visible = list(env.get("gpus") or [])
+    if not visible:
+        return []
+    text = (spec or "").strip()
+    if text.lower() in ("", "all"):
+        chosen = visible
+    else:
+        listing = ", ".join(f"{g['index']}: {g['name']} {g['uuid']}" for g in visible)
+        chosen = []
+        for part in (p.strip() for p in text.split(",")):
+            if part.isdigit():
+                if int(part) >= len(visible):
+                    raise ConfigError(f"--kopt-gpus {text}: there is no GPU {part}; visible: {listing}",
+                                      fix=f"use indices 0..{len(visible) - 1}, UUIDs, or all")
+                chosen.append(visible[int(part)])
+                continue
+            hits = [g for g in visible if part and g["uuid"].lower().startswith(part.lower())]
+            if len(hits) != 1:
+                what = "matches no visible GPU" if not hits else "matches several GPUs"
+                raise ConfigError(f"--kopt-gpus {text}: {part!r} {what}; visible: {listing}",
+                                  fix="give indices (0,1) or whole UUIDs as nvidia-smi -L prints them")
+            chosen.append(hits[0])
+    uuids = [g["uuid"] for g in chosen]
+    if len(set(uuids)) != len(uuids):
+        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice", fix="list each GPU once")
+    ccs = {g["cc"] for g in chosen}
+    if len(ccs) > 1:
+        raise ConfigError(f"--kopt-gpus {text or 'all'}: the GPUs differ in compute capability ({', '.join(sorted(ccs))}); "
+                          "one session compiles for one arch and compares timings across its GPUs",
+                          fix="list GPUs of one model, e.g. --kopt-gpus 0,1")
+    return chosen
+
+
+def worker_gpu(gpus: list[dict[str, Any]], worker_id: str) -> dict[str, Any] | None:
+    """The GPU of an xdist worker: ``gwN`` gets ``gpus[N % len(gpus)]``, so ``-n 4`` on two GPUs puts gw0 and gw2
+    on the first and gw1 and gw3 on the second (the per-GPU lock keeps their GPU stages one at a time). None
+    without GPUs or for an id that is not ``gw<N>``."""
+    m = _WORKER_RE.match(worker_id or "")
+    if not gpus or not m:
+        return None
+    return gpus[int(m.group(1)) % len(gpus)]
+
+
+def pinned(env: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
+    """``env`` as seen by a process pinned to ``gpu``: ``gpu`` (and ``sm_arch``) name it, ``cuda_visible_devices``
+    is its UUID, ``gpus`` still lists every GPU the session uses, ``pinned`` is true."""
+    return {**env, "gpu": gpu, "sm_arch": arch_of(gpu["cc"]), "cuda_visible_devices": gpu["uuid"], "pinned": True}
+
+
+def session_view(env: dict[str, Any]) -> dict[str, Any]:
+    """The session's environment document whatever process holds it: a worker's pin undone (``gpu`` is the
+    session's first GPU, as in the controller), so every worker writes the same ``env.json``."""
+    gpus = env.get("gpus") or []
+    return pinned(env, gpus[0]) if env.get("pinned") and gpus else env
+
+
+def should_pin(gpus: list[dict[str, Any]], spec: str | None) -> bool:
+    """Pin processes only when the session uses several GPUs or ``--kopt-gpus`` names them; one visible GPU and no
+    option leaves ``CUDA_VISIBLE_DEVICES`` untouched (the behaviour of a one-GPU machine)."""
+    return bool(gpus) and (len(gpus) > 1 or (spec or "").strip().lower() not in ("", "all"))
+
+
+def same_device(reported: str | None, uuid: str | None) -> bool:
+    """Whether a UUID a child process reported (torch prints it without the ``GPU-`` prefix) is ``uuid``; True when
+    either is unknown (no NVML, an old torch)."""
+    if not reported or not uuid:
+        return True
+    return reported.lower().removeprefix("gpu-") == uuid.lower().removeprefix("gpu-")
