@@ -37,7 +37,7 @@ def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
     if text.lower() in ("", "all"):
         chosen = visible
     else:
-        listing = ", ".join(f"{g['index']}: {g['name']} {g['uuid']}" for g in visible)
+        listing = _listing(visible)
         chosen = []
         for part in (p.strip() for p in text.split(",")):
             if part.isdigit():
@@ -54,13 +54,18 @@ def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
             chosen.append(hits[0])
     uuids = [g["uuid"] for g in chosen]
     if len(set(uuids)) != len(uuids):
-        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice", fix="list each GPU once")
+        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice; visible: {_listing(visible)}",
+                          fix="list each GPU once")
     ccs = {g["cc"] for g in chosen}
     if len(ccs) > 1:
         raise ConfigError(f"--kopt-gpus {text or 'all'}: the GPUs differ in compute capability ({', '.join(sorted(ccs))}); "
                           "one session compiles for one arch and compares timings across its GPUs",
                           fix="list GPUs of one model, e.g. --kopt-gpus 0,1")
     return chosen
+
+
+def _listing(gpus: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{g['index']}: {g['name']} {g['uuid']}" for g in gpus)
 
 
 def worker_gpu(gpus: list[dict[str, Any]], worker_id: str) -> dict[str, Any] | None:
