@@ -8,7 +8,7 @@
 #   pr        the PR gate on (naive, tiled), (tiled, tiled), (tiled, naive) SGEMM at 4096^3
 #   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates)
 #   fidelity  benchmarks/timing_fidelity.py (kopt events and graph, do_bench, ncu)
-#   multi     benchmarks/multi_gpu.py -n 4: one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
+#   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
@@ -67,7 +67,7 @@ PY
       wall fidelity $? $t0; tail -10 "$OUT/fidelity.log" 2>/dev/null ;;
     multi)
       nvidia-smi -L | tee "$OUT/multi.log"
-      timeout 560 python3 benchmarks/multi_gpu.py --out /tmp/km -n 4 >> "$OUT/multi.log" 2>&1
+      timeout 560 python3 benchmarks/multi_gpu.py --out /tmp/km -n ${KOPT_MULTI_N:-9} --order ${KOPT_MULTI_ORDER:-1,2} >> "$OUT/multi.log" 2>&1
       rc=$?; for f in init close_1gpu close_2gpu; do cp /tmp/km/multi/$f.log "$OUT/multi-$f.log" 2>/dev/null; done
       cp /tmp/km/multi/run_*_2gpu/iterv1/decision.json "$OUT/multi-decision.json" 2>/dev/null
       wall multi $rc $t0; tail -16 "$OUT/multi.log" ;;

@@ -2,10 +2,11 @@
 
 Seeds a run on the naive SGEMM (``--kopt-init --kopt-branches 8``), writes 8 tiled branches and the ablation of
 shared-memory tiling, copies the run folder, then closes the iteration twice, each with its own pytest cache (so
-neither reuses the other's builds or reference outputs): ``-n 4 --kopt-gpus 0`` and ``-n 4 --kopt-gpus 0,1``.
+neither reuses the other's builds or reference outputs): ``-n 8 --kopt-gpus 0`` and ``-n 8 --kopt-gpus 0,1`` (the
+same workers, so only the number of GPUs differs).
 Prints a table: GPUs, wall seconds, champion, its median, and the same-GPU decision of the two-GPU close.
 
-Usage (a machine with two GPUs): python3 benchmarks/multi_gpu.py [--out DIR] [--dims M=4096,N=4096,K=4096] [-n 4]
+Usage (a machine with two GPUs): python3 benchmarks/multi_gpu.py [--out DIR] [--dims M=4096,N=4096,K=4096] [-n 8]
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/kopt-multi"))
     ap.add_argument("--dims", default="M=4096,N=4096,K=4096")
-    ap.add_argument("-n", default="4")
+    ap.add_argument("-n", default=str(len(BRANCHES) + 1),
+                    help="xdist workers of both closes, the same on one GPU and on two (default: one per kernel)")
     ap.add_argument("--order", default="1,2", help="which closes run first: 1,2 or 2,1")
     args = ap.parse_args()
     work = Path(args.out) / "multi"

@@ -965,8 +965,9 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
     judged again: each kernel passed its correctness seeds and timed-output check earlier in the session."""
     parties: list[tuple[dict[str, Any], str | None, str]] = []
     for c in ctxs:
-        parties.append((_request(c, "timing", "cuda", c.settings.seeds[0], ensure_built(c)),
-                        _server(c, "candidate"), c.display))
+        r = _request(c, "timing", "cuda", c.settings.seeds[0], ensure_built(c))
+        parties.append((r, _server(c, "candidate"), c.display))
+        prestart(_server(c, "candidate"), dict(r["env"]), c.work)  # the processes' starts overlap
     rounds = _Rounds(ctxs[0], parties)
     with gpu_lock(ctxs[0]):
         rounds.last = [rounds.run(i, 3) for i in range(len(parties))]
