@@ -2,11 +2,11 @@
 
 Seeds a run on the naive SGEMM (``--kopt-init --kopt-branches 8``), writes 8 tiled branches and the ablation of
 shared-memory tiling, copies the run folder, then closes the iteration twice, each with its own pytest cache (so
-neither reuses the other's builds or reference outputs): ``-n 8 --kopt-gpus 0`` and ``-n 8 --kopt-gpus 0,1`` (the
-same workers, so only the number of GPUs differs).
+neither reuses the other's builds or reference outputs): ``-n 9 --kopt-gpus 0`` and ``-n 9 --kopt-gpus 0,1`` (one
+worker per kernel both times, so only the number of GPUs differs).
 Prints a table: GPUs, wall seconds, champion, its median, and the same-GPU decision of the two-GPU close.
 
-Usage (a machine with two GPUs): python3 benchmarks/multi_gpu.py [--out DIR] [--dims M=4096,N=4096,K=4096] [-n 8]
+Usage (a machine with two GPUs): python3 benchmarks/multi_gpu.py [--out DIR] [--dims M=4096,N=4096,K=4096] [-n 9]
 """
 
 from __future__ import annotations
