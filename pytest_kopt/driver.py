@@ -111,44 +111,81 @@ def _bench(ctx: gates.Context) -> dict[str, Any]:
 
 def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: list[dict[str, Any]],
                        ab_kernels: dict[str, Path], ctx_for: Callable[[Path], gates.Context]) -> dict[str, Any] | None:
-    """When the iteration's kernels were timed on more than one GPU: re-time the finalists
-    (:func:`pytest_kopt.loop.finalists`), every passing ablation and the best kernel so far in alternating rounds
-    on this process's GPU (:func:`pytest_kopt.gates.retime_interleaved`), so the champion, the attribution and the
-    improvement test compare times from one GPU. Rewrites the finalists' ``median_ms`` in ``results`` (the gate's
-    stays as ``gate_median_ms``) and marks each result's ``finalist``; only finalists can become champion. Returns the
-    decision record (also ``iterv{i}/decision.json``), or None when one GPU (or none) measured everything. Raises
-    the harness's KoptError when a re-timing fails."""
+    """When the iteration's kernels were timed on more than one GPU, make each decision from times of one GPU
+    wherever a difference between GPUs could change it, by re-timing those kernels in alternating rounds on this
+    process's GPU (:func:`pytest_kopt.gates.retime_interleaved`):
+
+    - the champion: the finalists (:func:`pytest_kopt.loop.finalists`) when two or more of them were timed on
+      different GPUs; otherwise the fastest finalist wins on its gate time (its rivals shared its GPU, or were more
+      than ``FINALIST_MARGIN_PCT`` slower);
+    - an ablation's attribution and the improvement over the best kernel so far: re-timed (with the champion) when
+      the ratio it is judged on lies within a factor (1 + ``FINALIST_MARGIN_PCT``/100) of its threshold for some
+      champion candidate (attribution: ablation/champion against 1 + noise; improvement: best/champion against
+      1/(1 - noise), SKILL.md 3h and 3j); farther away no difference between GPUs of that size can flip it.
+
+    Rewrites the re-timed finalists' ``median_ms`` in ``results`` (the gate's stays as ``gate_median_ms``) and
+    marks each result's ``finalist``; only finalists can become champion. Returns the decision record (also
+    ``iterv{i}/decision.json``; ``retimed_ms`` holds the re-timed medians, ``robust`` why the others were not
+    re-timed), or None when one GPU (or none) measured everything. Raises the harness's KoptError when a
+    re-timing fails."""
     measured = {r["gpu_uuid"] for r in results if r["passed"]} | {_bench(ctx_for(k)).get("gpu_uuid")
                                                                   for k in ab_kernels.values()}
     measured.discard(None)
-    if len(measured) < 2:
-        return None
     finals = loop.finalists(results)
-    names = [f"branches/{r['branch']}" for r in finals] + [f"ablations/{m}" for m in ab_kernels]
-    kernels = [Path(r["kernel"]) for r in finals] + list(ab_kernels.values())
+    if len(measured) < 2 or not finals:
+        return None
+    contest = len(finals) > 1 and len({r["gpu_uuid"] for r in finals}) > 1
+    if not contest:
+        finals = finals[:1]
+    cands = [r["median_ms"] for r in finals]
+    noise = float(state.get("noise_threshold_pct", loop.DEFAULT_NOISE_PCT)) / 100.0
+    slack = 1.0 + loop.FINALIST_MARGIN_PCT / 100.0
+    robust: dict[str, str] = {}
+    if not contest:
+        robust[f"branches/{finals[0]['branch']}"] = (
+            "the only finalist" if len(loop.finalists(results)) == 1 else "its rivals were timed on its GPU")
+
+    def needed(name: str, value: float, threshold: float, what: str) -> bool:
+        ratios = [value / c for c in cands]
+        if all(r < threshold / slack or r > threshold * slack for r in ratios):
+            robust[name] = (f"{what} {', '.join(f'{r:.3f}' for r in ratios)} is outside {threshold:.3f} "
+                            f"/ x {slack:.2f}")
+            return False
+        return True
+
+    names: list[str] = [f"branches/{r['branch']}" for r in finals]
+    kernels: list[Path] = [Path(r["kernel"]) for r in finals]
+    for m, k in ab_kernels.items():
+        if needed(f"ablations/{m}", float(_bench(ctx_for(k))["median_ms"]), 1.0 + noise, "ablation/champion"):
+            names.append(f"ablations/{m}")
+            kernels.append(k)
     best_file = Path(str(state.get("best_file") or ""))
     best_note = None
-    if state.get("best_metric_ms") is not None and best_file.is_file():
+    best_ms = state.get("best_metric_ms")
+    if best_ms is not None and best_file.is_file() and needed("best", float(best_ms), 1.0 / (1.0 - noise),
+                                                               "best/champion"):
         try:
             gates.ensure_built(ctx_for(best_file))
             names.append("best")
             kernels.append(best_file)
         except KoptError as exc:  # the improvement test then uses the stored best_metric_ms
             best_note = f"the best kernel so far did not build here ({exc.message}); stored best_metric_ms used"
-    ctxs = [ctx_for(k) for k in kernels]
-    timed = gates.retime_interleaved(ctxs)
-    retimed = {n: t["median_ms"] for n, t in zip(names, timed)}
+    retimed: dict[str, float] = {}
+    timed: list[dict[str, Any]] = []
+    if contest or len(kernels) > 1:
+        timed = gates.retime_interleaved([ctx_for(k) for k in kernels])
+        retimed = {n: t["median_ms"] for n, t in zip(names, timed)}
     keep = {r["branch"] for r in finals}
     for r in results:
         r["gate_median_ms"] = r["median_ms"]
         r["finalist"] = r["branch"] in keep
-        if r["branch"] in keep:
-            r["median_ms"] = retimed[f"branches/{r['branch']}"]
-    gpu = ctxs[0].env.get("gpu") or {}
+        r["median_ms"] = retimed.get(f"branches/{r['branch']}", r["median_ms"])
+    gpu = (ctx_for(kernels[0]).env.get("gpu") or {})
     decision = {"method": "interleaved re-timing on one GPU (pytest_kopt.gates.retime_interleaved)",
                 "gpu_uuid": gpu.get("uuid"), "gpu_index": gpu.get("index"), "measured_on": sorted(measured),
                 "finalist_margin_pct": loop.FINALIST_MARGIN_PCT, "max_finalists": loop.MAX_FINALISTS,
-                "retimed_ms": retimed, "kernels": dict(zip(names, map(str, kernels))),
+                "champion_contest": contest, "retimed_ms": retimed, "robust": robust,
+                "kernels": dict(zip(names, map(str, kernels))) if retimed else {},
                 "stop_reasons": {n: t["stop_reason"] for n, t in zip(names, timed)},
                 "reported_gpu": {n: t["gpu_uuid"] for n, t in zip(names, timed)}, "best_note": best_note}
     loop.write_json(it / "decision.json", decision)
@@ -212,8 +249,9 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
             continue
         base_file = kernel.parent / "base"
         base = base_file.read_text().strip() if base_file.is_file() else "b1"
-        ab_ms[method] = (decision["retimed_ms"].get(f"ablations/{method}") if decision
-                         else _bench(ctx_for(kernel)).get("median_ms")) if method in ab_kernels else None
+        gate_ms = _bench(ctx_for(kernel)).get("median_ms")
+        ab_ms[method] = ((decision or {}).get("retimed_ms", {}).get(f"ablations/{method}", gate_ms)
+                         if method in ab_kernels else None)
         if base != champion["branch"]:
             why[method] = f"ablation built from {base}, champion is {champion['branch']}"
     attr = loop.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)

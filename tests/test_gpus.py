@@ -126,28 +126,35 @@ def _fake_ctx(outdir: Path, bench: dict[str, Any] | None) -> SimpleNamespace:
     return SimpleNamespace(outdir=outdir, env={"gpu": {"uuid": UUID0, "index": 0}})
 
 
-def test_same_gpu_decision_retimes_finalists_ablations_and_the_best(tmp_path: Path,
+def _decision_case(tmp_path: Path, ms: dict[str, float]) -> tuple[dict[str, Path], dict[Path, Any], list[dict]]:
+    """Kernels b1 (timed on GPU 0), b2, b3, an ablation (GPU 1) and the best so far, with gate medians ``ms``."""
+    kernels = {n: tmp_path / n / "kernel.cu" for n in ("b1", "b2", "b3", "abl", "best")}
+    gpu_of = {"b1": UUID0, "b2": UUID1, "b3": UUID1, "abl": UUID1}
+    for n, k in kernels.items():
+        k.parent.mkdir(parents=True)
+        k.write_text("// kernel\n")
+    ctxs = {k: _fake_ctx(tmp_path / "out" / n, {"median_ms": ms[n], "gpu_uuid": gpu_of[n]} if n in gpu_of else None)
+            for n, k in kernels.items()}
+    results = [{"branch": n, "index": i, "kernel": str(kernels[n]), "passed": True, "median_ms": ms[n],
+                "gpu_uuid": gpu_of[n]} for i, n in enumerate(("b1", "b2", "b3"), start=1)]
+    return kernels, ctxs, results
+
+
+def test_same_gpu_decision_retimes_what_a_gpu_difference_could_flip(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The decision logic around the re-timing: which kernels go in, which medians come out, what is recorded.
     The re-timing itself (a GPU measurement) is replaced by fixed medians: this test checks the bookkeeping only;
-    the H200 x2 run in the multi-GPU issue's closing note measures it."""
-    kernels = {n: tmp_path / n / "kernel.cu" for n in ("b1", "b2", "b3", "abl", "best")}
-    for k in kernels.values():
-        k.parent.mkdir(parents=True)
-        k.write_text("// kernel\n")
-    benches = {"b1": {"median_ms": 10.0, "gpu_uuid": UUID0}, "b2": {"median_ms": 10.5, "gpu_uuid": UUID1},
-               "b3": {"median_ms": 20.0, "gpu_uuid": UUID1}, "abl": {"median_ms": 12.0, "gpu_uuid": UUID1},
-               "best": None}
-    ctxs = {k: _fake_ctx(tmp_path / "out" / n, benches[n]) for n, k in kernels.items()}
-    results = [{"branch": n, "index": i, "kernel": str(kernels[n]), "passed": True,
-                "median_ms": benches[n]["median_ms"], "gpu_uuid": benches[n]["gpu_uuid"]}
-               for i, n in enumerate(("b1", "b2", "b3"), start=1)]
+    benchmarks/multi_gpu.py on an H200 x2 measures it. b1 and b2 (10.0 and 10.5 ms, on two GPUs) contest the
+    championship; the ablation (11.0 ms: 1.10x and 1.05x, near the 1.02 threshold) and the best so far (10.3 ms)
+    could be flipped by a difference between GPUs, so all four are re-timed; b3 (20 ms) is no finalist."""
+    kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 10.5, "b3": 20.0, "abl": 11.0,
+                                                       "best": 10.3})
+    fixed = {id(ctxs[kernels["b1"]]): 10.4, id(ctxs[kernels["b2"]]): 10.1, id(ctxs[kernels["abl"]]): 11.0,
+             id(ctxs[kernels["best"]]): 30.0}
     seen: list[list[Any]] = []
 
     def retime(cs: list[Any]) -> list[dict[str, Any]]:
         seen.append(cs)
-        fixed = {id(ctxs[kernels["b1"]]): 10.4, id(ctxs[kernels["b2"]]): 10.1, id(ctxs[kernels["abl"]]): 11.0,
-                 id(ctxs[kernels["best"]]): 30.0}
         return [{"median_ms": fixed[id(c)], "samples_ms": [fixed[id(c)]], "stop_reason": "converged",
                  "gpu_uuid": UUID0} for c in cs]
 
@@ -155,17 +162,36 @@ def test_same_gpu_decision_retimes_finalists_ablations_and_the_best(tmp_path: Pa
     monkeypatch.setattr(gates, "ensure_built", lambda ctx: None)
     it = tmp_path / "iterv1"
     it.mkdir()
-    state = {"best_file": str(kernels["best"]), "best_metric_ms": 25.0}
+    state = {"best_file": str(kernels["best"]), "best_metric_ms": 10.3, "noise_threshold_pct": 2.0}
     decision = driver._same_gpu_decision(tmp_path, it, state, results, {"m.abl": kernels["abl"]}, ctxs.__getitem__)
-    assert decision is not None and [len(s) for s in seen] == [4]  # b1, b2 (within 10%), the ablation, the best
+    assert decision is not None and [len(s) for s in seen] == [4]
     assert decision["retimed_ms"] == {"branches/b1": 10.4, "branches/b2": 10.1, "ablations/m.abl": 11.0,
                                       "best": 30.0}
+    assert decision["champion_contest"] is True and decision["robust"] == {}
     assert decision["measured_on"] == sorted([UUID0, UUID1]) and decision["gpu_uuid"] == UUID0
     assert json.loads((it / "decision.json").read_text()) == decision
     by = {r["branch"]: r for r in results}
     assert (by["b1"]["median_ms"], by["b1"]["gate_median_ms"], by["b2"]["median_ms"]) == (10.4, 10.0, 10.1)
     assert [r["finalist"] for r in results] == [True, True, False]
     assert loop.select_champion([r for r in results if r["finalist"]])["branch"] == "b2"
+
+
+def test_same_gpu_decision_skips_what_no_gpu_difference_could_flip(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One finalist (b2 is 15% slower), an ablation 5x slower and a best 2.5x slower: every decision holds whatever
+    a 10% difference between GPUs does, so nothing is re-timed and decision.json says why."""
+    kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 11.5, "b3": 20.0, "abl": 50.0,
+                                                       "best": 25.0})
+    monkeypatch.setattr(gates, "retime_interleaved", lambda cs: pytest.fail("nothing needs re-timing"))
+    state = {"best_file": str(kernels["best"]), "best_metric_ms": 25.0, "noise_threshold_pct": 2.0}
+    decision = driver._same_gpu_decision(tmp_path, tmp_path, state, results, {"m.abl": kernels["abl"]},
+                                         ctxs.__getitem__)
+    assert decision is not None and decision["retimed_ms"] == {} and decision["champion_contest"] is False
+    assert sorted(decision["robust"]) == ["ablations/m.abl", "best", "branches/b1"]
+    assert decision["robust"]["branches/b1"] == "the only finalist"
+    assert "5.000 is outside 1.020" in decision["robust"]["ablations/m.abl"]
+    assert [r["finalist"] for r in results] == [True, False, False]
+    assert [r["median_ms"] for r in results] == [10.0, 11.5, 20.0]
 
 
 def test_same_gpu_decision_is_skipped_when_one_gpu_measured_everything(tmp_path: Path) -> None:
