@@ -23,6 +23,8 @@ from .settings import Settings, build_settings
 SETTINGS_KEY = pytest.StashKey[Settings]()
 ENV_KEY = pytest.StashKey[dict]()
 KERNELS_KEY = pytest.StashKey[frozenset]()
+#: CUDA_VISIBLE_DEVICES as it was before this process pinned itself to a GPU (restored at unconfigure)
+VISIBLE_KEY = pytest.StashKey["str | None"]()
 JSON_SCHEMA_VERSION = 1
 
 #: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
@@ -186,13 +188,20 @@ def pytest_configure(config: pytest.Config) -> None:
         for kernel in settings.kernels:
             if not any(Path(a.split("::")[0]).resolve() == kernel for a in config.args):
                 config.args.append(str(kernel))
+    import os
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "kopt_env" in workerinput:
         config.stash[ENV_KEY] = _worker_env(workerinput)
+        if config.stash[ENV_KEY].get("pinned"):
+            config.stash[VISIBLE_KEY] = before
         if "kopt_key" in workerinput:
             gates.use_session_key(workerinput["kopt_key"])
         return
     config.stash[ENV_KEY] = _controller_env(config)
+    if config.stash[ENV_KEY].get("pinned"):
+        config.stash[VISIBLE_KEY] = before
     if settings.loop_mode == "init":
         _init_run(config, settings)
     cache = getattr(config, "cache", None)
@@ -680,3 +689,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from .runner import shutdown_servers
 
     shutdown_servers()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give CUDA_VISIBLE_DEVICES back as it was, when this process pinned itself to a GPU (an in-process pytest
+    run, such as pytester's ``runpytest()``, must not leave its pin to the caller)."""
+    import os
+
+    if VISIBLE_KEY not in config.stash:
+        return
+    before = config.stash[VISIBLE_KEY]
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before

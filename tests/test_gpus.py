@@ -287,3 +287,19 @@ def test_two_gpus_time_on_their_own_gpu_gpu(pytester: pytest.Pytester) -> None:
     used = {json.loads((pytester.path / ".kopt" / k / "bench.json").read_text())["gpu_uuid"]
             for k in ("honest_python", "honest2")}
     assert used == {probe["gpus"][0]["uuid"], probe["gpus"][1]["uuid"]}
+
+
+def test_an_in_process_run_gives_cuda_visible_devices_back(pytester: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session that pinned its process to a GPU restores the caller's CUDA_VISIBLE_DEVICES when it ends."""
+    real = hardware.detect()
+    monkeypatch.setattr(hardware, "detect", lambda: {**real, **two_gpu_env()})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "callers-value")
+    pytester.makepyfile(k=PY_SCALE, ref=LOOSE_REF)
+    result = pytester.runpytest("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                "-k", "hardware", "-p", "no:xdist", "-p", "no:cacheprovider")
+    assert result.ret == 0
+    rec = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert dict(rec[0].user_properties)["gpu_uuid"] == UUID0  # it was pinned, to the first GPU
+    import os
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "callers-value"
