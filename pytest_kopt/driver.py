@@ -7,6 +7,7 @@ Plain Python over the gate functions and :mod:`pytest_kopt.loop`; GPU work happe
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -92,6 +93,7 @@ def finish_init(run_dir: Path, ctx: gates.Context, records: list[dict[str, Any]]
     top = json.loads((ctx.outdir / "ncu_top.json").read_text())
     state = loop.load_state(run_dir)
     loop.save_state(run_dir, {"baseline_ms": bench["median_ms"], "best_metric_ms": bench["median_ms"],
+                              "best_gpu_uuid": bench.get("gpu_uuid"),
                               "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep"), "ncu_set": top.get("set")})
     it = loop.open_iteration(run_dir, 1, profile_dir=ctx.outdir, roofline=roof, branches=int(state["branches"]),
                              ncu_top=top)
@@ -130,6 +132,8 @@ def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: 
     re-timing fails."""
     measured = {r["gpu_uuid"] for r in results if r["passed"]} | {_bench(ctx_for(k)).get("gpu_uuid")
                                                                   for k in ab_kernels.values()}
+    best_gpu = state.get("best_gpu_uuid")  # the GPU that timed best_metric_ms (None in runs made before it was kept)
+    measured |= {best_gpu}
     measured.discard(None)
     finals = loop.finalists(results)
     if len(measured) < 2 or not finals:
@@ -137,7 +141,7 @@ def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: 
     contest = len(finals) > 1 and len({r["gpu_uuid"] for r in finals}) > 1
     if not contest:
         finals = finals[:1]
-    cands = [r["median_ms"] for r in finals]
+    cands = [float(r["median_ms"]) for r in finals]
     noise = float(state.get("noise_threshold_pct", loop.DEFAULT_NOISE_PCT)) / 100.0
     slack = 1.0 + loop.FINALIST_MARGIN_PCT / 100.0
     robust: dict[str, str] = {}
@@ -145,9 +149,12 @@ def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: 
         robust[f"branches/{finals[0]['branch']}"] = (
             "the only finalist" if len(loop.finalists(results)) == 1 else "its rivals were timed on its GPU")
 
-    def needed(name: str, value: float, threshold: float, what: str) -> bool:
-        ratios = [value / c for c in cands]
-        if all(r < threshold / slack or r > threshold * slack for r in ratios):
+    def needed(name: str, value: float, threshold: float, what: str, gpus: set[Any]) -> bool:
+        if gpus <= {finals[0]["gpu_uuid"]} and not contest:
+            robust[name] = f"timed on the champion's GPU ({finals[0]['gpu_uuid']})"
+            return False
+        ratios = [value / c if c > 0 else math.nan for c in cands]
+        if all(r < threshold / slack or r > threshold * slack for r in ratios):  # a NaN ratio is never robust
             robust[name] = (f"{what} {', '.join(f'{r:.3f}' for r in ratios)} is outside {threshold:.3f} "
                             f"/ x {slack:.2f}")
             return False
@@ -156,31 +163,37 @@ def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: 
     names: list[str] = [f"branches/{r['branch']}" for r in finals]
     kernels: list[Path] = [Path(r["kernel"]) for r in finals]
     for m, k in ab_kernels.items():
-        if needed(f"ablations/{m}", float(_bench(ctx_for(k))["median_ms"]), 1.0 + noise, "ablation/champion"):
+        b = _bench(ctx_for(k))
+        if needed(f"ablations/{m}", float(b["median_ms"]), 1.0 + noise, "ablation/champion", {b.get("gpu_uuid")}):
             names.append(f"ablations/{m}")
             kernels.append(k)
     best_file = Path(str(state.get("best_file") or ""))
     best_note = None
     best_ms = state.get("best_metric_ms")
-    if best_ms is not None and best_file.is_file() and needed("best", float(best_ms), 1.0 / (1.0 - noise),
-                                                               "best/champion"):
-        try:
-            gates.ensure_built(ctx_for(best_file))
-            names.append("best")
-            kernels.append(best_file)
-        except KoptError as exc:  # the improvement test then uses the stored best_metric_ms
-            best_note = f"the best kernel so far did not build here ({exc.message}); stored best_metric_ms used"
+    if best_ms is not None and needed("best", float(best_ms), 1.0 / (1.0 - noise), "best/champion", {best_gpu}):
+        if not best_file.is_file():
+            best_note = f"the best kernel so far ({best_file}) is gone; stored best_metric_ms used"
+        else:
+            try:
+                gates.ensure_built(ctx_for(best_file))
+                names.append("best")
+                kernels.append(best_file)
+            except KoptError as exc:  # the improvement test then uses the stored best_metric_ms
+                best_note = f"the best kernel so far did not build here ({exc.message}); stored best_metric_ms used"
     retimed: dict[str, float] = {}
     timed: list[dict[str, Any]] = []
     if contest or len(kernels) > 1:
         timed = gates.retime_interleaved([ctx_for(k) for k in kernels])
         retimed = {n: t["median_ms"] for n, t in zip(names, timed)}
+    gpu = (ctx_for(kernels[0]).env.get("gpu") or {})
     keep = {r["branch"] for r in finals}
     for r in results:
         r["gate_median_ms"] = r["median_ms"]
+        r["gate_gpu_uuid"] = r["gpu_uuid"]
         r["finalist"] = r["branch"] in keep
-        r["median_ms"] = retimed.get(f"branches/{r['branch']}", r["median_ms"])
-    gpu = (ctx_for(kernels[0]).env.get("gpu") or {})
+        if f"branches/{r['branch']}" in retimed:
+            r["median_ms"] = retimed[f"branches/{r['branch']}"]
+            r["gpu_uuid"] = gpu.get("uuid")
     decision = {"method": "interleaved re-timing on one GPU (pytest_kopt.gates.retime_interleaved)",
                 "gpu_uuid": gpu.get("uuid"), "gpu_index": gpu.get("index"), "measured_on": sorted(measured),
                 "finalist_margin_pct": loop.FINALIST_MARGIN_PCT, "max_finalists": loop.MAX_FINALISTS,
@@ -190,6 +203,19 @@ def _same_gpu_decision(run_dir: Path, it: Path, state: dict[str, Any], results: 
                 "reported_gpu": {n: t["gpu_uuid"] for n, t in zip(names, timed)}, "best_note": best_note}
     loop.write_json(it / "decision.json", decision)
     return decision
+
+
+def decided(results: list[dict[str, Any]], ab_gate_ms: dict[str, float | None],
+            decision: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, float | None], float | None]:
+    """What the close decides on: (champion among the finalists, each ablation's ms, the best so far's ms as
+    re-timed or None). ``results``: the branches with ``median_ms`` (ms) and, after a same-GPU decision, their
+    ``finalist`` flags; ``ab_gate_ms``: each claimed method's ablation median from its timing gate (None: missing
+    or failed); ``decision``: :func:`_same_gpu_decision`'s record or None. Re-timed ablations take their re-timed
+    median."""
+    champion = loop.select_champion([r for r in results if r.get("finalist", True)])
+    retimed = (decision or {}).get("retimed_ms", {})
+    ab_ms = {m: (retimed.get(f"ablations/{m}", ms) if ms is not None else None) for m, ms in ab_gate_ms.items()}
+    return champion, ab_ms, retimed.get("best")
 
 
 def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records: list[dict[str, Any]],
@@ -221,7 +247,8 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
         loop.stop_run(run_dir, f"re-timing the finalists on one GPU failed: {exc.message}", "timing", exc.exit_code)
         return {"exit_code": exc.exit_code, "message": f"{it.name}: the finalists could not be re-timed on one GPU: "
                                                       f"{exc.message}"}
-    champion = loop.select_champion([r for r in results if r.get("finalist", True)])
+    ab_gate_ms = {m: _bench(ctx_for(ab_kernels[m])).get("median_ms") if m in ab_kernels else None for m in methods}
+    champion, ab_ms, best_ms_now = decided(results, ab_gate_ms, decision)
     if champion is None:
         loop.write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": None})
         loop.stop_run(run_dir, "all branches failed a strict gate", "branch_explore", 2, results)
@@ -239,7 +266,6 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
     roof = json.loads((cctx.outdir / "roofline.json").read_text())
     loop.write_json(it / "kernel_ncu_top.json", top)  # never over the best-input profile's ncu_top.json
     loop.write_json(it / "kernel_roofline.json", roof)
-    ab_ms: dict[str, float | None] = {}
     why: dict[str, str] = {}
     for method in methods:
         kernel = ablations.get(method)
@@ -249,9 +275,6 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
             continue
         base_file = kernel.parent / "base"
         base = base_file.read_text().strip() if base_file.is_file() else "b1"
-        gate_ms = _bench(ctx_for(kernel)).get("median_ms")
-        ab_ms[method] = ((decision or {}).get("retimed_ms", {}).get(f"ablations/{method}", gate_ms)
-                         if method in ab_kernels else None)
         if base != champion["branch"]:
             why[method] = f"ablation built from {base}, champion is {champion['branch']}"
     attr = loop.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
@@ -260,7 +283,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], gates.Context], records:
     bench = json.loads((cctx.outdir / "bench.json").read_text())
     state = loop.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
                                  sass=sass, champion_roofline=roof, champion_bench=bench,
-                                 best_ms_now=(decision or {}).get("retimed_ms", {}).get("best"), decision=decision)
+                                 best_ms_now=best_ms_now, decision=decision)
     done = finalize or i >= int(state["iterations_total"]) or bool(roof.get("near_peak"))
     if done:
         reason = "finalized" if finalize else ("near_peak" if roof.get("near_peak") else "iterations done")

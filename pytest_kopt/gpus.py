@@ -24,43 +24,47 @@ def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
     """The GPUs a session uses, in the order given.
 
     ``env``: :func:`pytest_kopt.hardware.detect`'s document (its ``gpus`` list: ``index``, ``uuid``, ``name``,
-    ``cc`` ...). ``spec``: ``None``/``""``/``all`` for every visible GPU, else a comma list of indices into that
-    list (``0,1``) or UUIDs (``GPU-5165af39-...``, or a unique prefix of one). Returns ``[]`` without a GPU (the
-    hardware gate then reports why). Raises :class:`~pytest_kopt.errors.ConfigError` for an index out of range, an
-    unknown or ambiguous UUID, a repeated GPU, or GPUs of different compute capability (one session compiles for
-    one arch).
+    ``cc`` ...). ``spec``: ``None``/``""``/``all`` for the visible GPUs of the first one's model (same name and
+    compute capability; a machine that mixes models uses that model's only, and GPUs whose UUIDs repeat, as MIG
+    slices of one GPU can, leave the first alone), else a comma list of CUDA ordinals into that list (``0,1``:
+    they follow ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``) or UUIDs (``GPU-5165af39-...``, or a unique
+    prefix of one). Returns ``[]`` without a GPU (the hardware gate then reports why). Raises
+    :class:`~pytest_kopt.errors.ConfigError`, for an explicit list only, on an ordinal out of range, an unknown or
+    ambiguous UUID, a repeated GPU, or GPUs of different models (one session compiles for one arch and compares
+    timings across its GPUs).
     """
     visible = list(env.get("gpus") or [])
     if not visible:
         return []
     text = (spec or "").strip()
     if text.lower() in ("", "all"):
-        chosen = visible
-    else:
-        listing = _listing(visible)
-        chosen = []
-        for part in (p.strip() for p in text.split(",")):
-            if part.isdigit():
-                if int(part) >= len(visible):
-                    raise ConfigError(f"--kopt-gpus {text}: there is no GPU {part}; visible: {listing}",
-                                      fix=f"use indices 0..{len(visible) - 1}, UUIDs, or all")
-                chosen.append(visible[int(part)])
-                continue
-            hits = [g for g in visible if part and g["uuid"].lower().startswith(part.lower())]
-            if len(hits) != 1:
-                what = "matches no visible GPU" if not hits else "matches several GPUs"
-                raise ConfigError(f"--kopt-gpus {text}: {part!r} {what}; visible: {listing}",
-                                  fix="give indices (0,1) or whole UUIDs as nvidia-smi -L prints them")
-            chosen.append(hits[0])
+        first = visible[0]
+        same = [g for g in visible if (g["name"], g["cc"]) == (first["name"], first["cc"])]
+        uuids = [g["uuid"] for g in same]
+        return same if len(set(uuids)) == len(uuids) else [first]
+    listing = _listing(visible)
+    chosen = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.isascii() and part.isdigit():
+            if int(part) >= len(visible):
+                raise ConfigError(f"--kopt-gpus {text}: there is no GPU {part}; visible: {listing}",
+                                  fix=f"use CUDA ordinals 0..{len(visible) - 1}, UUIDs, or all")
+            chosen.append(visible[int(part)])
+            continue
+        hits = [g for g in visible if part and g["uuid"].lower().startswith(part.lower())]
+        if len(hits) != 1:
+            what = "matches no visible GPU" if not hits else "matches several GPUs"
+            raise ConfigError(f"--kopt-gpus {text}: {part!r} {what}; visible: {listing}",
+                              fix="give CUDA ordinals (0,1) or whole UUIDs as nvidia-smi -L prints them")
+        chosen.append(hits[0])
     uuids = [g["uuid"] for g in chosen]
     if len(set(uuids)) != len(uuids):
-        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice; visible: {_listing(visible)}",
-                          fix="list each GPU once")
-    ccs = {g["cc"] for g in chosen}
-    if len(ccs) > 1:
-        raise ConfigError(f"--kopt-gpus {text or 'all'}: the GPUs differ in compute capability ({', '.join(sorted(ccs))}); "
-                          "one session compiles for one arch and compares timings across its GPUs",
-                          fix="list GPUs of one model, e.g. --kopt-gpus 0,1")
+        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice; visible: {listing}", fix="list each GPU once")
+    models = {(g["name"], g["cc"]) for g in chosen}
+    if len(models) > 1:
+        raise ConfigError(f"--kopt-gpus {text}: the GPUs are of different models "
+                          f"({', '.join(f'{n} cc {c}' for n, c in sorted(models))}); one session compiles for one arch "
+                          "and compares timings across its GPUs", fix="list GPUs of one model")
     return chosen
 
 
@@ -69,13 +73,19 @@ def _listing(gpus: list[dict[str, Any]]) -> str:
 
 
 def worker_gpu(gpus: list[dict[str, Any]], worker_id: str) -> dict[str, Any] | None:
-    """The GPU of an xdist worker: ``gwN`` gets ``gpus[N % len(gpus)]``, so ``-n 4`` on two GPUs puts gw0 and gw2
-    on the first and gw1 and gw3 on the second (the per-GPU lock keeps their GPU stages one at a time). None
-    without GPUs or for an id that is not ``gw<N>``."""
-    m = _WORKER_RE.match(worker_id or "")
-    if not gpus or not m:
+    """The GPU of an xdist worker by its id alone (a worker on another host, which only knows its own GPUs):
+    ``gwN`` gets ``gpus[N % len(gpus)]``, any other id the first GPU. None without GPUs."""
+    if not gpus:
         return None
-    return gpus[int(m.group(1)) % len(gpus)]
+    m = _WORKER_RE.match(worker_id or "")
+    return gpus[int(m.group(1)) % len(gpus)] if m else gpus[0]
+
+
+def least_loaded(gpus: list[dict[str, Any]], load: dict[str, int]) -> dict[str, Any] | None:
+    """The GPU with the fewest live workers (``load``: UUID -> count), the first of ``gpus`` on a tie; the
+    controller's choice for each worker it starts, so ``-n 4`` on two GPUs puts two workers on each and a worker
+    xdist restarts after a crash takes the place its predecessor left. None without GPUs."""
+    return min(gpus, key=lambda g: load.get(g["uuid"], 0)) if gpus else None
 
 
 def pinned(env: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:

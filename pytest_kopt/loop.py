@@ -358,7 +358,7 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     updates["selected_methods"] = list(dict.fromkeys([*state.get("selected_methods", []), *methods]))
     if is_better:
         updates.update(best_file=str(it / f"kernel{src.suffix}"), best_metric_ms=champion["median_ms"],
-                       best_ncu_rep=str(it / "kernel.ncu-rep"))
+                       best_ncu_rep=str(it / "kernel.ncu-rep"), best_gpu_uuid=champion.get("gpu_uuid"))
     updates["frontier"] = [*state.get("frontier", []),
                            *[{"iter": i, **r} for r in results if r["branch"] != champion["branch"] and r.get("passed")]]
     updates["history"] = [*state.get("history", []), {

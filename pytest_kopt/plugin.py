@@ -249,11 +249,9 @@ def _worker_env(workerinput: dict[str, Any]) -> dict[str, Any]:
         gpu = gpus.worker_gpu(own, workerinput.get("workerid", ""))
         if gpu is None or len(own) < 2:
             return env
-        env = gpus.pinned(env, gpu)
-    elif env.get("pinned"):
-        gpu = gpus.worker_gpu(env["gpus"], workerinput.get("workerid", ""))
-        if gpu is not None:
-            env = gpus.pinned(env, gpu)
+        env = gpus.pinned({**env, "gpus": own}, gpu)
+    elif env.get("pinned") and workerinput.get("kopt_gpu"):
+        env = gpus.pinned(env, workerinput["kopt_gpu"])
     if env.get("pinned"):
         os.environ["CUDA_VISIBLE_DEVICES"] = env["gpu"]["uuid"]
     return env
@@ -268,8 +266,11 @@ def _int_option(config: pytest.Config, name: str, default: float) -> float:
     except ValueError:
         raise pytest.UsageError(f"pytest-kopt: --kopt-{name}: {value!r} is not a number\n  fix: e.g. "
                                 f"--kopt-{name} {default:g}") from None
-    if number <= 0 and name != "noise" or number < 0:
-        raise pytest.UsageError(f"pytest-kopt: --kopt-{name}: {value!r} must be positive")
+    if not math.isfinite(number) or number <= 0 and name != "noise" or number < 0:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-{name}: {value!r} must be a positive number")
+    if name == "noise" and number >= 100:
+        raise pytest.UsageError(f"pytest-kopt: --kopt-noise: {value!r} percent leaves no improvement possible "
+                                "(a new best must be faster than best x (1 - noise/100))\n  fix: e.g. --kopt-noise 2")
     return number
 
 
@@ -431,15 +432,33 @@ class KoptController:
         self.loop_result: dict[str, Any] | None = None
         self.json_error: str | None = None
         self.comparisons: list[dict[str, Any]] = []
+        #: GPU UUID -> ids of the live xdist workers pinned to it
+        self.gpu_workers: dict[str, set[str]] = {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist: a worker ended (or crashed): its GPU has one worker less for the next one started."""
+        wid = getattr(node, "workerinput", {}).get("workerid")
+        for ids in self.gpu_workers.values():
+            ids.discard(wid)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist: give each worker the detected environment, the session seed and the MAC key of cached results
-        (builtins only), so workers never probe CUDA themselves, collect the same items and trust each other's
-        reference outputs and correctness records."""
-        node.workerinput["kopt_env"] = self.config.stash[ENV_KEY]
+        """xdist: give each worker the detected environment, its GPU when the session pins (the one with the
+        fewest live workers), the session seed and the MAC key of cached results (builtins only), so workers never
+        probe CUDA themselves, collect the same items and trust each other's reference outputs and correctness
+        records. A worker on another host (a gateway that is not ``popen``) detects its own GPUs."""
+        env = self.config.stash[ENV_KEY]
+        node.workerinput["kopt_env"] = env
         if not getattr(getattr(node.gateway, "spec", None), "popen", True):
             node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
+        elif env.get("pinned"):
+            from . import gpus
+
+            gpu = gpus.least_loaded(env["gpus"], {u: len(ids) for u, ids in self.gpu_workers.items()})
+            if gpu is not None:
+                node.workerinput["kopt_gpu"] = gpu
+                self.gpu_workers.setdefault(gpu["uuid"], set()).add(node.workerinput["workerid"])
         node.workerinput["kopt_key"] = gates.session_key()
         if self.config.stash[SETTINGS_KEY].run_dir is not None:
             node.workerinput["kopt_run_dir"] = str(self.config.stash[SETTINGS_KEY].run_dir)
