@@ -33,19 +33,20 @@ def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
     ambiguous UUID, a repeated GPU, or GPUs of different models (one session compiles for one arch and compares
     timings across its GPUs).
     """
+    text = (spec or "").strip()
+    parts = parse(text)
     visible = list(env.get("gpus") or [])
     if not visible:
         return []
-    text = (spec or "").strip()
-    if text.lower() in ("", "all"):
+    if not parts:
         first = visible[0]
         same = [g for g in visible if (g["name"], g["cc"]) == (first["name"], first["cc"])]
         uuids = [g["uuid"] for g in same]
         return same if len(set(uuids)) == len(uuids) else [first]
     listing = _listing(visible)
     chosen = []
-    for part in (p.strip() for p in text.split(",")):
-        if part.isascii() and part.isdigit():
+    for part in parts:
+        if part.isdigit():
             if int(part) >= len(visible):
                 raise ConfigError(f"--kopt-gpus {text}: there is no GPU {part}; visible: {listing}",
                                   fix=f"use CUDA ordinals 0..{len(visible) - 1}, UUIDs, or all")
@@ -66,6 +67,26 @@ def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
                           f"({', '.join(f'{n} cc {c}' for n, c in sorted(models))}); one session compiles for one arch "
                           "and compares timings across its GPUs", fix="list GPUs of one model")
     return chosen
+
+
+def parse(text: str) -> list[str]:
+    """The parts of a ``--kopt-gpus`` value, checked before any GPU is looked at (so a typo fails on a machine
+    without GPUs too): ``[]`` for ``""``/``all``; else each comma-separated part must be a CUDA ordinal (ASCII
+    digits) or a UUID or its prefix (``GPU-...``/``MIG-...``). Raises ConfigError on anything else, an empty part
+    or a part given twice."""
+    if text.strip().lower() in ("", "all"):
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    for part in parts:
+        ordinal = part.isascii() and part.isdigit()
+        if not ordinal and not re.fullmatch(r"(?i)(GPU|MIG)-[0-9a-f-]*", part):
+            raise ConfigError(f"--kopt-gpus {text}: {part!r} is neither a CUDA ordinal nor a GPU UUID",
+                              fix="give all, ordinals such as 0,1, or UUIDs (or their prefixes) as nvidia-smi -L "
+                                  "prints them")
+    norm = [str(int(p)) if p.isdigit() else p.lower() for p in parts]
+    if len(set(norm)) != len(norm):
+        raise ConfigError(f"--kopt-gpus {text}: a GPU is listed twice", fix="list each GPU once")
+    return parts
 
 
 def _listing(gpus: list[dict[str, Any]]) -> str:

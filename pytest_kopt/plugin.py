@@ -52,8 +52,9 @@ OPTIONS = (
     ("save", "Save every kernel's timing samples as a baseline NAME (pytest-benchmark's storage format)", "NAME"),
     ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
     ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
-    ("gpus", "GPUs to spread the session over with -n: all (default) or indices/UUIDs such as 0,1; xdist worker "
-             "gwK is pinned to the (K mod count)-th through CUDA_VISIBLE_DEVICES", "LIST"),
+    ("gpus", "GPUs to spread the session over with -n: all (default: the first GPU's model), CUDA ordinals such "
+             "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
+             "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
     ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
     ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),

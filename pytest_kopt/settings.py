@@ -189,11 +189,11 @@ def parse_arch(text: str, source: str = "--kopt-arch") -> str:
     return t
 
 
-def _float(text: str, source: str, positive: bool = False) -> float:
+def _float(text: str, source: str, positive: bool = False, example: str = "1e-3") -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{source}: {text!r} is not a number", fix="give a float, e.g. 1e-3") from None
+        raise ConfigError(f"{source}: {text!r} is not a number", fix=f"give a number, e.g. {example}") from None
     if value != value or value == float("inf") or value < 0 or (positive and value == 0):
         raise ConfigError(f"{source}: {text!r} must be {'> 0' if positive else '>= 0'}",
                           fix=f"give a finite {'positive' if positive else 'non-negative'} number")
@@ -266,12 +266,12 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     outdir = Path(str(opt("outdir") or ".kopt"))
     if not outdir.is_absolute():
         outdir = base / outdir
-    timeout = _float(str(opt("timeout")), "--kopt-timeout", positive=True) if opt("timeout") is not None else DEFAULT_GATE_TIMEOUT_S
-    ncu_timeout = (_float(str(opt("ncu_timeout")), "--kopt-ncu-timeout", positive=True)
+    timeout = _float(str(opt("timeout")), "--kopt-timeout", positive=True, example="120") if opt("timeout") is not None else DEFAULT_GATE_TIMEOUT_S
+    ncu_timeout = (_float(str(opt("ncu_timeout")), "--kopt-ncu-timeout", positive=True, example="600")
                    if opt("ncu_timeout") is not None else DEFAULT_NCU_TIMEOUT_S)
     rotating_memory = 0.25
     if opt("rotating_memory") is not None:
-        rotating_memory = _float(str(opt("rotating_memory")), "--kopt-rotating-memory", positive=True)
+        rotating_memory = _float(str(opt("rotating_memory")), "--kopt-rotating-memory", positive=True, example="0.25")
         if rotating_memory > 0.9:
             raise ConfigError(f"--kopt-rotating-memory: {rotating_memory:g} is more than 0.9 of the free memory",
                               fix="give a fraction such as 0.25 (the kernel's own buffers need the rest)")

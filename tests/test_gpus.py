@@ -54,14 +54,26 @@ def test_select_takes_indices_uuids_and_prefixes_in_the_order_given() -> None:
 
 @pytest.mark.parametrize(("spec", "needle"), [
     ("2", "there is no GPU 2"),
-    ("0,0", "listed twice"),
     ("GPU-", "matches several GPUs"),
     ("GPU-ffff", "matches no visible GPU"),
+    (f"0,{UUID0.lower()}", "listed twice"),
 ])
 def test_select_rejects_what_names_no_single_gpu(spec: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
         gpus.select(two_gpu_env(), spec)
     assert UUID0 in info.value.message  # the error lists the visible GPUs
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("bogus", "neither a CUDA ordinal nor a GPU UUID"),
+    ("0,,1", "'' is neither"),
+    ("²", "'²' is neither"),
+    ("0,00", "listed twice"),
+    (f"{UUID1},{UUID1.upper()}", "listed twice"),
+])
+def test_a_malformed_value_fails_even_without_a_gpu(spec: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        gpus.select({"gpus": []}, spec)
 
 
 def test_an_explicit_list_of_different_models_is_refused() -> None:
@@ -80,11 +92,6 @@ def test_without_the_option_a_mixed_machine_uses_the_first_gpus_model() -> None:
     assert [g["index"] for g in gpus.select(twins, "all")] == [0]
     with pytest.raises(ConfigError, match="listed twice"):
         gpus.select(twins, "0,1")
-
-
-def test_a_non_ascii_digit_is_no_ordinal() -> None:
-    with pytest.raises(ConfigError, match="'²' matches no visible GPU"):
-        gpus.select(two_gpu_env(), "²")
 
 
 def _node(wid: str, popen: bool | None = True) -> SimpleNamespace:
@@ -312,6 +319,19 @@ def test_kopt_gpus_out_of_range_is_a_usage_error(pytester: pytest.Pytester) -> N
                                            "--kopt-gpus", "0,2", "-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kopt-gpus 0,2: there is no GPU 2" in result.stderr.str() and UUID1 in result.stderr.str()
+
+
+def test_a_typo_in_kopt_gpus_fails_on_a_machine_without_gpu(pytester: pytest.Pytester) -> None:
+    """Without a GPU --kopt-gpus is ignored, but a malformed value still stops the session (exit 4), so a CPU-only
+    CI job catches the typo before a GPU host runs it."""
+    pytester.makepyfile(k=PY_SCALE, ref=LOOSE_REF)
+    args = ["--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64", "-k", "hardware",
+            "-p", "no:cacheprovider", "-p", "no:xdist"]
+    bad = pytester.runpytest_subprocess(*args, "--kopt-gpus", "bogus", timeout=120)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--kopt-gpus bogus: 'bogus' is neither a CUDA ordinal nor a GPU UUID" in bad.stderr.str()
+    if not hardware.probe_gpus()["gpus"]:
+        assert pytester.runpytest_subprocess(*args, "--kopt-gpus", "0,1", timeout=120).ret == 0
 
 
 def test_tx_popen_workers_on_loopback(pytester: pytest.Pytester) -> None:
