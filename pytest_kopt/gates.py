@@ -1091,6 +1091,7 @@ def gate_roofline(ctx: Context, param: Any = None) -> Outcome:
     writes ``roofline.json`` and ``roofline.png``."""
     top_path = ctx.outdir / "ncu_top.json"
     if not top_path.is_file():
+        _device_for(ctx, "roofline")  # without a GPU, say so (as the other GPU gates do), not "no ncu_top.json"
         raise Blocked("ncu", "no ncu_top.json from this session's ncu gate")
     top = json.loads(top_path.read_text())
     if "metrics" not in top:

@@ -44,6 +44,10 @@ def test_example_cpu_gates(pytester: pytest.Pytester, name: str) -> None:
     gpu = bool(hardware.probe_gpus()["gpus"])
     if kernel.endswith(".py") or gpu:
         assert correctness and set(correctness) == {"PASSED"}, status
+    if not gpu:  # every GPU gate says why it skipped: no GPU (roofline used to say "no ncu_top.json")
+        messages = {i["nodeid"].split("::")[1]: i["message"] for i in items if i["status"] == "SKIPPED"}
+        assert {"timing", "ncu", "roofline"} <= set(messages), messages
+        assert all(m.startswith("blocked by hardware: no GPU") for m in messages.values()), messages
 
 
 @pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
