@@ -788,9 +788,8 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
         # judged before any statistics: a timed call that did no work (a graph captured empty) has a median of the
         # flush noise around 0, which no distribution describes; the bench.json left says why timing is not valid
         _write_json(ctx.outdir / "bench.json", {
-            "kernel": str(ctx.kernel), "dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
-            "compile_pass": True, "contract_pass": True, "correctness_pass": True, "timing_valid": False,
-            "median_ms": None, "samples_ms": result["event_ms"], "timed_output_check": verdict.status,
+            **_bench_head(ctx, result), "timing_valid": False, "median_ms": None, "samples_ms": result["event_ms"],
+            "timed_output_check": verdict.status,
             "timing_method": {**req["timing"], "method": result.get("graph_method") or result.get("method")}})
         if not verdict.ok:
             raise IncorrectError(f"a timed call's output is wrong: {verdict.message}", gate="timing",
@@ -831,7 +830,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                                "timing_method": result.get("graph_method") or result.get("method", "events"),
                                "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
                                "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi,
-                               "gpu_uuid": result.get("gpu_uuid") or (ctx.env.get("gpu") or {}).get("uuid")}
+                               "gpu_uuid": result.get("gpu_uuid")}  # as the timed process reported it
     if throttled is not None:
         figures["throttled_samples"] = sum(throttled)
     if wm.get("flops") is not None:
@@ -850,11 +849,7 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
                        " (work on another stream or a background thread?)")
     timing_valid = stability != "unstable" and not suspect
     dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
-    bench = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
-             "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
-             "gpu_uuid": figures["gpu_uuid"], "gpu_index": (ctx.env.get("gpu") or {}).get("index"),
-             "compile_pass": True, "contract_pass": True, "correctness_pass": True, "race_safe": _race_safe(ctx),
-             "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
+    bench = {**_bench_head(ctx, result), "race_safe": _race_safe(ctx), "timing_valid": timing_valid, "average_ms": k.mean_ms, "median_ms": k.median_ms,
              "robust_cv": k.robust_cv, "stability": stability, "stability_basis": basis, "distribution": dist,
              "samples_ms": result["event_ms"], "host_ms": result["host_ms"], "throttled": throttled,
              "nvml": result.get("nvml"), "stop_reason": result["stop_reason"],
@@ -887,6 +882,16 @@ def gate_timing(ctx: Context, param: Any = None) -> Outcome:
     return Outcome(figures, f"median {_ms(k.median_ms)} [{_ms(k.ci95_low_ms)}, {_ms(k.ci95_high_ms)}] (robust CV "
                             f"{k.robust_cv:.3f}, {stability}, n={k.n}, {result['stop_reason']}), reference "
                             f"{_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]{extra}", (path,))
+
+
+def _bench_head(ctx: Context, result: dict[str, Any]) -> dict[str, Any]:
+    """The fields every ``bench.json`` starts with: the kernel, its dims, arch, the GPU that timed it (name and UUID
+    as the timed process reported them, the session's index of it) and SKILL.md's pass flags of the earlier
+    gates."""
+    return {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
+            "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
+            "gpu_uuid": result.get("gpu_uuid"), "gpu_index": (ctx.env.get("gpu") or {}).get("index"),
+            "compile_pass": True, "contract_pass": True, "correctness_pass": True}
 
 
 def _interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:

@@ -16,7 +16,7 @@ from typing import Any
 from .errors import ConfigError
 from .hardware import arch_of
 
-#: xdist worker ids (``gw0``, ``gw1``, ...): the number after ``gw`` picks the GPU round-robin.
+#: xdist worker ids (``gw0``, ``gw1``, ...): on another host, the number after ``gw`` picks its GPU round-robin.
 _WORKER_RE = re.compile(r"^gw(\d+)$")
 
 
@@ -125,12 +125,12 @@ def session_view(env: dict[str, Any]) -> dict[str, Any]:
 def should_pin(gpus: list[dict[str, Any]], spec: str | None) -> bool:
     """Pin processes only when the session uses several GPUs or ``--kopt-gpus`` names them; one visible GPU and no
     option leaves ``CUDA_VISIBLE_DEVICES`` untouched (the behaviour of a one-GPU machine)."""
-    return bool(gpus) and (len(gpus) > 1 or (spec or "").strip().lower() not in ("", "all"))
+    return bool(gpus) and (len(gpus) > 1 or bool(parse(spec or "")))
 
 
 def same_device(reported: str | None, uuid: str | None) -> bool:
-    """Whether a UUID a child process reported (torch prints it without the ``GPU-`` prefix) is ``uuid``; True when
-    either is unknown (no NVML, an old torch)."""
+    """Whether a UUID a child process reported (with or without the ``GPU-`` prefix) is ``uuid``; True when either
+    is unknown (a torch whose device properties carry no UUID, or a process not pinned)."""
     if not reported or not uuid:
         return True
     return reported.lower().removeprefix("gpu-") == uuid.lower().removeprefix("gpu-")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -189,8 +190,6 @@ def pytest_configure(config: pytest.Config) -> None:
         for kernel in settings.kernels:
             if not any(Path(a.split("::")[0]).resolve() == kernel for a in config.args):
                 config.args.append(str(kernel))
-    import os
-
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "kopt_env" in workerinput:
@@ -219,8 +218,6 @@ def _controller_env(config: pytest.Config) -> dict[str, Any]:
     """Detect the hardware and choose the session's GPUs (``--kopt-gpus``). When the session pins GPUs (several
     used, or the option given), this process is pinned to the first one: the loop's decisions (re-timing, the
     champion's profile) run there. Raises UsageError for a bad ``--kopt-gpus``."""
-    import os
-
     from . import gpus
 
     env = hardware.detect()
@@ -239,8 +236,6 @@ def _worker_env(workerinput: dict[str, Any]) -> dict[str, Any]:
     """An xdist worker's environment: the controller's, pinned to the worker's GPU when the session pins (its
     ``CUDA_VISIBLE_DEVICES`` set, so every child it starts uses that GPU). A worker on another host (an ``ssh``
     or ``socket`` gateway of ``--tx``) detects its own GPUs instead, since the controller's UUIDs name none there."""
-    import os
-
     from . import gpus
 
     env = workerinput["kopt_env"]
@@ -714,8 +709,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Give CUDA_VISIBLE_DEVICES back as it was, when this process pinned itself to a GPU (an in-process pytest
     run, such as pytester's ``runpytest()``, must not leave its pin to the caller)."""
-    import os
-
     if VISIBLE_KEY not in config.stash:
         return
     before = config.stash[VISIBLE_KEY]
