@@ -2,7 +2,7 @@
 
 Kernels from about 5 µs to 10 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum).
 For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by ncu), kopt's
-median (pytest_kopt.harness.measure: rotating inputs, L2 flush, adaptive stop), the same in graph mode
+median (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop), the same in graph mode
 (--kopt-timing graph) and do_bench's median, each
 repeated 5 times; prints one table: medians, ratio to ncu, run-to-run spread ((max-min)/median of the 5 medians).
 
@@ -60,8 +60,8 @@ def profile_child() -> None:
 
 def ncu_medians(out: Path) -> dict[str, float]:
     """ncu's median gpu__time_duration (µs) per case; kernels are renamed after their NVTX range."""
-    from pytest_kopt.hardware import find_tool
-    from pytest_kopt.ncu_csv import parse_ncu_csv
+    from pytest_kopt.gates.hardware import find_tool
+    from pytest_kopt.gates.ncu_csv import parse_ncu_csv
 
     ncu = find_tool("ncu")
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--print-nvtx-rename", "kernel", "--csv",
@@ -80,8 +80,8 @@ def ncu_medians(out: Path) -> dict[str, float]:
 
 def kopt_median(torch, kind: str, n: int, method: str = "events") -> float:
     """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph)."""
-    from pytest_kopt.gates import GRAPH_CALLS, TIMING
-    from pytest_kopt.harness import measure
+    from pytest_kopt.child.timer import make_timer
+    from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
 
     free = torch.cuda.mem_get_info()[0]
     first, fn = make(torch, kind, n, 1)
@@ -94,7 +94,8 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> float:
             if key != "c":
                 t.normal_()
 
-    r = measure(torch, sets, fn, refresh, {**TIMING, "method": method, "graph_calls": GRAPH_CALLS})
+    timer = make_timer(torch, sets, fn, refresh, {**TIMING, "method": method, "graph_calls": GRAPH_CALLS})
+    r = timer.result(timer.take())
     return statistics.median(r["event_ms"]) * 1e3
 
 

@@ -6,6 +6,7 @@ the pytest layer turns into ``pytest.UsageError``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ DEFAULT_NCU_TIMEOUT_S = 300.0
 #: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
 SEED_COUNT = 5
 TIMING_METHODS = ("events", "graph")
+NUMERICS_MODES = ("reference", "strict", "approximate")
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
@@ -50,6 +52,8 @@ class Settings:
     arch: str | None = None
     json_path: str | None = None
     outdir: Path = Path(".kopt")
+    #: The folder pytest was started in: relative paths and artifact folders are taken from it.
+    invocation_dir: Path = Path(".")
     gate_timeout_s: float = DEFAULT_GATE_TIMEOUT_S
     ncu_timeout_s: float = DEFAULT_NCU_TIMEOUT_S
     candidates: tuple[Path, ...] = ()
@@ -67,8 +71,29 @@ class Settings:
     timing_method: str = "events"
     #: Largest fraction of the GPU's free memory the timing gate's rotating input sets may take (0 < f <= 0.9).
     rotating_memory: float = 0.25
-    #: PR gate (``--kopt-fail-slower``): each candidate's timing gate also times the baseline, round by round.
-    pr_gate: bool = False
+    #: PR gate (``--kopt-fail-slower PCT``): the slowdown threshold in percent, None when not asked for; each
+    #: candidate's timing gate then also times the baseline, round by round.
+    fail_slower_pct: float | None = None
+    #: ``--kopt-save`` / ``--kopt-compare``: names of saved timing baselines, and their folder (``--kopt-storage``).
+    save: str | None = None
+    compare: str | None = None
+    storage: Path = Path(".benchmarks")
+    #: ``--kopt-gpus`` as given (None: all GPUs of the first one's model); see :func:`pytest_kopt.gates.gpus.select`.
+    gpus: str | None = None
+    #: Loop (SKILL.md's inputs): ``--kopt-init`` seeds a run; ``--kopt-run`` closes one (``run_dir`` and
+    #: ``loop_mode`` are set then); the rest configure a run made by ``--kopt-init``.
+    init: bool = False
+    finalize: bool = False
+    iterations: int = 3
+    branches: int = 4
+    ncu_num: int = 5
+    noise_pct: float = 2.0
+    numerics_mode: str = "reference"
+
+    @property
+    def pr_gate(self) -> bool:
+        """True when the session compares candidates with the baseline (``--kopt-fail-slower`` and candidates)."""
+        return self.fail_slower_pct is not None and bool(self.candidates)
 
     @property
     def kernels(self) -> tuple[Path, ...]:
@@ -76,13 +101,23 @@ class Settings:
         return tuple(dict.fromkeys(((self.baseline,) if self.baseline else ()) + self.candidates))
 
     def artifact_dir(self, kernel: Path) -> Path:
-        """Where a kernel's artifacts go: its run-directory folder in loop mode, else ``<outdir>/<label>``."""
+        """Where a kernel's artifacts go: its run-directory folder in loop mode, else ``<outdir>/<path>/`` where
+        ``<path>`` is the kernel's path relative to the invocation folder (``.kopt/examples/gemm/gemm.cu/``), so two
+        kernels never share a folder, in one session or across sessions; a kernel outside the invocation folder
+        goes to ``<outdir>/_external/<hash of its folder>/<name>/``."""
         if str(kernel) in self.artifact_dirs:
             return Path(self.artifact_dirs[str(kernel)])
-        return self.outdir / self.label(kernel)
+        kernel = Path(kernel)
+        try:
+            rel = kernel.relative_to(self.invocation_dir)
+        except ValueError:
+            digest = hashlib.sha256(str(kernel.parent).encode()).hexdigest()[:10]
+            rel = Path("_external") / digest / kernel.name
+        return self.outdir / rel
 
     def label(self, kernel: Path) -> str:
-        """Folder name of a kernel's artifacts: its stem, or ``<parent>_<stem>`` when two kernels share a stem."""
+        """A kernel's short name in reports and saved baselines: its stem, or ``<parent>_<stem>`` when two kernels of
+        the session share a stem."""
         same = [k for k in self.kernels if k.stem == kernel.stem]
         return kernel.stem if len(same) < 2 else f"{kernel.parent.name}_{kernel.stem}"
 
@@ -212,6 +247,17 @@ def _path(text: str, source: str, base: Path, suffixes: tuple[str, ...]) -> Path
     return path.resolve()
 
 
+def _count(text: str, source: str, example: int) -> int:
+    """A positive integer option (``--kopt-iterations``...); raises ConfigError naming ``source``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{source}: {text!r} is not a number", fix=f"e.g. {source} {example}") from None
+    if not value.is_integer() or value < 1:
+        raise ConfigError(f"{source}: {text!r} must be a positive integer", fix=f"e.g. {source} {example}")
+    return int(value)
+
+
 def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     """Build Settings from ``get(name)``, which returns the option value, the ini value or None.
 
@@ -250,7 +296,7 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
                               fix="e.g. --kopt-seed 12345, or --kopt-seed last") from None
         if not 0 <= session_seed < 2**63:
             raise ConfigError(f"--kopt-seed: {session_seed} is out of range", fix="use a seed in [0, 2**63)")
-        from .inputs import derive_seeds
+        from .gates.inputs import derive_seeds
         seeds = derive_seeds(session_seed, SEED_COUNT)
     candidates = tuple(_path(str(c), "--kopt-candidate", base, (".cu", ".py")) for c in (get("candidate") or ()))
     sanitizer: tuple[str, ...] = ()
@@ -286,9 +332,27 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
             raise ConfigError(f"--kopt-json: {json_path} is a folder or lies under a file", fix="give a file path")
     if outdir.exists() and not outdir.is_dir():
         raise ConfigError(f"--kopt-outdir: {outdir} exists and is not a folder", fix="give a folder path")
-    return Settings(baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds, atol=atol, rtol=rtol, arch=arch,
+    fail_slower = None
+    if opt("fail_slower") is not None:
+        fail_slower = _float(str(opt("fail_slower")).rstrip("%"), "--kopt-fail-slower", example="3")
+    noise = _float(str(opt("noise")), "--kopt-noise", example="2") if opt("noise") is not None else 2.0
+    if noise >= 100:
+        raise ConfigError(f"--kopt-noise: {noise:g} percent leaves no improvement possible (a new best must be faster "
+                          "than best x (1 - noise/100))", fix="e.g. --kopt-noise 2")
+    mode = str(opt("numerics_mode") or "reference")
+    if mode not in NUMERICS_MODES:
+        raise ConfigError(f"--kopt-numerics-mode: {mode!r}", fix=f"choose {', '.join(NUMERICS_MODES)}")
+    storage = Path(str(opt("storage") or ".benchmarks"))
+    return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds,
+                    atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
                     fresh_process=bool(get("fresh_process")), timing_method=timing_method,
-                    rotating_memory=rotating_memory,
-                    pr_gate=bool(get("fail_slower")) and bool(candidates))
+                    rotating_memory=rotating_memory, fail_slower_pct=fail_slower,
+                    save=opt("save"), compare=opt("compare"),
+                    storage=storage if storage.is_absolute() else base / storage,
+                    gpus=opt("gpus"), init=bool(get("init")), finalize=bool(get("finalize")),
+                    iterations=_count(str(opt("iterations")), "--kopt-iterations", 3) if opt("iterations") else 3,
+                    branches=_count(str(opt("branches")), "--kopt-branches", 4) if opt("branches") else 4,
+                    ncu_num=_count(str(opt("ncu_num")), "--kopt-ncu-num", 5) if opt("ncu_num") else 5,
+                    noise_pct=noise, numerics_mode=mode)

@@ -12,6 +12,11 @@ BORDERLINE_CV = 0.10
 MAD_TO_SIGMA = 1.4826
 
 
+def fmt_ms(x: float) -> str:
+    """A duration given in ms, for messages: ``12.34 µs`` below 0.1 ms, else ``1.2345 ms``."""
+    return f"{x * 1e3:.2f} µs" if x < 0.1 else f"{x:.4f} ms"
+
+
 @dataclass(frozen=True, slots=True)
 class TimingStats:
     """Summary of timing samples in ms: ``robust_cv`` = 1.4826 * MAD / median (dimensionless)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import hardware
+from pytest_kopt.gates import hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

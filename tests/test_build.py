@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.build: nvcc builds into the content-addressed cache, compile errors, header tracking.
+"""Tests for pytest_kopt.gates.build: nvcc builds into the content-addressed cache, compile errors, header tracking.
 
 The nvcc tests compile for sm_90a (no GPU is needed to build); the module is skipped when nvcc is missing.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt.build import (
+from pytest_kopt.gates.build import (
     BuildResult,
     build_cuda,
     format_nvcc_errors,
@@ -19,7 +19,7 @@ from pytest_kopt.build import (
     nvcc_command,
 )
 from pytest_kopt.errors import CompileError, HardwareError
-from pytest_kopt.hardware import find_tool, tool_version
+from pytest_kopt.gates.hardware import find_tool, tool_version
 
 NVCC = find_tool("nvcc")
 pytestmark = [
@@ -85,7 +85,7 @@ def test_library_sass_follows_the_header(built):
     cuobjdump = find_tool("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump not found (no CUDA toolkit bin/ and no triton wheel)")
-    from pytest_kopt.sass import dump_sass
+    from pytest_kopt.gates.sass import dump_sass
     (first,) = dump_sass(cuobjdump, [built["first"].artifact])
     (edited,) = dump_sass(cuobjdump, [built["edited"].artifact])
     assert first.name == edited.name == "_Z7scale_kPKfPfi"

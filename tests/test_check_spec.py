@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_kopt.harness import HarnessError, check_spec
+from pytest_kopt.child import HarnessError
+from pytest_kopt.child.inputs import check_spec
 
 SPEC = [{"name": "x", "shape": [8, 64], "dtype": "float32", "role": "input"},
         {"name": "y", "shape": [8, 64], "dtype": "float32", "role": "output"}]

@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.compare: |out - ref| <= atol + rtol*|ref| on small hand-made arrays."""
+"""Tests for pytest_kopt.gates.verdict: |out - ref| <= atol + rtol*|ref| on small hand-made arrays."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_kopt.compare import Comparison, compare
+from pytest_kopt.gates.verdict import Comparison, compare
 
 
 def test_identical_arrays_pass():

@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.contract: the solve() signature parser and the ref.py / Triton / dims contracts."""
+"""Tests for pytest_kopt.gates.contract: the solve() signature parser and the ref.py / Triton / dims contracts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt.contract import (
+from pytest_kopt.gates.contract import (
     Param,
     check_dims,
     check_reference,
@@ -464,7 +464,7 @@ def test_global_solve_is_named_as_such():
 def test_unused_dims_are_the_ones_no_one_names(tmp_path):
     """A dim that neither solve() nor any function of the Python files names is reported (HW below); dims named
     only by a function's parameters count as used."""
-    from pytest_kopt.contract import read_python, unused_dims
+    from pytest_kopt.gates.contract import read_python, unused_dims
 
     ref = tmp_path / "ref.py"
     ref.write_text("def reference(x, y, **_):\n    pass\n\ndef shapes(N, C, eps):\n    return {}\n")

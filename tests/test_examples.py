@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import hardware
+from pytest_kopt.gates import hardware
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CASES = {

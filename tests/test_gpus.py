@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
-from pytest_kopt import driver, gates, gpus, hardware, loop
+from pytest_kopt.gates import gpus, hardware
+from pytest_kopt.loop import decisions
+from pytest_kopt.loop import session as loop_session
+from pytest_kopt.plugin import xdist as kopt_xdist
+from pytest_kopt.plugin.stash import SessionState
 from pytest_kopt.errors import ConfigError
 
 #: A pure-Python candidate (y = 2x) and its reference with a loose tolerance.
@@ -101,12 +105,9 @@ def _node(wid: str, popen: bool | None = True) -> SimpleNamespace:
 def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
     """Workers are spread by live count, so a worker xdist restarts after a crash (a new id, gw4) takes the GPU its
     predecessor left, and a worker on another host (an ssh gateway) is told to detect its own GPUs."""
-    from pytest_kopt import plugin
-
     env = gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0])
-    config = SimpleNamespace(stash={plugin.ENV_KEY: env, plugin.SETTINGS_KEY: SimpleNamespace(run_dir=None,
-                                                                                             session_seed=None)})
-    ctl = plugin.KoptController(config)  # type: ignore[arg-type]
+    state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None), env=env)  # type: ignore[arg-type]
+    ctl = kopt_xdist.XdistControllerPlugin(SimpleNamespace(), state)  # type: ignore[arg-type]
     nodes = [_node(f"gw{i}") for i in range(4)]
     for n in nodes:
         ctl.pytest_configure_node(n)
@@ -121,10 +122,8 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
 
 
 def test_a_worker_takes_the_gpu_the_controller_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_kopt import plugin
-
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    env = plugin._worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
+    env = kopt_xdist.worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
                               "kopt_gpu": two_gpu_env()["gpus"][1], "workerid": "gw0"})
     import os
     assert env["gpu"]["uuid"] == UUID1 == os.environ["CUDA_VISIBLE_DEVICES"]
@@ -156,15 +155,13 @@ def test_same_device_compares_uuids_with_or_without_the_prefix() -> None:
 
 def test_a_worker_on_another_host_detects_its_own_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """An ssh/socket gateway's worker cannot use the controller's UUIDs: it detects and pins to its own."""
-    from pytest_kopt import plugin
-
     theirs = two_gpu_env()
     for g, u in zip(theirs["gpus"], ("GPU-aaaaaaaa-0000-0000-0000-000000000000",
                                      "GPU-bbbbbbbb-0000-0000-0000-000000000000")):
         g["uuid"] = u
     monkeypatch.setattr(hardware, "detect", lambda: theirs)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    env = plugin._worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
+    env = kopt_xdist.worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
                               "kopt_detect_here": True, "workerid": "gw3"})
     assert env["gpu"]["uuid"] == "GPU-bbbbbbbb-0000-0000-0000-000000000000"
     import os
@@ -178,9 +175,9 @@ def test_decided_takes_the_champion_among_finalists_and_retimed_figures() -> Non
                {"branch": "b2", "index": 2, "passed": True, "median_ms": 10.1, "finalist": True},
                {"branch": "b3", "index": 3, "passed": True, "median_ms": 10.4, "finalist": True}]
     decision = {"retimed_ms": {"branches/b2": 10.1, "branches/b3": 10.4, "ablations/a": 11.0, "best": 30.0}}
-    champion, ab_ms, best = driver.decided(results, {"a": 12.0, "b": 14.0, "c": None}, decision)
+    champion, ab_ms, best = decisions.decided(results, {"a": 12.0, "b": 14.0, "c": None}, decision)
     assert (champion["branch"], ab_ms, best) == ("b2", {"a": 11.0, "b": 14.0, "c": None}, 30.0)
-    champion, ab_ms, best = driver.decided(results[:1], {"a": 12.0}, None)
+    champion, ab_ms, best = decisions.decided(results[:1], {"a": 12.0}, None)
     assert (champion, ab_ms, best) == (None, {"a": 12.0}, None)
 
 
@@ -188,15 +185,15 @@ def test_finalists_are_the_passing_branches_near_the_fastest() -> None:
     rs = [{"branch": f"b{i}", "index": i, "passed": p, "median_ms": ms}
           for i, (p, ms) in enumerate([(True, 10.0), (True, 10.9), (True, 11.1), (False, 1.0), (True, 10.0),
                                        (True, None)], start=1)]
-    assert [r["branch"] for r in loop.finalists(rs)] == ["b1", "b5", "b2"]  # 11.1 > 10 * 1.10
-    assert [r["branch"] for r in loop.finalists(rs, limit=2)] == ["b1", "b5"]
-    assert loop.finalists([r for r in rs if not r["passed"]]) == []
+    assert [r["branch"] for r in decisions.finalists(rs)] == ["b1", "b5", "b2"]  # 11.1 > 10 * 1.10
+    assert [r["branch"] for r in decisions.finalists(rs, limit=2)] == ["b1", "b5"]
+    assert decisions.finalists([r for r in rs if not r["passed"]]) == []
 
 
 def _fake_ctx(outdir: Path, bench: dict[str, Any] | None) -> SimpleNamespace:
     outdir.mkdir(parents=True, exist_ok=True)
     if bench is not None:
-        (outdir / "bench.json").write_text(json.dumps(bench))
+        (outdir / "bench.json").write_text(json.dumps({"timing_valid": True, **bench}))
     return SimpleNamespace(outdir=outdir, env={"gpu": {"uuid": UUID0, "index": 0}})
 
 
@@ -232,12 +229,12 @@ def test_same_gpu_decision_retimes_what_a_gpu_difference_could_flip(tmp_path: Pa
         return [{"median_ms": fixed[id(c)], "samples_ms": [fixed[id(c)]], "stop_reason": "converged",
                  "gpu_uuid": UUID0} for c in cs]
 
-    monkeypatch.setattr(gates, "retime_interleaved", retime)
-    monkeypatch.setattr(gates, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_session, "retime_interleaved", retime)
+    monkeypatch.setattr(loop_session, "ensure_built", lambda ctx: None)
     it = tmp_path / "iterv1"
     it.mkdir()
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 10.3, "noise_threshold_pct": 2.0}
-    decision = driver._same_gpu_decision(tmp_path, it, state, results, {"m.abl": kernels["abl"]}, ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(it, state, results, {"m.abl": kernels["abl"]}, ctxs.__getitem__)
     assert decision is not None and [len(s) for s in seen] == [4]
     assert decision["retimed_ms"] == {"branches/b1": 10.4, "branches/b2": 10.1, "ablations/m.abl": 11.0,
                                       "best": 30.0}
@@ -247,7 +244,7 @@ def test_same_gpu_decision_retimes_what_a_gpu_difference_could_flip(tmp_path: Pa
     by = {r["branch"]: r for r in results}
     assert (by["b1"]["median_ms"], by["b1"]["gate_median_ms"], by["b2"]["median_ms"]) == (10.4, 10.0, 10.1)
     assert [r["finalist"] for r in results] == [True, True, False]
-    assert loop.select_champion([r for r in results if r["finalist"]])["branch"] == "b2"
+    assert decisions.select_champion([r for r in results if r["finalist"]])["branch"] == "b2"
 
 
 def test_same_gpu_decision_skips_what_no_gpu_difference_could_flip(tmp_path: Path,
@@ -256,9 +253,9 @@ def test_same_gpu_decision_skips_what_no_gpu_difference_could_flip(tmp_path: Pat
     a 10% difference between GPUs does, so nothing is re-timed and decision.json says why."""
     kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 11.5, "b3": 20.0, "abl": 50.0,
                                                        "best": 25.0})
-    monkeypatch.setattr(gates, "retime_interleaved", lambda cs: pytest.fail("nothing needs re-timing"))
+    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: pytest.fail("nothing needs re-timing"))
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 25.0, "noise_threshold_pct": 2.0}
-    decision = driver._same_gpu_decision(tmp_path, tmp_path, state, results, {"m.abl": kernels["abl"]},
+    decision = loop_session.same_gpu_decision(tmp_path, state, results, {"m.abl": kernels["abl"]},
                                          ctxs.__getitem__)
     assert decision is not None and decision["retimed_ms"] == {} and decision["champion_contest"] is False
     assert sorted(decision["robust"]) == ["ablations/m.abl", "best", "branches/b1"]
@@ -272,14 +269,14 @@ def test_same_gpu_decision_is_skipped_when_one_gpu_measured_everything(tmp_path:
     k = tmp_path / "b1" / "kernel.cu"
     ctx = _fake_ctx(tmp_path / "out", {"median_ms": 1.0, "gpu_uuid": UUID0})
     results = [{"branch": "b1", "index": 1, "kernel": str(k), "passed": True, "median_ms": 1.0, "gpu_uuid": UUID0}]
-    assert driver._same_gpu_decision(tmp_path, tmp_path, {}, results, {}, lambda _: ctx) is None
+    assert loop_session.same_gpu_decision(tmp_path, {}, results, {}, lambda _: ctx) is None
     assert "finalist" not in results[0]
 
 
 FAKE_TWO_GPUS = f"""
 import json, os
 import pytest
-from pytest_kopt import hardware
+from pytest_kopt.gates import hardware
 _real = hardware.detect
 def _two():
     env = _real()
@@ -352,7 +349,7 @@ def test_tx_popen_workers_on_loopback(pytester: pytest.Pytester) -> None:
         (f"{k}.py::{g}", "PASSED") for k in ("k", "k2") for g in ("correctness[seed=3]", "correctness[seed=4]",
                                                                    "hardware")]
     for k in ("k", "k2"):
-        assert sorted(p.name for p in (out / k / "correctness").glob("*.json")) == ["seed=3.json", "seed=4.json"]
+        assert sorted(p.name for p in (out / f"{k}.py" / "correctness").glob("*.json")) == ["seed=3.json", "seed=4.json"]
     assert (out / "env.json").is_file()
 
 
@@ -372,7 +369,7 @@ def test_two_gpus_time_on_their_own_gpu_gpu(pytester: pytest.Pytester) -> None:
                                            "--kopt-gpus", "0,1", "-p", "no:cacheprovider", timeout=600)
     assert result.ret == 0, result.stdout.str()[-3000:]
     used = {json.loads((pytester.path / ".kopt" / k / "bench.json").read_text())["gpu_uuid"]
-            for k in ("honest_python", "honest2")}
+            for k in ("honest_python.py", "honest2.py")}
     assert used == {probe["gpus"][0]["uuid"], probe["gpus"][1]["uuid"]}
 
 
@@ -403,13 +400,13 @@ def test_the_best_timed_on_another_gpu_is_retimed_when_near_the_threshold(tmp_pa
         r["gpu_uuid"] = UUID1
     (tmp_path / "out" / "b1" / "bench.json").write_text(json.dumps({"median_ms": 10.0, "gpu_uuid": UUID1}))
     calls: list[int] = []
-    monkeypatch.setattr(gates, "retime_interleaved", lambda cs: calls.append(len(cs)) or [
+    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: calls.append(len(cs)) or [
         {"median_ms": 10.0, "samples_ms": [10.0], "stop_reason": "converged", "gpu_uuid": UUID0},
         {"median_ms": 10.35, "samples_ms": [10.35], "stop_reason": "converged", "gpu_uuid": UUID0}])
-    monkeypatch.setattr(gates, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_session, "ensure_built", lambda ctx: None)
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 10.3, "best_gpu_uuid": UUID0,
              "noise_threshold_pct": 2.0}
-    decision = driver._same_gpu_decision(tmp_path, tmp_path, state, results, {"m.abl": kernels["abl"]},
+    decision = loop_session.same_gpu_decision(tmp_path, state, results, {"m.abl": kernels["abl"]},
                                          ctxs.__getitem__)
     assert calls == [2] and decision["retimed_ms"] == {"branches/b1": 10.0, "best": 10.35}
     assert decision["robust"]["ablations/m.abl"] == f"timed on the champion's GPU ({UUID1})"
@@ -417,16 +414,16 @@ def test_the_best_timed_on_another_gpu_is_retimed_when_near_the_threshold(tmp_pa
     state["best_metric_ms"] = 25.0
     for r in results:
         r["gpu_uuid"], r["median_ms"] = UUID1, r["gate_median_ms"]
-    assert driver._same_gpu_decision(tmp_path, tmp_path, state, results, {}, ctxs.__getitem__)["retimed_ms"] == {}
+    assert loop_session.same_gpu_decision(tmp_path, state, results, {}, ctxs.__getitem__)["retimed_ms"] == {}
     assert calls == [2]
 
 
 def test_a_missing_best_kernel_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 20.0, "b3": 20.0, "abl": 50.0,
                                                        "best": 10.3})
-    monkeypatch.setattr(gates, "retime_interleaved", lambda cs: pytest.fail("one kernel needs no re-timing"))
+    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: pytest.fail("one kernel needs no re-timing"))
     state = {"best_file": str(tmp_path / "gone.cu"), "best_metric_ms": 10.3, "noise_threshold_pct": 2.0}
-    decision = driver._same_gpu_decision(tmp_path, tmp_path, state, results, {}, ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(tmp_path, state, results, {}, ctxs.__getitem__)
     assert "gone.cu) is gone; stored best_metric_ms used" in decision["best_note"]
 
 

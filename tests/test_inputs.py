@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.inputs: hypothesis-drawn input plans, seed derivation and fresh session seeds."""
+"""Tests for pytest_kopt.gates.inputs: hypothesis-drawn input plans, seed derivation and fresh session seeds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pytest_kopt.inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan, fresh_session_seed
+from pytest_kopt.gates.inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan, fresh_session_seed
 
 PARAMS = ("scale", "int_lo", "int_hi", "decades")
 

@@ -1,4 +1,4 @@
-"""The loop's state machine and decisions (pytest_kopt.loop / driver), on recorded artifacts and on the CPU."""
+"""The loop's state machine and decisions (pytest_kopt.loop), on recorded artifacts and on the CPU."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import loop
+from pytest_kopt import registry
+from pytest_kopt.gates.sass import verify_methods
+from pytest_kopt.loop import decisions
+from pytest_kopt.loop import state as loop
+from pytest_kopt.loop.methods import validate_methods
+from pytest_kopt.loop.summary import render_summary
 
 REDTEAM = Path(__file__).parent / "redteam"
-REG = loop.load_registry("method_registry")
-SIGS = loop.load_registry("sass_signatures")
+REG = registry.load(registry.METHODS)
+SIGS = registry.load(registry.SASS)
 BUDGET = {"compute": 1, "memory": 1, "latency": 1}
 STATE = {"ineffective_methods": ["memory.coalescing"], "implementation_failed_methods": ["compute.tensor_core"]}
 
@@ -43,26 +48,26 @@ def methods(*ids: str, **extra) -> dict:
      ["axis compute: 1 method slot(s), budget 0 (cap 2)"]),
 ])
 def test_validate_methods(doc, budget, arch, problems) -> None:
-    assert loop.validate_methods(doc, REG, budget, STATE, arch) == problems
+    assert validate_methods(doc, REG, budget, STATE, arch) == problems
 
 
 def test_champion_attribution_and_buckets() -> None:
     results = [{"branch": "b1", "index": 1, "median_ms": 5.0, "passed": True},
                {"branch": "b2", "index": 2, "median_ms": 4.0, "passed": False},
                {"branch": "b3", "index": 3, "median_ms": 5.0, "passed": True}]
-    assert loop.select_champion(results)["branch"] == "b1"  # tie -> lower index; failed b2 never wins
-    assert loop.select_champion([{**results[1]}]) is None
-    attr = loop.attribution(4.0, {"a": 4.2, "b": 4.05, "c": None, "d": 6.0}, 2.0, {"d": "ablation built from b2"})
+    assert decisions.select_champion(results)["branch"] == "b1"  # tie -> lower index; failed b2 never wins
+    assert decisions.select_champion([{**results[1]}]) is None
+    attr = decisions.attribution(4.0, {"a": 4.2, "b": 4.05, "c": None, "d": 6.0}, 2.0, {"d": "ablation built from b2"})
     assert attr["a"]["attribution_ms"] == pytest.approx(0.2) and attr["a"]["attribution_pct"] == pytest.approx(5.0)
     assert attr["a"]["contributed"] is True
     assert attr["b"]["contributed"] is False  # 1.25% <= 2% noise
     assert attr["c"]["contributed"] is None and attr["d"]["contributed"] is None  # missing -> inconclusive
-    assert loop.classify(True, "pass") == "effective"
-    assert loop.classify(False, "pass") == "ineffective"
-    assert loop.classify(True, "fail") == "implementation_failed"
-    assert loop.classify(None, "pass") == "unverified"
-    assert loop.classify(True, "not_applicable") == "unverified"
-    assert loop.improved(9.79, 10.0, 2.0) and not loop.improved(9.81, 10.0, 2.0) and loop.improved(1.0, None, 2.0)
+    assert decisions.classify(True, "pass") == "effective"
+    assert decisions.classify(False, "pass") == "ineffective"
+    assert decisions.classify(True, "fail") == "implementation_failed"
+    assert decisions.classify(None, "pass") == "unverified"
+    assert decisions.classify(True, "not_applicable") == "unverified"
+    assert decisions.improved(9.79, 10.0, 2.0) and not decisions.improved(9.81, 10.0, 2.0) and decisions.improved(1.0, None, 2.0)
 
 
 SASS = """
@@ -75,14 +80,14 @@ SASS = """
 
 
 def test_sass_verify_matches_whole_opcodes_only() -> None:
-    got = loop.sass_verify(["memory.shared_memory_tiling", "memory.vectorized_access", "memory.async_copy",
+    got = verify_methods(["memory.shared_memory_tiling", "memory.vectorized_access", "memory.async_copy",
                             "compute.register_tiling"], [SASS], SIGS)
     assert got == {"memory.shared_memory_tiling": "pass", "memory.vectorized_access": "pass",
                    "memory.async_copy": "fail", "compute.register_tiling": "not_applicable"}
     # a symbol or comment naming an opcode never counts (upstream matched substrings of the whole dump)
     fake = "Function : HMMA_LDGSTS_kernel\n        /*0010*/                   FFMA R0, R1, R2, R0 ;  // HMMA\n"
-    assert loop.sass_verify(["compute.tensor_core"], [fake], SIGS) == {"compute.tensor_core": "fail"}
-    assert loop.sass_verify(["compute.tensor_core"], [""], SIGS) == {"compute.tensor_core": "tool_error"}
+    assert verify_methods(["compute.tensor_core"], [fake], SIGS) == {"compute.tensor_core": "fail"}
+    assert verify_methods(["compute.tensor_core"], [""], SIGS) == {"compute.tensor_core": "tool_error"}
 
 
 def test_state_transitions_and_summary(tmp_path: Path) -> None:
@@ -108,7 +113,7 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     assert branches == [k1, k2] and list(ablations) == ["memory.shared_memory_tiling"]
     results = [{"branch": "b1", "index": 1, "kernel": str(k1), "median_ms": 6.0, "passed": True},
                {"branch": "b2", "index": 2, "kernel": str(k2), "median_ms": 7.0, "passed": True}]
-    attr = loop.attribution(6.0, {"memory.shared_memory_tiling": 9.0}, 2.0)
+    attr = decisions.attribution(6.0, {"memory.shared_memory_tiling": 9.0}, 2.0)
     state = loop.close_iteration(run, 1, results=results, champion=results[0],
                                  methods=["memory.shared_memory_tiling"], attr=attr,
                                  sass={"memory.shared_memory_tiling": "pass"}, champion_roofline=roof,
@@ -117,7 +122,7 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     assert state["best_metric_ms"] == 6.0 and state["best_file"].endswith("iterv1/kernel.cu")
     assert [f["branch"] for f in state["frontier"]] == ["b2"]
     assert state["verified_iterations"] == 1 and (it / "attribution.json").is_file()
-    summary = loop.render_summary(state, run)
+    summary = render_summary(state, run)
     assert "**1.67x** over the baseline" in summary and "memory.shared_memory_tiling (effective, 50.00)" in summary
     stop = loop.stop_run(run, "all branches failed a strict gate", "branch_explore", 2)
     assert stop["exit_code"] == 2 and loop.load_state(run)["run_status"] == "stopped"

@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.ncu_csv against real ncu 2025.3 CSV exports from an H200."""
+"""Tests for pytest_kopt.gates.ncu_csv against real ncu 2025.3 CSV exports from an H200."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt.ncu_csv import (
+from pytest_kopt.gates.ncu_csv import (
     NcuLaunch,
     NcuMetric,
     NcuParseError,

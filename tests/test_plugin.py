@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from pytest_kopt import hardware
+from pytest_kopt.gates import hardware
 
 MODES = {"plain": [], "xdist-2": ["-n", "2"], "no-xdist": ["-p", "no:xdist"]}
 needs_nvcc = pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
@@ -283,7 +283,7 @@ def test_gpu_interleaved_reference_and_fresh_process(pytester: pytest.Pytester) 
         result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=262144",
                      "--kopt-seeds", "7", "--kopt-outdir", outdir, "-k", "correctness or timing", *extra)
         assert result.ret == 0, result.stdout.str()[-3000:]
-        bench = _bench(pytester, outdir, "k")
+        bench = _bench(pytester, outdir, "k.cu")
         assert bench["timing_method"]["method"] == "events"
         assert bench["timing_method"]["interleaved_with_reference"] is interleaved
         assert bench["reference"]["n"] >= 10 and bench["speedup_ci95"][0] <= bench["speedup_vs_ref"]
@@ -305,7 +305,7 @@ def test_gpu_pr_gate_times_the_baseline_in_the_candidates_rounds(pytester: pytes
     doc = json.loads((pytester.path / "r.json").read_text())
     (cmp,) = doc["comparisons"]
     assert cmp["interleaved"] is True and cmp["verdict"] in ("SAME", "FASTER", "AMBIGUOUS"), cmp
-    bench = json.loads(next((pytester.path / ".kopt").rglob("pr_k/bench.json")).read_text())
+    bench = json.loads((pytester.path / ".kopt" / "pr" / "k.cu" / "bench.json").read_text())
     assert len(bench["pr_baseline"]["samples_ms"]) >= 10
 
 
@@ -322,7 +322,7 @@ def test_gpu_graph_timing_cu(pytester: pytest.Pytester) -> None:
         result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=262144",
                      "--kopt-seeds", "7", "--kopt-timing", method, "--kopt-outdir", method, "-k", "timing")
         assert result.ret == 0, result.stdout.str()[-3000:]
-        bench = _bench(pytester, method, "k")
+        bench = _bench(pytester, method, "k.cu")
         medians[method] = bench["median_ms"]
         assert bench["timing_method"]["method"] == method
         if method == "graph":
@@ -343,7 +343,7 @@ def test_gpu_graph_timing_triton(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--kopt-baseline", "honest_triton.py", "--kopt-ref", "ref_softmax.py", "--kopt-dims",
                  "M=1024,N=512", "--kopt-seeds", "7", "--kopt-timing", "graph", "--kopt-outdir", "tri", "-k", "timing")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    bench = _bench(pytester, "tri", "honest_triton")
+    bench = _bench(pytester, "tri", "honest_triton.py")
     assert bench["timing_method"]["graph_method"] == "cuda_graph"
     # a 1024x512 fp32 softmax moves 4 MB: a few µs on an H200, not the tens of µs of a Triton launch from Python
     assert bench["stability_basis"] == "median_rse" and 0.0005 < bench["median_ms"] < 0.05, bench["median_ms"]
@@ -377,7 +377,7 @@ def test_tolerance_warning_survives_the_reference_cache(pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(["*KoptToleranceWarning*rounded to bf16 passes atol=0.1, rtol=0.1*"])
     items = [i for i in json.loads((pytester.path / "r.json").read_text())["items"] if i["gate"] == "correctness"]
     assert len(items) == 2 and all("bf16" in i["figures"]["tolerance_warning"] for i in items)
-    hits = [json.loads((pytester.path / ".kopt" / k / "correctness" / "seed=3.json").read_text())["reference_cache_hit"]
+    hits = [json.loads((pytester.path / ".kopt" / f"{k}.py" / "correctness" / "seed=3.json").read_text())["reference_cache_hit"]
             for k in ("k", "k2")]
     assert hits == [False, True]
 
@@ -392,7 +392,7 @@ def test_xdist_workers_share_the_reference_cache(pytester: pytest.Pytester) -> N
                                            "correctness", "-n", "2", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 0, result.stdout.str()[-2000:]
     for seed in (3, 4):
-        hits = sorted(json.loads((pytester.path / ".kopt" / k / "correctness" / f"seed={seed}.json").read_text())
+        hits = sorted(json.loads((pytester.path / ".kopt" / f"{k}.py" / "correctness" / f"seed={seed}.json").read_text())
                       ["reference_cache_hit"] for k in ("k", "k2"))
         assert hits == [False, True], (seed, hits)
 
@@ -414,7 +414,7 @@ def test_planted_reference_cache_is_not_trusted(pytester: pytest.Pytester) -> No
         if meta.name.endswith(".timing.json"):
             continue
         doc = json.loads(meta.read_text())
-        doc["tolerances"] = {n: {**t, "atol": 1e30} for n, t in doc["tolerances"].items()}
+        doc["payload"]["tolerances"] = {n: {**t, "atol": 1e30} for n, t in doc["payload"]["tolerances"].items()}
         meta.write_text(json.dumps(doc))
         npz = meta.with_suffix(".npz")
         with np.load(npz) as z:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import hardware
+from pytest_kopt.gates import hardware
 
 REDTEAM = Path(__file__).parent / "redteam"
 

@@ -13,7 +13,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra")
 
 import pytest_kopt
-from pytest_kopt.gates import GATES
+from pytest_kopt.gates.table import GATES
 from pytest_kopt.settings import SANITIZER_TOOLS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def reference(x, y, **_):
 
 #: Where pytest_kopt's source names an item status. The first two are the ``status="X"`` / ``status = "X"``
 #: forms (KoptError subclasses, raise sites); the rest catch the other spellings in use: the correctness guards
-#: (``fail("X", ...)`` in verdict.py, ``"key": ("X", ...)`` in gates._GUARD_STATUS) and the plugin's own
+#: (``fail("X", ...)`` in verdict.py, ``"key": ("X", ...)`` in gates.correctness.GUARD_STATUS) and the plugin's own
 #: ``("kopt_status", "X")`` properties.
 STATUS_PATTERNS = (
     re.compile(r'\bstatus="([A-Z_]+)"'),
@@ -86,7 +86,7 @@ def errors_of(validator: jsonschema.Draft202012Validator, doc: dict) -> list[str
 def source_statuses() -> dict[str, list[str]]:
     """Each status string found in the package's .py files, with where it was found."""
     found: dict[str, list[str]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             for pattern in STATUS_PATTERNS:
                 for m in pattern.finditer(line):
@@ -190,13 +190,13 @@ def test_every_source_status_is_in_the_schema(schema: dict) -> None:
         f"the status patterns no longer match the source: found {sorted(found)}"
     missing = {s: where for s, where in found.items() if s not in enum}
     assert not missing, f"statuses used in pytest_kopt but not in {SCHEMA_PATH.name}: {missing}"
-    sanitizer = {f"SANITIZER_{t.upper()}" for t in SANITIZER_TOOLS}  # gates.py: status=f"SANITIZER_{tool.upper()}"
+    sanitizer = {f"SANITIZER_{t.upper()}" for t in SANITIZER_TOOLS}  # gates/sanitizer.py: status=f"SANITIZER_{tool.upper()}"
     assert sanitizer <= enum, sorted(sanitizer - enum)
 
 
 def test_schema_statuses_all_exist_in_source(schema: dict) -> None:
     """No stale entries: each enum status is a string literal somewhere in pytest_kopt (or SANITIZER_<tool>)."""
-    text = "\n".join(p.read_text() for p in PACKAGE.glob("*.py"))
+    text = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     sanitizer = {f"SANITIZER_{t.upper()}" for t in SANITIZER_TOOLS}
     stale = [s for s in schema["$defs"]["status"]["enum"] if s not in sanitizer and f'"{s}"' not in text]
     assert not stale, f"schema statuses not used in pytest_kopt: {stale}"

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt import roofline as rf
-from pytest_kopt.ncu_csv import parse_ncu_csv
+from pytest_kopt import registry
+from pytest_kopt.gates import roofline as rf
+from pytest_kopt.gates.ncu_csv import parse_ncu_csv
 
 DATA = Path(__file__).parent / "data" / "ncu"
-REG = rf.load_registry()
+REG = registry.load(registry.METRICS)
 
 
 @pytest.mark.parametrize(("gaps", "want"), [
@@ -137,7 +138,7 @@ def test_metric_registry_lint() -> None:
 ])
 def test_gaps_from_h200_gate_exports(name, kernel, duration_ns, sm, dram, gaps, worst_stall) -> None:
     """Exports of this project's own ncu gate (NVTX range only: exactly one launch, the target kernel)."""
-    from pytest_kopt.ncu_csv import find_launch
+    from pytest_kopt.gates.ncu_csv import find_launch
 
     launches = parse_ncu_csv((DATA / name).read_text())
     assert len(launches) == 1

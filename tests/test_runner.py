@@ -1,40 +1,53 @@
-"""The warm harness processes of pytest_kopt.runner: a prestarted process is the one the first request gets."""
+"""The warm harness processes of pytest_kopt.proc.pool, and the session's signed cache (pytest_kopt.gates.trust)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from pytest_kopt import runner
+import pytest
+
+from pytest_kopt.errors import KernelRuntimeError
+from pytest_kopt.gates.trust import Trust, read_verified
+from pytest_kopt.proc.pool import HarnessPool
 
 
 def test_prestarted_process_serves_the_first_request_and_is_ended_at_shutdown(tmp_path: Path) -> None:
-    """prestart() spawns without waiting; _server_for() then waits for that same process (no second spawn), and
-    shutdown_servers() ends it. A second prestart of a running identity is a no-op; None (fresh processes) too."""
-    runner.prestart(None, {}, tmp_path)
-    assert not runner._STARTING
-    runner.prestart("reference:/r.py", {}, tmp_path)
-    started = runner._STARTING[("reference:/r.py", ())]
+    """prestart() spawns without waiting; the first request's server lookup then waits for that same process (no
+    second spawn), and shutdown() ends it. A second prestart of a running identity is a no-op; None (fresh
+    processes) too."""
+    pool = HarnessPool()
+    pool.prestart(None, {}, tmp_path)
+    assert not pool.starting
+    pool.prestart("reference:/r.py", {}, tmp_path)
+    started = pool.starting[("reference:/r.py", ())]
     try:
-        srv = runner._server_for("reference:/r.py", {}, tmp_path, gate="correctness", path="r.py")
-        assert srv is started and not runner._STARTING
+        srv = pool._server("reference:/r.py", {}, tmp_path, gate="correctness", path="r.py")
+        assert srv is started and not pool.starting
         assert srv.proc.poll() is None  # ready, alive
-        runner.prestart("reference:/r.py", {}, tmp_path)
-        assert not runner._STARTING
+        pool.prestart("reference:/r.py", {}, tmp_path)
+        assert not pool.starting
     finally:
-        runner.shutdown_servers()
-    assert started.proc.poll() is not None and not runner._POOL
+        pool.shutdown()
+    assert started.proc.poll() is not None and not pool.live
+
+
+def test_two_pools_keep_their_own_processes(tmp_path: Path) -> None:
+    """A pool is an object, not a module global: a second pool (an in-process pytest run) neither sees nor ends the
+    first one's processes."""
+    a, b = HarnessPool(), HarnessPool()
+    a.prestart("reference:/r.py", {}, tmp_path)
+    try:
+        assert not b.starting
+        b.shutdown()
+        assert a.starting[("reference:/r.py", ())].proc.poll() is None
+    finally:
+        a.shutdown()
 
 
 def test_read_verified_returns_the_hashed_bytes_or_raises_tampered(tmp_path: Path) -> None:
     """The reference's outputs are judged from the bytes whose SHA-256 matched the attested one; a changed file (or
     no attested hash) is TAMPERED."""
-    import hashlib
-
-    import pytest
-
-    from pytest_kopt.errors import KernelRuntimeError
-    from pytest_kopt.gates import read_verified
-
     f = tmp_path / "ref.npz"
     f.write_bytes(b"outputs v1")
     good = hashlib.sha256(b"outputs v1").hexdigest()
@@ -44,3 +57,23 @@ def test_read_verified_returns_the_hashed_bytes_or_raises_tampered(tmp_path: Pat
         with pytest.raises(KernelRuntimeError) as info:
             read_verified(f, sha, "correctness", "k.cu")
         assert info.value.status == "TAMPERED" and "ref.npz" in info.value.message
+
+
+def test_the_signed_cache_computes_once_and_never_trusts_what_it_did_not_sign(tmp_path: Path) -> None:
+    """One computation per name; a second session's key (or a planted entry) does not verify, so the value is
+    computed again; a blob changed on disk is computed again, never returned."""
+    calls: list[int] = []
+
+    def compute() -> tuple[dict, bytes]:
+        calls.append(1)
+        return {"n": len(calls)}, b"blob %d" % len(calls)
+
+    t = Trust()
+    assert t.cached(tmp_path, "k", compute) == ({"n": 1}, b"blob 1", False)
+    assert t.cached(tmp_path, "k", compute) == ({"n": 1}, b"blob 1", True)
+    assert Trust().cached(tmp_path, "k", compute) == ({"n": 2}, b"blob 2", False)  # another session's key
+    (tmp_path / "k.npz").write_bytes(b"planted")
+    assert Trust().cached(tmp_path, "k", compute)[1] == b"blob 3"
+    unsigned = t.cached(tmp_path / "u", "p", lambda: ({"v": 1}, None), signed=False)
+    assert unsigned == ({"v": 1}, None, False)
+    assert Trust().cached(tmp_path / "u", "p", lambda: pytest.fail("kept across sessions"), signed=False)[2]

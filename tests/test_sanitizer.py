@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_kopt.gates import sanitizer_summary
+from pytest_kopt.gates.sanitizer import sanitizer_summary
 
 MEMCHECK_BAD = """\
 ========= COMPUTE-SANITIZER

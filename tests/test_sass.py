@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.sass: parsing ``cuobjdump --dump-sass`` text, and dumping a real Triton cubin.
+"""Tests for pytest_kopt.gates.sass: parsing ``cuobjdump --dump-sass`` text, and dumping a real Triton cubin.
 
 ``data/tri.cubin`` is the ``add_k`` vector-add kernel Triton compiled on an H200 (sm_90a, BLOCK=1024, 4 warps).
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kopt.errors import EXIT_HARDWARE, HardwareError
-from pytest_kopt.hardware import find_tool
-from pytest_kopt.sass import SassFunction, dump_sass, parse_sass, save_sass
+from pytest_kopt.gates.hardware import find_tool
+from pytest_kopt.gates.sass import SassFunction, dump_sass, parse_sass, save_sass
 
 CUBIN = Path(__file__).parent / "data" / "tri.cubin"
 CUOBJDUMP = find_tool("cuobjdump")

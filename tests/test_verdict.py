@@ -1,11 +1,11 @@
-"""Tests for pytest_kopt.verdict: each guard's status from hand-built arrays, figures, and tolerance warnings."""
+"""Tests for pytest_kopt.gates.verdict: each guard's status from hand-built arrays, figures, and tolerance warnings."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pytest_kopt.verdict import Verdict, judge, tolerance_scale
+from pytest_kopt.gates.verdict import Verdict, judge, tolerance_scale
 
 TOLS = {"y": (1e-3, 1e-3)}
 REF = np.array([1.0, 2.0, 4.0, 8.0], dtype=np.float32)

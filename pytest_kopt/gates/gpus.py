@@ -1,7 +1,7 @@
 """Several GPUs in one session: which GPUs a session uses (``--kopt-gpus``), which one each pytest-xdist worker
 is pinned to, and the environment a pinned process reports.
 
-Plain Python over :func:`pytest_kopt.hardware.detect`'s document; nothing here touches CUDA. A worker is pinned
+Plain Python over :func:`pytest_kopt.gates.hardware.detect`'s document; nothing here touches CUDA. A worker is pinned
 by setting ``CUDA_VISIBLE_DEVICES`` to its GPU's UUID in the worker's environment, which every child it starts
 (harness, ncu, compute-sanitizer) inherits; UUIDs, unlike indices, name the same GPU whatever
 ``CUDA_VISIBLE_DEVICES`` the controller itself was started with (CUDA C Programming Guide, "CUDA Environment
@@ -13,17 +13,24 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import ConfigError
-from .hardware import arch_of
+from ..errors import ConfigError
 
 #: xdist worker ids (``gw0``, ``gw1``, ...): on another host, the number after ``gw`` picks its GPU round-robin.
 _WORKER_RE = re.compile(r"^gw(\d+)$")
 
 
+def arch_of(cc: str) -> str:
+    """nvcc arch for a compute capability: ``9.0`` -> ``sm_90a`` (Hopper's arch-specific target, so wgmma and
+    setmaxnreg are allowed), ``10.0`` -> ``sm_100a``, others plain (``8.0`` -> ``sm_80``)."""
+    major, minor = (int(x) for x in cc.split("."))
+    suffix = "a" if major >= 9 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
 def select(env: dict[str, Any], spec: str | None) -> list[dict[str, Any]]:
     """The GPUs a session uses, in the order given.
 
-    ``env``: :func:`pytest_kopt.hardware.detect`'s document (its ``gpus`` list: ``index``, ``uuid``, ``name``,
+    ``env``: :func:`pytest_kopt.gates.hardware.detect`'s document (its ``gpus`` list: ``index``, ``uuid``, ``name``,
     ``cc`` ...). ``spec``: ``None``/``""``/``all`` for the visible GPUs of the first one's model (same name and
     compute capability; a machine that mixes models uses that model's only, and GPUs whose UUIDs repeat, as MIG
     slices of one GPU can, leave the first alone), else a comma list of CUDA ordinals into that list (``0,1``:

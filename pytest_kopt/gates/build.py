@@ -19,7 +19,13 @@ from typing import Any
 
 from filelock import FileLock
 
-from .errors import CompileError, ConfigError, HardwareError
+from ..artifacts import read_dict, write_json
+from ..errors import Blocked, CompileError, ConfigError, ContractError, HardwareError, KoptError, NotApplicable
+from .context import Context, Outcome
+from .contract import is_cutlass, local_headers
+from .inputs import draw_plan
+from .preflight import preflight
+from .trust import digest, local_sources
 
 BUILD_SCHEMA = 1
 
@@ -35,7 +41,6 @@ extern "C" int kopt_sync(void) {
 extern "C" const char* kopt_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 """
 
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _NVCC_DIAG_RE = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<kind>error|warning)", re.M)
 
 
@@ -51,28 +56,6 @@ class BuildResult:
     command: list[str]
     log: str
     cubins: tuple[str, ...] = ()
-
-
-def local_headers(source: Path, include_dirs: tuple[Path, ...] = ()) -> list[Path]:
-    """All ``#include "..."`` headers reachable from ``source`` that exist beside it or in ``include_dirs``,
-    recursively, sorted. System headers (``<...>``) are covered by the compiler version in the key."""
-    seen: set[Path] = set()
-    todo = [source]
-    while todo:
-        f = todo.pop()
-        try:
-            text = f.read_text(errors="replace")
-        except OSError:
-            continue
-        for inc in _INCLUDE_RE.findall(text):
-            for base in (f.parent, *include_dirs):
-                cand = (base / inc).resolve()
-                if cand.is_file():
-                    if cand not in seen:
-                        seen.add(cand)
-                        todo.append(cand)
-                    break
-    return sorted(seen)
 
 
 def cutlass_include_dirs() -> tuple[Path, ...]:
@@ -150,8 +133,8 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
     lib = folder / "kernel.so"
     manifest = folder / "manifest.json"
     with FileLock(str(folder / ".lock")):
-        if lib.is_file() and manifest.is_file():
-            m = json.loads(manifest.read_text())
+        m = read_dict(manifest)
+        if lib.is_file() and m is not None and "command" in m:  # a torn or foreign manifest: built again
             return BuildResult(str(lib), key, True, 0.0, m["command"], m.get("log", ""))
         shim = folder / "kopt_shim.cu"
         shim.write_text(SHIM)
@@ -181,8 +164,8 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
             raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
                                line=first, details=text, fix=fix)
         os.replace(tmp, lib)
-        manifest.write_text(json.dumps({"command": cmd, "log": log, "seconds": seconds, "parts": parts,
-                                        "headers": [str(h) for h in headers]}, indent=1))
+        write_json(manifest, {"command": cmd, "log": log, "seconds": seconds, "parts": parts,
+                              "headers": [str(h) for h in headers]})
         return BuildResult(str(lib), key, False, seconds, cmd, log)
 
 
@@ -201,8 +184,10 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     launch is captured and compiled ahead of time for ``arch``. Raises CompileError on a compiler error.
     """
     display = display or str(source)
+    # which file is built is part of the key: its neighbours' bytes are in it too, so a.py and b.py of one folder
+    # would otherwise share a key (and b.py get a.py's cubins)
     parts = {"schema": BUILD_SCHEMA, "triton": triton_version, "arch": arch, "dims": dims, "device": device,
-             "python": sys.version_info[:2]}
+             "python": sys.version_info[:2], "kernel": source.name}
     # the kernel file and its neighbours: a @triton.jit helper may live in a module beside it
     key = _key(parts, sorted({source, *source.parent.glob("*.py")}))
     folder = cache_root / key
@@ -210,8 +195,8 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     cache_dir = folder / "triton"
     manifest = folder / "manifest.json"
     with FileLock(str(folder / ".lock")):
-        if manifest.is_file():
-            m = json.loads(manifest.read_text())
+        m = read_dict(manifest)
+        if m is not None and "command" in m:
             cubins = tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin")))
             if cubins:
                 return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins)
@@ -225,6 +210,86 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
             raise CompileError("Triton produced no cubin", gate="compile", path=display,
                                details=json.dumps(result)[:2000], fix="make run_kernel() launch the @triton.jit kernel")
         cmd = ["triton", result.get("mode", "?"), arch]
-        manifest.write_text(json.dumps({"command": cmd, "log": "", "seconds": seconds, "parts": parts,
-                                        "kernels": result.get("kernels")}, indent=1))
+        write_json(manifest, {"command": cmd, "log": "", "seconds": seconds, "parts": parts,
+                              "kernels": result.get("kernels")})
         return BuildResult(str(cache_dir), key, False, seconds, cmd, "", cubins)
+
+
+def build_mark(ctx: Context) -> str:
+    """What a build's outcome depends on, for the remembered failure (``compile_error.json``): the kernel and every
+    local header it includes, the ``.py`` files beside it, the arch, the tools' and libraries' versions and (for
+    Triton, whose launch shape is part of the build) the dims."""
+    headers = b"".join(h.read_bytes() for h in local_headers(ctx.kernel)) if ctx.kind == "cuda" else b""
+    return digest(local_sources(ctx.kernel), ctx.kernel.read_bytes(), headers, ctx.arch, ctx.env.get("tools"),
+                  ctx.env.get("packages"), ctx.settings.dims if ctx.kind == "triton" else None)
+
+
+def ensure_built(ctx: Context) -> BuildResult:
+    """Build (or reuse) the kernel for ``ctx.arch``. A compile error is remembered per :func:`build_mark` in
+    ``<outdir>/compile_error.json`` (this or a later session does not try the same sources again) and forgotten once
+    a build succeeds. Raises CompileError/HardwareError (or, for a Triton file, the harness's error), or Blocked by
+    preflight when the static contract fails."""
+    try:
+        preflight(ctx)
+    except ContractError as exc:
+        raise Blocked("preflight", exc.message) from None
+    failed = ctx.outdir / "compile_error.json"
+    mark = build_mark(ctx)
+    rec = read_dict(failed)
+    if rec is not None and rec.get("mark") == mark:
+        raise CompileError(rec.get("message", "failed before"), gate="compile", path=ctx.display,
+                           line=rec.get("line"), details=rec.get("details"), fix=rec.get("fix"),
+                           status=rec.get("status"))
+    try:
+        res = _build(ctx, ctx.cache_dir / "builds")
+    except CompileError as exc:
+        write_json(failed, {"mark": mark, "message": exc.message, "line": exc.line, "details": exc.details,
+                            "fix": exc.fix, "status": exc.status})
+        raise
+    failed.unlink(missing_ok=True)
+    return res
+
+
+def built(ctx: Context) -> BuildResult:
+    """:func:`ensure_built` for a gate that needs the build: any failure to build is Blocked by compile (the
+    compile item reports it), never this gate's own failure."""
+    try:
+        return ensure_built(ctx)
+    except KoptError as exc:
+        raise Blocked("compile", exc.message) from None
+
+
+def _build(ctx: Context, root: Path) -> BuildResult:
+    if ctx.kind == "python":
+        return BuildResult(str(ctx.kernel), digest(ctx.kernel.read_bytes()), True, 0.0, [], "")
+    if ctx.kind == "cuda":
+        source = ctx.kernel.read_text(errors="replace")
+        nvcc = ctx.tool("nvcc")
+        return build_cuda(ctx.kernel, ctx.arch, root, nvcc, (ctx.env["tools"].get("nvcc") or {}).get("version"),
+                          is_cutlass(source), timeout_s=max(600.0, ctx.settings.gate_timeout_s), display=ctx.display)
+    device = "cuda" if ctx.gpu else "cpu"
+
+    def run_child(req: dict[str, Any]) -> dict[str, Any]:
+        req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
+        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more
+        return ctx.pool.run(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
+                            workdir=ctx.work)
+
+    return build_triton(ctx.kernel, ctx.ref, ctx.settings.dims, ctx.settings.seeds[0], ctx.arch, root, device,
+                        ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display)
+
+
+def gate_compile(ctx: Context, case: Any = None) -> Outcome:
+    """The compile gate: the kernel built for the target arch (content-addressed cache); NotApplicable for a
+    pure-Python candidate."""
+    if ctx.kind == "python":
+        try:
+            preflight(ctx)
+        except ContractError as exc:
+            raise Blocked("preflight", exc.message) from None
+        raise NotApplicable("pure-Python candidate (no @triton.jit kernel): nothing to compile")
+    res = ensure_built(ctx)
+    figures = {"arch": ctx.arch, "cache_hit": res.cache_hit, "compile_s": round(res.seconds, 3), "build_key": res.key}
+    where = res.artifact if not res.cubins else f"{len(res.cubins)} cubin(s) in {res.artifact}"
+    return Outcome(figures, f"{'cache hit' if res.cache_hit else f'built in {res.seconds:.1f} s'}: {where}",
+                   (res.artifact,))

@@ -1,4 +1,5 @@
-"""The ``sass`` gate: ``cuobjdump --dump-sass`` of the built artifact, split and saved per kernel function."""
+"""The ``sass`` gate: ``cuobjdump --dump-sass`` of the built artifact, split and saved per kernel function; and
+the SASS verification of the loop's claimed methods against ``registries/sass_signatures.json``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
-from .errors import HardwareError
+from ..errors import HardwareError, NotApplicable
+from .build import built
+from .context import Context, Outcome
 
 _FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 #: An instruction line: ``/*0040*/  @!P0 IMAD.WIDE R2, R3, R4, R2 ;`` -> opcode ``IMAD.WIDE``.
@@ -84,3 +88,49 @@ def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:
         p.write_text(f.text)
         paths.append(str(p))
     return paths
+
+
+def gate_sass(ctx: Context, case: Any = None) -> Outcome:
+    """``cuobjdump --dump-sass`` of the build (a Triton build: its cubins), one ``sass/<function>.sass`` per kernel
+    function. NotApplicable for a pure-Python candidate."""
+    if ctx.kind == "python":
+        raise NotApplicable("pure-Python candidate: no GPU code to disassemble")
+    res = built(ctx)
+    artifacts = list(res.cubins) if res.cubins else [res.artifact]
+    functions = dump_sass(ctx.tool("cuobjdump"), artifacts)
+    paths = save_sass(functions, ctx.outdir / "sass")
+    total = sum(f.instructions for f in functions)
+    figures = {"functions": len(functions), "instructions": total, "sass_arch": functions[0].arch}
+    names = ", ".join(f"{f.name} ({f.instructions} insns)" for f in functions[:4])
+    return Outcome(figures, f"{functions[0].arch}: {names}", tuple(paths))
+
+
+def opcodes(sass_texts: list[str]) -> set[str]:
+    """Full opcodes (mnemonic + modifiers) in the instruction lines of the kernel functions' SASS only, so a symbol
+    name or header comment never matches (upstream matched substrings of the whole dump)."""
+    ops: set[str] = set()
+    for text in sass_texts:
+        ops.update(_INSN_RE.findall(text))
+    return ops
+
+
+def _has(ops: set[str], pattern: str) -> bool:
+    return any(op == pattern or op.startswith(pattern + ".") for op in ops)
+
+
+def verify_methods(methods: list[str], sass_texts: list[str], signatures: Mapping[str, Any]) -> dict[str, str]:
+    """Per claimed method: ``pass`` (its signature's opcodes appear), ``fail`` (they do not), ``not_applicable``
+    (no signature: counts as unverified) or ``tool_error`` (no SASS at all: never pass)."""
+    if not sass_texts or not any(t.strip() for t in sass_texts):
+        return {m: "tool_error" for m in methods}
+    ops = opcodes(sass_texts)
+    out: dict[str, str] = {}
+    for m in methods:
+        sig = signatures["signatures"].get(m)
+        if not sig:
+            out[m] = "not_applicable"
+            continue
+        ok_all = all(_has(ops, p) for p in sig.get("require_all", []))
+        ok_any = not sig.get("require_any") or any(_has(ops, p) for p in sig["require_any"])
+        out[m] = "pass" if ok_all and ok_any else "fail"
+    return out

@@ -10,10 +10,19 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from .errors import Blocked, ProfilerError
-from .ncu_csv import NcuLaunch, NcuParseError, metric_value, parse_ncu_csv
+from typing import Any
 
-NVTX_RANGE = "kopt_target"
+from .. import registry
+from ..stats import fmt_ms
+from ..artifacts import Bench, write_json
+from ..child.profile import NVTX_RANGE
+from ..errors import Blocked, KernelRuntimeError, ProfilerError
+from .build import built
+from .context import Context, Outcome
+from .correctness import require_correct
+from .ncu_csv import NcuLaunch, NcuParseError, metric_value, parse_ncu_csv
+from .request import harness_request
+from .roofline import metric_table, top_metrics
 
 #: The basic metric bundle (names from Nsight Compute's metric reference; all exist on sm_70+).
 METRICS: dict[str, str] = {
@@ -94,3 +103,68 @@ def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
     return {"metric_set": "kopt-basic", "clock_control": "none", "nvtx_range": NVTX_RANGE,
             "launches": rows, "target_kernel": main["kernel"], "duration_ms": total_ns / 1e6,
             "metric_names": METRICS}
+
+
+def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
+    """Profile one call of the kernel (NVTX range only) with ncu, adaptive set (SKILL.md 3a: full below 10 ms of
+    this session's timed median, light above; a full replay that times out or fails is retried once with the light
+    set); keep ``kernel.ncu-rep``, write ``ncu_top.json`` (set, reason, attempts, per-axis top ``--kopt-ncu-num``
+    metrics, every registry metric). Skips when counters cannot be read (ERR_NVGPUCTRPERM); ProfilerError (exit 3)
+    otherwise."""
+    device = ctx.device_for("ncu")
+    ncu = ctx.tool("ncu")
+    if not ncu:
+        raise Blocked("hardware", "ncu (Nsight Compute) not found; install it or put it on PATH")
+    res = built(ctx)
+    require_correct(ctx, res, device)
+    ctx.outdir.mkdir(parents=True, exist_ok=True)
+    report = ctx.outdir / "kernel.ncu-rep"
+    bench = Bench.load(ctx.outdir)
+    chosen, reason = choose_set(bench.median_ms if bench else None)
+    metrics = registry.load(registry.METRICS)
+    attempts: list[dict[str, Any]] = []
+    launches = None
+    for set_name in ([chosen, "light"] if chosen == "full" else [chosen]):
+        req = harness_request(ctx, "profile", device, ctx.settings.seeds[0], res)
+        report.unlink(missing_ok=True)
+        try:
+            with ctx.gpu_lock():
+                result = ctx.pool.run(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
+                                      workdir=ctx.work, prefix=ncu_prefix(ncu, report.with_suffix(""),
+                                                                          metrics["metric_sets"][set_name]))
+            check_ncu_output(result.get("stdout", ""))
+            if not report.is_file():
+                raise ProfilerError("ncu wrote no report (no kernel ran inside the kopt_target range?)", gate="ncu",
+                                    path=ctx.display, details=result.get("stdout", "")[-2000:])
+            launches = import_report(ncu, report)
+            attempts.append({"set": set_name, "ok": True})
+            chosen = set_name
+            break
+        except (KernelRuntimeError, ProfilerError) as exc:
+            attempts.append({"set": set_name, "ok": False, "status": exc.status, "error": exc.message})
+            if set_name == "light" or chosen != "full":
+                raise ProfilerError(f"ncu failed with the {set_name} set: {exc.message}", gate="ncu",
+                                    path=ctx.display, details=exc.details,
+                                    fix="run the kernel outside ncu first; raise --kopt-ncu-timeout") from None
+    assert launches is not None
+    top = summarize_launches(launches)
+    main_launch = max(launches, key=lambda ln: metric_value(ln, "gpu__time_duration.sum") or 0.0)
+    table = metric_table(main_launch, metrics)
+    top.update({"report": str(report), "set": chosen, "set_reason": reason, "attempts": attempts,
+                "ncu_num": ctx.settings.ncu_num, "top": top_metrics(table, metrics, ctx.settings.ncu_num),
+                "metrics": table, "kernel": main_launch.kernel_name})
+    path = write_json(ctx.outdir / "ncu_top.json", top)
+    main = max(top["launches"], key=lambda r: r["metrics"]["duration_ns"] or 0.0)  # type: ignore[index, union-attr]
+    m = main["metrics"]
+    figures = {"ncu_duration_ms": top["duration_ms"], "kernels": len(top["launches"]),  # type: ignore[arg-type]
+               "target_kernel": main["kernel"], "ncu_set": chosen}
+    for key in ("sm_throughput_pct", "dram_throughput_pct", "achieved_occupancy_pct", "registers_per_thread"):
+        if m.get(key) is not None:
+            figures[key] = m[key]
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.1f}%"
+
+    return Outcome(figures, f"{main['kernel'][:60]}: {fmt_ms(top['duration_ms'])} ({chosen} set), SM "
+                            f"{pct(m.get('sm_throughput_pct'))}, DRAM {pct(m.get('dram_throughput_pct'))}, occupancy "
+                            f"{pct(m.get('achieved_occupancy_pct'))}", (str(report), str(path)))

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ContractError
+from ..errors import ContractError
 
 #: C type spelling -> dtype name used by the harness (torch attribute of the same name).
 C_TYPES: dict[str, str] = {
@@ -28,6 +28,7 @@ C_TYPES: dict[str, str] = {
 _QUALIFIERS = {"const", "__restrict__", "__restrict", "restrict", "volatile", "struct"}
 #: C++ keywords among the type words: never a parameter name, so `unsigned int` alone is an unnamed parameter.
 _TYPE_KEYWORDS = {"int", "long", "short", "char", "signed", "unsigned", "float", "double", "bool", "void"}
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _CUTLASS_RE = re.compile(r'#\s*include\s*[<"](cutlass|cute)/')
 
 
@@ -345,3 +346,25 @@ def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contra
         for params, _kwargs, _line in c.functions.values():
             named.update(params)
     return [d for d in dims if d not in named]
+
+
+def local_headers(source: Path, include_dirs: tuple[Path, ...] = ()) -> list[Path]:
+    """All ``#include "..."`` headers reachable from ``source`` that exist beside it or in ``include_dirs``,
+    recursively, sorted. System headers (``<...>``) are covered by the compiler version in the key."""
+    seen: set[Path] = set()
+    todo = [source]
+    while todo:
+        f = todo.pop()
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        for inc in _INCLUDE_RE.findall(text):
+            for base in (f.parent, *include_dirs):
+                cand = (base / inc).resolve()
+                if cand.is_file():
+                    if cand not in seen:
+                        seen.add(cand)
+                        todo.append(cand)
+                    break
+    return sorted(seen)

@@ -1,18 +1,23 @@
-"""Roofline gaps and the method budget (SKILL.md steps 3a-3b), from parsed ncu metrics and the workload model.
+"""The ``roofline`` gate: gaps and the method budget (SKILL.md steps 3a-3b) from parsed ncu metrics and the
+workload model, the roofline against the GPU's measured peaks, and its chart.
 
 Plain Python over plain dicts: :func:`metric_table` maps a parsed launch onto the logical metrics of
 ``registries/metric_registry.json``; :func:`gaps` computes Δc, Δm, Δl; :func:`axis_budget` splits the method budget;
-:func:`roofline` assembles ``roofline.json``.
+:func:`roofline` assembles ``roofline.json``; :func:`gate_roofline` runs them on a kernel's artifacts.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import registry
+from ..artifacts import Bench, NcuTop, read_dict, write_json
+from ..errors import Blocked
+from .context import Context, Outcome
 from .ncu_csv import NcuLaunch, metric_value
+from .timing import device_peaks
 
 AXES = ("compute", "memory", "latency")
 #: SKILL.md: a gap under 0.10 is noise and earns no method slot; near_peak needs every gap under 0.15.
@@ -23,14 +28,6 @@ BUDGET_CAP = 2
 #: Tie order when two axes have equal remainders. Upstream's own cases give memory the slot over compute
 #: ((.5,.5,0) -> 1/2/0) and over compute again at (.2,.2,.9) -> 0/1/2; latency last.
 TIE_ORDER = ("memory", "compute", "latency")
-REGISTRY = Path(__file__).resolve().parent.parent / "registries" / "metric_registry.json"
-
-
-def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
-    """The metric registry document. Raises FileNotFoundError / json.JSONDecodeError as is."""
-    return json.loads(path.read_text())
-
-
 def metric_table(launch: NcuLaunch, registry: Mapping[str, Any]) -> dict[str, float | None]:
     """Logical metric name -> value in the registry's unit (first alias present wins; missing -> None)."""
     return {name: metric_value(launch, *spec["aliases"]) for name, spec in registry["metrics"].items()}
@@ -197,3 +194,41 @@ def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, t
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
+    """SKILL.md 3b from this session's ``ncu_top.json`` (+ ``bench.json``'s workload model and the measured
+    peaks): the three gaps, bound, near_peak, axis budget, achieved FLOP/s and bytes/s, arithmetic intensity;
+    writes ``roofline.json`` and ``roofline.png``."""
+    top = NcuTop.load(ctx.outdir)
+    if top is None:
+        ctx.device_for("roofline")  # without a GPU, say so (as the other GPU gates do)
+        raise Blocked("ncu", "no ncu_top.json with registry metrics from this session's ncu gate")
+    bench = Bench.load(ctx.outdir)
+    metrics = registry.load(registry.METRICS)
+    doc = roofline(top.metrics, metrics, top.duration_ms, bench.workload if bench else None, device_peaks(ctx))
+    doc["kernel"] = top.kernel
+    path = write_json(ctx.outdir / "roofline.json", doc)
+    history: list[dict[str, Any]] = []
+    state = read_dict(ctx.settings.run_dir / "state.json") if ctx.settings.run_dir is not None else None
+    if state:  # the loop's earlier iterations (profiles of the best going into each) as points on the chart
+        history = [{**r, "label": f"in{r['iter']}"} for r in state.get("roofline_history", [])]
+    png = plot({**doc, "label": ctx.kernel.stem}, history, ctx.outdir / "roofline.png",
+               title=f"{ctx.kernel.name} roofline")
+    figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
+               if doc.get(k) is not None}
+    figures.update({f"budget_{a}": n for a, n in doc["axis_budget"].items()})
+    for k in ("arithmetic_intensity", "sol_pct_fp32", "sol_pct_best", "roofline_bound"):
+        if doc.get(k) is not None:
+            figures[k] = doc[k]
+
+    def g(v: Any) -> str:
+        return "null" if v is None else f"{v:.2f}"
+
+    b = doc["axis_budget"]
+    sol = f", {doc['sol_pct_fp32']:.1f}% of the fp32 roofline" if doc.get("sol_pct_fp32") is not None else ""
+    if doc.get("sol_pct_fp32") is not None and doc["sol_pct_fp32"] > 100 and doc.get("sol_pct_best") is not None:
+        sol += f" (above it: tensor-core work), {doc['sol_pct_best']:.1f}% of the bf16 tensor roofline"
+    return Outcome(figures, f"Δc={g(doc['delta_compute'])} Δm={g(doc['delta_memory'])} Δl={g(doc['delta_latency'])}"
+                            f", bound {doc['bound']}, budget {b['compute']}/{b['memory']}/{b['latency']}"
+                            f" ({doc['method']}){sol}", tuple(str(p) for p in (path, png) if p))

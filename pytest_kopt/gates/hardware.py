@@ -1,4 +1,4 @@
-"""Hardware and toolchain detection (the ``hardware`` gate): GPUs through a real CUDA context, nvcc, ncu, cuobjdump.
+"""The ``hardware`` gate: GPUs through a real CUDA context, nvcc, ncu, cuobjdump, library versions (``env.json``).
 
 The CUDA probe runs the driver API through ctypes in a child process, so the pytest process (and the xdist
 controller) never initialises CUDA. The result is a plain dict written as SKILL.md's ``env.json``.
@@ -18,6 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..artifacts import write_json
+from ..errors import HardwareError
+from .context import Context, Outcome
+from .gpus import arch_of, session_view
 
 ENV_SCHEMA_VERSION = 1
 
@@ -133,14 +138,6 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def arch_of(cc: str) -> str:
-    """nvcc arch for a compute capability: ``9.0`` -> ``sm_90a`` (Hopper's arch-specific target, so wgmma and
-    setmaxnreg are allowed), ``10.0`` -> ``sm_100a``, others plain (``8.0`` -> ``sm_80``)."""
-    major, minor = (int(x) for x in cc.split("."))
-    suffix = "a" if major >= 9 else ""
-    return f"sm_{major}{minor}{suffix}"
-
-
 def detect(attempts: int = 1) -> dict[str, Any]:
     """Detect the environment: SKILL.md's ``env.json`` document (GPUs, tools with versions, library versions).
 
@@ -200,3 +197,27 @@ def header_line(env: dict[str, Any]) -> str:
     else:
         gpu = f"no GPU ({env['gpu_error']})"
     return f"kopt: {gpu}; {tools}; {libs}"
+
+
+def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
+    """The hardware gate: report the detected environment and write ``<outdir>/env.json``.
+
+    Fails (HardwareError, exit 3) only when a tool the kernel cannot do without is missing: nvcc for a ``.cu``,
+    triton for a Triton kernel. No GPU is not a failure here: the GPU gates skip with the reason."""
+    env = ctx.env
+    # the session's document, the same from every xdist worker (each one's own GPU is in this item's figures)
+    path = write_json(ctx.settings.outdir / "env.json", session_view(env))
+    if ctx.kind == "cuda" and not ctx.tool("nvcc"):
+        raise HardwareError("nvcc not found, so the .cu kernel cannot be built", gate="hardware",
+                            fix="install the CUDA toolkit or set CUDA_HOME")
+    if ctx.kind == "triton" and not env.get("packages", {}).get("triton"):
+        raise HardwareError("triton is not installed, so the Triton kernel cannot be built", gate="hardware",
+                            fix="pip install triton")
+    g = env.get("gpu") or {}
+    figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
+               "generation_allowed": env.get("generation_allowed")}
+    line = header_line(env)
+    if env.get("pinned"):
+        figures.update(gpu_uuid=g.get("uuid"), gpu_index=g.get("index"))
+        line += f"; this worker's GPU: {g.get('index')} ({g.get('uuid')})"
+    return Outcome(figures, line, (str(path),))

@@ -1,0 +1,37 @@
+"""What runs in a harness process: the candidate, the reference, timing and profiling, never the verdict.
+
+The pytest process never imports torch or touches CUDA: a gate writes a request, runs it in a child process (so a
+crash, a trap or a hang of the kernel takes down only that child) and reads back the result. Nothing in this
+package imports :mod:`pytest_kopt.gates` or :mod:`pytest_kopt.plugin`.
+
+The contract, in one place:
+
+- Start: ``python -P -s -c <boot> '[extra sys.path]' REQUEST.json [--ctl FD]`` runs one request (a fresh
+  process), ``... --serve FD`` a warm process that reads ``<seq> <request path>`` lines on stdin
+  (:func:`pytest_kopt.child.protocol.serve`). ``FD`` is a private pipe: ``ready`` once torch is imported, then
+  ``done <seq> <code> <sha256 of the result JSON>`` per request; the kernel's own output goes to the log, so it
+  cannot fake an answer.
+- Request (JSON): ``mode`` (a key of :data:`pytest_kopt.child.protocol.MODES`), ``out`` (path prefix of the
+  results), ``kind`` (``cuda``, ``triton`` or ``python``), ``kernel``, ``library`` (the built ``.so``),
+  ``params`` (``solve``'s parameters: name, dtype, role), ``ref``, ``dims``, ``seed``/``seed_b``, ``device``,
+  ``plan`` (the input plan, :func:`pytest_kopt.gates.inputs.draw_plan`), ``atol``/``rtol`` (overrides or None),
+  ``timing`` (the timing policy), and per mode ``spec``/``scalars`` (the candidate's buffers, for the
+  reference), ``round`` (one round of an interleaved timing), ``inputs_npz``, ``setup_npz``.
+- Result: ``<out>.json`` with ``ok`` true and the mode's figures, or ``ok`` false with ``category``
+  (``contract``, ``compile`` or ``runtime``), ``message``, ``fix`` (or None) and ``traceback``; arrays go to
+  ``<out>.npz`` with keys ``<tag>__<buffer>`` (see :mod:`pytest_kopt.gates.verdict`), and the reference's modes
+  put the SHA-256 of that file's bytes in their result (``npz_sha``).
+- After a failed request a warm process ends: a CUDA error can leave its context unusable.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """An error with a category the parent maps to a status: ``contract`` (ref/setup/shapes), ``compile`` or
+    ``runtime``; ``fix`` (optional) is the one sentence the parent shows as the fix."""
+
+    def __init__(self, category: str, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.category = category
+        self.fix = fix

@@ -1,0 +1,189 @@
+"""Correctness requests in a harness process: the candidate's four calls, the reference's outputs (in its own
+process), and the reference on a timed call's inputs. Arrays only: the verdict is the pytest process's."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from . import HarnessError
+from .inputs import Inputs, check_spec, poison
+from .kernels import Candidate
+from .loader import load_module
+from .transfer import save_npz, to_numpy
+
+#: upstream's defaults when neither the command line nor the reference gives a tolerance
+DEFAULT_ATOL = 1e-3
+DEFAULT_RTOL = 1e-3
+
+
+def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, Any]) -> dict[str, list[str]]:
+    """After a call: buffers replaced or no longer plain tensors, and inputs the call modified."""
+    found: dict[str, list[str]] = {"not_a_tensor": [], "buffer_replaced": [], "input_mutated": []}
+    for s in inp.spec:
+        t = inp.tensors[s["name"]]
+        if type(t) is not torch.Tensor:
+            found["not_a_tensor"].append(f"{s['name']} is {type(t).__module__}.{type(t).__qualname__}")
+        elif t.data_ptr() != ptrs[s["name"]] or list(t.shape) != s["shape"]:
+            found["buffer_replaced"].append(s["name"])
+        elif s["role"] == "input" and not torch.equal(t, pristine[s["name"]]):
+            n = int((t != pristine[s["name"]]).sum())
+            found["input_mutated"].append(f"{s['name']} ({n} elements changed)")
+    return found
+
+
+def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
+    """Correctness, candidate side. Inputs set A: call 1 and call 2 (fresh poisoned outputs each); set B (new values
+    written into the same input buffers, so a result cached by pointer shows): call 3; set B again in new buffers:
+    call 4. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and the spec for the reference
+    process (``calls: 1``: the first call only)."""
+    import numpy as np
+
+    cand = Candidate(req)
+    torch, inp = cand.torch, cand.inputs
+    ptrs = {n: t.data_ptr() for n, t in inp.tensors.items()}
+    pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
+    arrays: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    cand.run()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    found = guards(torch, inp, ptrs, pristine)
+    if any(found.values()):
+        return {"spec": inp.spec, "guards": found, "outputs": inp.outputs}
+    for name in inp.outputs:
+        arrays[f"cand1__{name}"] = to_numpy(torch, inp.tensors[name])
+    if req.get("calls", 3) >= 2:
+        inp.poison_outputs()
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"cand2__{name}"] = to_numpy(torch, inp.tensors[name])
+        inp.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"candB__{name}"] = to_numpy(torch, inp.tensors[name])
+        # set B's values again, in freshly allocated buffers: tells "cached by address" from "ignores its inputs"
+        cand.inputs = Inputs(torch, inp.spec, inp.scalars, cand.device)
+        cand.inputs.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
+        cand.run()
+        for name in inp.outputs:
+            arrays[f"candC__{name}"] = to_numpy(torch, cand.inputs.tensors[name])
+        cand.inputs = inp
+    setup_sha = hashlib.sha256()
+    for name, t in sorted(cand.kept.items()):
+        arrays[f"setup__{name}"] = t.numpy()
+        setup_sha.update(name.encode() + t.numpy().tobytes())
+    t_save = time.perf_counter()
+    np.savez(req["out"] + ".npz", **arrays)
+    return {"save_s": time.perf_counter() - t_save, "spec": inp.spec, "setup_sha": setup_sha.hexdigest(),
+            "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
+            "guards": found, "outputs": inp.outputs, "first_call_ms": first_ms, "npz": req["out"] + ".npz"}
+
+
+def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
+    """Correctness, reference side, in its own process (the candidate can neither see nor patch it): the same
+    inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A and set B, and on set A with
+    float inputs rounded to bf16 and fp16 (for the tolerance sanity check). Saves ``ref__``, ``refB__``,
+    ``low_bf16__``, ``low_fp16__`` arrays."""
+    import numpy as np
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    if not callable(getattr(ref, "reference", None)):
+        raise HarnessError("contract", f"{req['ref']}: reference is not a function")
+    device, dims = req["device"], req["dims"]
+    check_spec(ref, req["spec"], dims, req["ref"])
+    given = {}
+    if req.get("setup_npz"):
+        with np.load(req["setup_npz"]) as data:
+            given = {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device)
+                     for k in data.files if k.startswith("setup__")}
+    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    arrays: dict[str, Any] = {}
+
+    def call(tag: str) -> None:
+        try:
+            ref.reference(**inp.kwargs())
+        except Exception as exc:
+            raise HarnessError("contract", f"{req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for name in inp.outputs:
+            t = inp.tensors[name]
+            if t.numel() == 0:
+                raise HarnessError("contract", f"output {name!r} has no elements, so nothing can be compared; "
+                                   "check --kopt-dims (a zero dim?)")
+            sentinel = torch.empty_like(t)
+            poison(torch, sentinel)
+            unwritten = bool(torch.isnan(t).all()) if t.dtype.is_floating_point else bool(torch.equal(t, sentinel))
+            if unwritten:
+                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (still "
+                                   "the poison value); write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
+            arrays[f"{tag}__{name}"] = to_numpy(torch, t)
+
+    inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
+    call("ref")
+    # an "input" the reference writes is an output the candidate's setup() did not list (so it was never compared)
+    written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])]
+    if written:
+        raise HarnessError("contract", f"reference() wrote {', '.join(map(repr, written))}, which the candidate "
+                           "lists as input(s): every buffer the reference writes must be among setup()'s outputs")
+    low = [s for s in inp.spec if s["role"] == "input" and s["dtype"] in ("float32", "float64")]
+    if low and req.get("low_precision", True):
+        pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in low}
+        for dtype in ("bfloat16", "float16"):
+            changed = False
+            for s in low:
+                t = inp.tensors[s["name"]]
+                t.copy_(pristine[s["name"]].to(getattr(torch, dtype)).to(t.dtype))
+                changed = changed or not torch.equal(t, pristine[s["name"]])
+            if not changed:
+                continue  # e.g. small integers: exact in this precision, so the check says nothing
+            inp.poison_outputs()
+            call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
+    inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
+    call("refB")
+    npz_sha = save_npz(req["out"] + ".npz", arrays)
+    tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in inp.outputs}
+    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": tol}
+
+
+def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
+    """Reference side of the timing gate's output check: the reference on the inputs saved from a timed call."""
+    import numpy as np
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    dims = req["dims"]
+    check_spec(ref, req["spec"], dims, req["ref"])
+    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])
+    with np.load(req["inputs_npz"]) as data:
+        for s in inp.spec:
+            if s["role"] == "input":
+                t = inp.tensors[s["name"]]
+                t.copy_(torch.from_numpy(data[f"in__{s['name']}"]).to(t.dtype))
+    inp.poison_outputs()
+    ref.reference(**inp.kwargs())
+    torch.cuda.synchronize()
+    npz_sha = save_npz(req["out"] + ".npz", {f"ref__{n}": to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
+    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha,
+            "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in inp.outputs}}
+
+
+def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
+    """(atol, rtol) of output ``name``: the command line, else the reference's (a number, or a dict keyed by output
+    name), else 1e-3 / 1e-3 (upstream's defaults); with where each came from."""
+    out: dict[str, Any] = {}
+    for key, cli, default in (("atol", atol_cli, DEFAULT_ATOL), ("rtol", rtol_cli, DEFAULT_RTOL)):
+        if cli is not None:
+            out[key], out[f"{key}_source"] = float(cli), f"--kopt-{key}"
+            continue
+        v = getattr(ref, key, None)
+        if isinstance(v, dict):
+            v = v.get(name)
+        if v is None:
+            out[key], out[f"{key}_source"] = default, "default"
+        else:
+            out[key], out[f"{key}_source"] = float(v), f"ref.{key}"
+    return out

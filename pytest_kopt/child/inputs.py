@@ -1,0 +1,192 @@
+"""The buffers of one problem instance, owned by the harness: declared shapes, the spec, fills and poison."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import HarnessError
+
+INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
+
+
+def poison(torch: Any, t: Any) -> None:
+    """Fill ``t`` with the poison value: NaN for floats, True for bools, :data:`INT_POISON` (or the type's maximum,
+    unsigned) for integers."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(INT_POISON if torch.iinfo(t.dtype).min < 0 else torch.iinfo(t.dtype).max)
+
+
+def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, tuple[list[int], str | None]]:
+    """The reference's ``shapes(**dims)``: buffer name -> (shape, dtype or None). An entry is ``(shape, dtype)``
+    or a bare shape (a tuple of ints, or one int); dtypes are torch names without ``torch.`` (``float32``). {} when
+    the reference defines no ``shapes``. Raises HarnessError('contract') when it raises or an entry is malformed."""
+    if not callable(getattr(ref, "shapes", None)):
+        return {}
+    try:
+        given = dict(ref.shapes(**dims))
+    except Exception as exc:
+        raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
+    out: dict[str, tuple[list[int], str | None]] = {}
+    for name, entry in given.items():
+        pair = isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], (tuple, list))
+        shape, dtype = (entry[0], entry[1]) if pair else (entry, None)
+        try:
+            dims_list = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
+        except (TypeError, ValueError):
+            raise HarnessError("contract", f"{ref_path}: shapes()[{name!r}] = {entry!r} is not a shape or "
+                               "(shape, dtype)") from None
+        out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""))
+    return out
+
+
+def contiguous_stride(shape: list[int]) -> list[int]:
+    """Row-major strides (elements) of ``shape``."""
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(1, n)
+    return list(reversed(stride))
+
+
+def fill_drawn(torch: Any, t: Any, plan: dict[str, Any], gen: Any) -> None:
+    """Fill ``t`` in place following the plan's regime (see :func:`pytest_kopt.gates.inputs.draw_plan`); integer
+    tensors get U{0..15}, booleans U{0, 1}."""
+    shape, dev = tuple(t.shape), t.device
+    if t.dtype.is_floating_point:
+        r = plan["regime"]
+        if r == "uniform":
+            v = (torch.rand(shape, generator=gen, device=dev) * 2 - 1) * plan["scale"]
+        elif r == "small_int":
+            v = torch.randint(plan["int_lo"], plan["int_hi"] + 1, shape, generator=gen, device=dev).float()
+        elif r == "wide":
+            mag = (torch.rand(shape, generator=gen, device=dev) * 2 - 1) * plan["decades"]
+            v = torch.randn(shape, generator=gen, device=dev) * torch.pow(10.0, mag)
+        else:
+            v = torch.randn(shape, generator=gen, device=dev) * plan["scale"]
+        t.copy_(v)
+    elif t.dtype == torch.bool:
+        t.copy_(torch.randint(0, 2, shape, generator=gen, device=dev).bool())
+    else:
+        t.copy_(torch.randint(0, 16, shape, generator=gen, device=dev))
+
+
+class Inputs:
+    """The buffers of one problem instance, owned by the harness: every tensor is a fresh plain ``torch.Tensor``
+    allocated here (so a candidate's ``setup`` cannot hand in subclasses, proxies or aliased views).
+
+    ``spec`` lists the buffers in call order: ``{name, role (input|output), shape, stride, dtype, source}``;
+    ``source`` is ``drawn`` (filled from the plan), ``make_inputs`` (the reference's generator) or ``setup``
+    (integer/bool tensors from a Triton ``setup``, kept as given and shipped to the reference process).
+    ``scalars`` holds non-tensor arguments (dims and ``setup``'s plain values)."""
+
+    def __init__(self, torch: Any, spec: list[dict[str, Any]], scalars: dict[str, Any], device: str) -> None:
+        self.torch = torch
+        self.spec = spec
+        self.scalars = scalars
+        self.device = device
+        self.tensors: dict[str, Any] = {}
+        for s in spec:
+            self.tensors[s["name"]] = torch.empty_strided(s["shape"], s["stride"], dtype=getattr(torch, s["dtype"]),
+                                                          device=device)
+
+    @property
+    def outputs(self) -> list[str]:
+        """Names of the output buffers."""
+        return [s["name"] for s in self.spec if s["role"] == "output"]
+
+    def fill(self, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any], given: dict[str, Any]) -> None:
+        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs."""
+        torch = self.torch
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        made: dict[str, Any] = {}
+        if callable(getattr(ref, "make_inputs", None)):
+            made = dict(ref.make_inputs(seed=int(seed), **dims))
+        for s in self.spec:
+            t = self.tensors[s["name"]]
+            if s["role"] == "output":
+                poison(torch, t)
+            elif s["name"] in made:
+                t.copy_(torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape))
+            elif s["source"] == "setup":
+                t.copy_(given[s["name"]])
+            else:
+                fill_drawn(torch, t, plan, gen)
+
+    def poison_outputs(self) -> None:
+        """NaN (or a sentinel) into every output before a call."""
+        for name in self.outputs:
+            poison(self.torch, self.tensors[name])
+
+    def kwargs(self) -> dict[str, Any]:
+        """Arguments by name: tensors and scalars."""
+        return {**self.scalars, **self.tensors}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every buffer of this set."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims: dict[str, Any],
+                     made: dict[str, Any]) -> list[dict[str, Any]]:
+    """Buffer spec of a CUDA ``solve``: dtype from the signature, shape from ``make_inputs``, ``shapes()`` or
+    upstream's flat fallback (the product of the two largest integer dims) for a buffer neither names."""
+    declared = declared_shapes(ref, dims, ref_path)
+    ints = sorted((int(v) for v in dims.values() if isinstance(v, int)), reverse=True)
+    flat = ints[0] * ints[1] if len(ints) >= 2 else (ints[0] if ints else 1)
+    spec = []
+    for p in params:
+        if p["role"] == "scalar":
+            continue
+        if p["name"] in made:
+            shape, source = list(made[p["name"]].shape), "make_inputs"
+        else:
+            shape, source = list(declared[p["name"]][0]) if p["name"] in declared else [flat], "drawn"
+        spec.append({"name": p["name"], "role": p["role"], "shape": shape, "stride": contiguous_stride(shape),
+                     "dtype": p["dtype"], "source": source})
+    return spec
+
+
+def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                                      dict[str, Any]]:
+    """Spec, scalars and kept integer tensors from a Triton/Python ``setup()`` result."""
+    if not isinstance(setup_result, dict) or "inputs" not in setup_result or "outputs" not in setup_result:
+        raise HarnessError("contract", f"{path}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
+    inputs = dict(setup_result["inputs"])
+    outputs = list(setup_result["outputs"])
+    if not outputs:
+        raise HarnessError("contract", f"{path}: setup() lists no outputs, so nothing can be checked")
+    for name in outputs:
+        if not isinstance(inputs.get(name), torch.Tensor):
+            raise HarnessError("contract", f"{path}: output {name!r} is not a tensor among setup()'s inputs")
+    spec, scalars, kept = [], {}, {}
+    for name, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            role = "output" if name in outputs else "input"
+            source = "drawn" if (role == "output" or v.dtype.is_floating_point) else "setup"
+            spec.append({"name": name, "role": role, "shape": list(v.shape), "stride": list(v.stride()),
+                         "dtype": str(v.dtype).replace("torch.", ""), "source": source})
+            if source == "setup":
+                kept[name] = v.detach().cpu().contiguous()
+        else:
+            scalars[name] = v
+    return spec, scalars, kept
+
+
+def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_path: str) -> None:
+    """In the reference's process: every buffer the reference's ``shapes(**dims)`` names must have that shape and
+    dtype in the candidate's spec, so a Triton/Python ``setup()`` cannot shrink the problem it is judged (and
+    timed) on. No ``shapes()``: nothing to check against. Raises HarnessError('contract')."""
+    declared = declared_shapes(ref, dims, ref_path)
+    for s in spec:
+        if s["name"] not in declared:
+            continue
+        shape, dtype = declared[s["name"]]
+        if list(s["shape"]) != shape or (dtype is not None and dtype != s["dtype"]):
+            raise HarnessError("contract", f"the candidate's buffer {s['name']!r} is {s['dtype']}{list(s['shape'])} "
+                               f"but {ref_path}'s shapes() says {dtype or s['dtype']}{shape} for these dims: "
+                               "setup() must build the problem the dims describe")

@@ -1,0 +1,120 @@
+"""The request loop of a harness process: one request (a fresh process) or many (a warm one), each answered with
+the SHA-256 of its result on a private pipe (see :mod:`pytest_kopt.child` for the contract)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from ..proc.tree import kill_tree
+from . import HarnessError
+from .correctness import mode_candidate, mode_check_outputs, mode_reference
+from .profile import mode_profile
+from .timing import mode_peaks, mode_time_reference, mode_timing
+from .triton_aot import mode_triton_build
+
+MODES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "candidate": mode_candidate, "reference": mode_reference, "check_outputs": mode_check_outputs,
+    "timing": mode_timing, "time_reference": mode_time_reference, "peaks": mode_peaks, "profile": mode_profile,
+    "triton_build": mode_triton_build}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
+
+
+def handle(req_path: str) -> tuple[int, str]:
+    """Run one request file's mode and write ``<out>.json``. Returns (0 on success or 1 on error, SHA-256 of the
+    JSON bytes written): the attestation the process sends on its private control pipe (the hash of any ``.npz``
+    it saved is inside that JSON)."""
+    req = json.loads(Path(req_path).read_text())
+    result: dict[str, Any]
+    try:
+        result = {"ok": True, **MODES[req["mode"]](req)}
+        code = 0
+    except HarnessError as exc:
+        result = {"ok": False, "category": exc.category, "message": str(exc), "fix": exc.fix,
+                  "traceback": traceback.format_exc()}
+        code = 1
+    except Exception as exc:  # the candidate's own Python (Triton) raised
+        result = {"ok": False, "category": "runtime", "message": f"{type(exc).__name__}: {exc}", "fix": None,
+                  "traceback": traceback.format_exc()}
+        code = 1
+    data = json.dumps(result, default=_jsonable).encode()
+    Path(req["out"] + ".json").write_bytes(data)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code, hashlib.sha256(data).hexdigest()
+
+
+def serve(ctl_fd: int) -> int:
+    """Warm-process loop (:class:`pytest_kopt.proc.pool.HarnessServer`): import torch, say ``ready`` on the control
+    pipe, then run each request path read from stdin and answer ``done <seq> <code> <sha>``. Ends at EOF, or after
+    a failed request (the parent starts a fresh process: a CUDA error can leave this context unusable)."""
+    import gc
+
+    import numpy  # noqa: F401  (imported once here, not per request)
+    import torch
+
+    ctl = os.fdopen(ctl_fd, "w", buffering=1)
+    ctl.write("ready\n")
+    stdin = sys.stdin  # kept: a kernel that rebinds or closes sys.stdin does not cut the request channel
+    for line in stdin:
+        if not line.strip():
+            continue
+        seq, _, path = line.strip().partition(" ")
+        code, json_sha = handle(path)
+        done = f"done {seq} {code} {json_sha}\n"
+        if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
+            ctl.write(done)
+            return code
+        gc.collect()
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
+        except Exception:  # an error the request's own checks missed: its result stands, this process ends
+            ctl.write(f"done {seq} 1 {json_sha}\n")  # code 1: the parent drops this process
+            return 1
+        ctl.write(done)
+    return 0
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the process that started it ends (prctl PR_SET_PDEATHSIG), so a pytest
+    killed by SIGTERM does not leave a kernel spinning on the GPU; and become the subreaper of its descendants.
+    Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+        # PR_SET_CHILD_SUBREAPER = 36: orphans of the kernel's own children (a setsid() double fork) stay below
+        # this process, where the parent finds, pauses and kills them, instead of escaping to init
+        libc.prctl(36, 1)
+        if os.getppid() == 1:  # the parent was already gone before the call
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``REQUEST.json [--ctl FD]`` runs one request; ``--serve CTL_FD`` runs :func:`serve`."""
+    if sys.platform.startswith("linux"):
+        _die_with_parent()
+    if len(argv) > 2 and argv[1] == "--serve":
+        return serve(int(argv[2]))
+    code, json_sha = handle(argv[1])
+    if len(argv) > 3 and argv[2] == "--ctl":  # a fresh process: the same attestation, on its own private pipe
+        with os.fdopen(int(argv[3]), "w") as ctl:
+            ctl.write(f"done 0 {code} {json_sha}\n")
+    # what the kernel started dies with this process (as its subreaper it holds even setsid() daemons, which at
+    # its exit would go to init)
+    kill_tree(os.getpid(), include_root=False)
+    return code

@@ -1,0 +1,372 @@
+"""Timing inside a harness process: the L2 flush, the stream hold, NVML clocks, and the two timers.
+
+:class:`EventsTimer` times one call per sample with CUDA events; :class:`GraphTimer` times N (flush, call) pairs
+against N flushes alone, captured in CUDA graphs (or queued behind a host-held stream where capture is impossible).
+Both are resumable, so several parties (candidate, reference, a PR gate's baseline) can be timed in alternating
+rounds. All times are in ms.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+from ..stats import should_stop
+
+
+class Clocks:
+    """NVML (nvidia-ml-py) readings of the GPU: SM clock (MHz), temperature (C) and throttle reasons; inert when
+    NVML is missing. ``throttled`` follows nvbench: a power/thermal slowdown reason, or an SM clock under 75% of
+    the maximum."""
+
+    # nvmlClocksThrottleReason* bits that mean the clock was pulled down (SW power cap, HW slowdown, SW/HW thermal,
+    # HW power brake); idle, application clocks and sync boost are not slowdowns.
+    SLOWDOWN = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+    def __init__(self) -> None:
+        self.nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            # NVML ignores CUDA_VISIBLE_DEVICES: find the GPU this process uses by the UUID or index it names
+            first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            if first.upper().startswith("GPU-"):
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(first)
+            else:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+            self.max_sm = pynvml.nvmlDeviceGetMaxClockInfo(self.handle, pynvml.NVML_CLOCK_SM)
+            self.nvml = pynvml
+        except Exception:  # no NVML: readings are reported as unavailable
+            self.nvml = None
+
+    def read(self) -> dict[str, Any] | None:
+        """One reading, or None without NVML."""
+        if self.nvml is None:
+            return None
+        n = self.nvml
+        try:
+            sm = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)
+            temp = n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)
+            reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
+        except Exception:
+            return None
+        return {"sm_mhz": sm, "temp_c": temp, "reasons": int(reasons),
+                "throttled": bool(reasons & self.SLOWDOWN) or sm < 0.75 * self.max_sm}
+
+
+_LIBCUDA: list[Any] = []
+
+
+def _libcuda() -> Any:
+    if not _LIBCUDA:
+        _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))
+    return _LIBCUDA[0]
+
+
+def reset_persisting_l2() -> None:
+    """cuCtxResetPersistingL2Cache: lines a kernel pinned with an access-policy window survive a normal flush.
+    It waits for the device, so it must run before the flush is queued, never between flush and timed launch."""
+    try:
+        _libcuda().cuCtxResetPersistingL2Cache()
+    except (OSError, AttributeError):
+        pass
+
+
+class StreamGate:
+    """Holds the current stream on a host-written flag (driver ``cuStreamWaitValue32``, nvbench's blocking-kernel
+    idea without a spin): :meth:`close` enqueues a wait for flag >= 1, the host queues the timed work, :meth:`open`
+    writes the flag. Used by the queued graph mode, where the host may need longer to queue N pairs than any fixed
+    spin. ``create`` returns None where stream memory operations are unavailable (the caller then spins)."""
+
+    def __init__(self, torch: Any, fn: Any, flag: Any) -> None:
+        self.torch, self.fn, self.flag = torch, fn, flag
+
+    @staticmethod
+    def create(torch: Any) -> "StreamGate | None":
+        """The gate, or None when the driver has no stream memory operations."""
+        try:
+            lib = _libcuda()
+            fn = getattr(lib, "cuStreamWaitValue32_v2", None) or lib.cuStreamWaitValue32
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # mapped into the device's address space
+        except (OSError, AttributeError, RuntimeError):
+            return None
+        return StreamGate(torch, fn, flag)
+
+    def close(self) -> bool:
+        """Enqueue the wait on the current stream (flag reset to 0 first); False when the driver refused it."""
+        try:
+            self.flag[0] = 0
+            stream = self.torch.cuda.current_stream().cuda_stream
+            return self.fn(ctypes.c_void_p(stream), self.flag.data_ptr(), 1, 0) == 0  # CU_STREAM_WAIT_VALUE_GEQ
+        except (ctypes.ArgumentError, RuntimeError, OSError):
+            return False
+
+    def open(self) -> None:
+        """Let the held stream run."""
+        self.flag[0] = 1
+
+
+class Timer:
+    """The sampling loop shared by kernel and reference timing, resumable (:meth:`take`) so parties can be timed
+    in alternating rounds. Created once per party: allocates the L2 flush buffer (read, 2x the L2 size), warms up
+    for ``t["warmup_ms"]`` of wall time, calibrates the stream hold (90th percentile of the warmup launches' host
+    time, x2 + 20 µs) and the host overhead of a launch + synchronise. ``launch(set)`` calls the party once without
+    waiting; ``refresh(set, k)`` writes new values into a set (outside any timed window). Subclasses define one
+    sample (:meth:`sample`) and when sets are refreshed (:meth:`refresh_sets`)."""
+
+    method = "events"
+
+    def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
+                 refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
+        self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+        # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
+        self.flush_buf = torch.ones(2 * self.l2 // 4, dtype=torch.float32, device="cuda")
+        self.flush_out = torch.empty((), dtype=torch.float32, device="cuda")
+        self.clocks = Clocks()
+        t_end = time.perf_counter() + t["warmup_ms"] / 1e3
+        i = 0
+        launch_s: list[float] = []
+        while i < 3 or time.perf_counter() < t_end:
+            h = time.perf_counter()
+            launch(sets[i % len(sets)])
+            launch_s.append(time.perf_counter() - h)
+            torch.cuda.synchronize()
+            i += 1
+        self.warmup_calls = i
+        tail = launch_s[1:] or launch_s
+        self.host_launch_us = 1e6 * sorted(tail)[int(0.9 * (len(tail) - 1))]
+        self.host_launch_ms = statistics.median(tail) * 1e3
+        self.clock_khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
+        self.hold_us = 2 * self.host_launch_us + 20
+        # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
+        tiny = torch.empty(1, device="cuda")
+        over = []
+        for _ in range(20):
+            h0 = time.perf_counter()
+            tiny.zero_()
+            torch.cuda.synchronize()
+            over.append((time.perf_counter() - h0) * 1e3)
+        self.host_overhead_ms = statistics.median(over)
+        self.start, self.stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.event_ms: list[float] = []
+        self.throttled: list[bool] = []
+        self.readings: list[dict[str, Any]] = []
+        self.elapsed_s = 0.0
+        self.k = 0
+        #: what a non-final round reports besides the samples (the candidate's input spec, for the reference)
+        self.info: dict[str, Any] = {}
+
+    def flush(self) -> None:
+        """Queue the L2 flush (a read of 2x the L2 size)."""
+        self.torch.sum(self.flush_buf, dim=0, out=self.flush_out)
+
+    def hold(self, us: float) -> None:
+        """Queue a GPU spin of ``us`` microseconds (keeps the stream busy while the host launches)."""
+        self.torch.cuda._sleep(int(us * self.clock_khz / 1e3))
+
+    def sample(self) -> float:
+        """One sample, ms."""
+        raise NotImplementedError
+
+    def refresh_sets(self) -> None:
+        """Before sample ``k``: new values in the set it uses, once every set has been used (outside the window)."""
+        if self.k >= len(self.sets):
+            self.refresh(self.sets[self.k % len(self.sets)], self.k)
+
+    def _stop(self) -> str | None:
+        t = self.t
+        return should_stop(self.event_ms, self.elapsed_s, target_rse=t["target_rse"], min_samples=t["min_samples"],
+                           min_time_s=t["min_time_s"], budget_s=t["budget_s"], max_samples=t["max_samples"])
+
+    def take(self, count: int | None = None) -> str | None:
+        """Take ``count`` samples, or (None) sample until :func:`pytest_kopt.stats.should_stop`; returns the stop
+        reason (None after a fixed count that did not meet it)."""
+        if count == 0:
+            return self._stop()
+        taken = 0
+        while True:
+            t0 = time.perf_counter()
+            self.refresh_sets()
+            before = self.clocks.read()
+            self.event_ms.append(self.sample())
+            after = self.clocks.read()
+            if before and after:
+                self.throttled.append(before["throttled"] or after["throttled"])
+                if self.k % 16 == 0:
+                    self.readings.append(after)
+            self.k += 1
+            taken += 1
+            self.elapsed_s += time.perf_counter() - t0
+            reason = self._stop()
+            if reason is not None and count is None:
+                return reason
+            if count is not None and taken >= count:
+                return reason
+
+    def result(self, reason: str | None) -> dict[str, Any]:
+        """The side-stream probe, then every figure: per-sample lists (ms) and the stop reason.
+
+        Probe: without the stream hold, launch and synchronise the whole device 30 times; work the events did not
+        see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync."""
+        torch = self.torch
+        host_ms: list[float] = []
+        for j in range(30):
+            s = self.sets[j % len(self.sets)]
+            torch.cuda.synchronize()
+            h0 = time.perf_counter()
+            self.launch(s)
+            torch.cuda.synchronize()
+            host_ms.append((time.perf_counter() - h0) * 1e3)
+        return {"event_ms": self.event_ms, "host_ms": host_ms, "host_overhead_ms": self.host_overhead_ms,
+                "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
+                "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
+                "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
+                "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method}
+
+
+class EventsTimer(Timer):
+    """One sample = CUDA events around one ``launch(set)``, on the next rotating set. Before it, outside the window:
+    persisting L2 lines reset, L2 flushed, and the stream held by a GPU spin longer than the host's launch time, so
+    Python launch latency stays out of the window."""
+
+    method = "events"
+
+    def sample(self) -> float:
+        torch = self.torch
+        s = self.sets[self.k % len(self.sets)]
+        reset_persisting_l2()
+        torch.cuda.synchronize()
+        # the flush stays queued ahead of the timed launch, so the GPU is busy while the host launches (a host
+        # round trip between them would put launch latency, tens of µs for a Python launcher, inside the window)
+        self.flush()
+        self.hold(self.hold_us)
+        self.start.record()
+        self.launch(s)
+        self.stop.record()
+        torch.cuda.synchronize()
+        return self.start.elapsed_time(self.stop)
+
+
+class GraphTimer(Timer):
+    """For kernels of a few µs, where one event pair's resolution and the launch gap dominate: ``t["graph_calls"]``
+    (N) pairs of (L2 flush, launch on the next set) captured in one CUDA graph and the N flushes alone in another;
+    one sample = (replay time of the pairs - replay time of the flushes) / N, the two replays timed back to back,
+    their order alternating. A launch CUDA cannot capture (``t["capture"]`` false: a ``.cu`` ``solve()`` launches on
+    the legacy default stream) falls back to the same N pairs queued behind a hold on a host-written flag
+    (:class:`StreamGate`; a GPU spin where the driver refuses it). ``graph_method`` (``cuda_graph`` or ``queued``)
+    and ``graph_hold`` say which ran. Every set's values are refreshed in place between samples (the graphs read
+    fixed addresses)."""
+
+    method = "graph"
+
+    def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
+                 refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
+        super().__init__(torch, sets, launch, refresh, t)
+        self.n = int(t.get("graph_calls", 20))
+        self.graph_method: str | None = None
+        self.graph_note: str | None = None
+        self.graph_hold: str | None = None
+        self._gate: StreamGate | None = None
+        self._prepare(bool(t.get("capture", True)))
+
+    def _pairs(self, with_kernel: bool) -> None:
+        for j in range(self.n):
+            self.flush()
+            if with_kernel:
+                self.launch(self.sets[j % len(self.sets)])
+
+    def _prepare(self, capture: bool) -> None:
+        torch = self.torch
+        try:
+            if not capture:
+                raise RuntimeError("a .cu solve() launches on the legacy default stream, which a capture does not "
+                                   "record")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # torch's rule: warm up on a side stream before capture
+                self._pairs(True)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            self.g_pairs, self.g_flush = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.g_pairs):
+                self._pairs(True)
+            with torch.cuda.graph(self.g_flush):
+                self._pairs(False)
+            torch.cuda.synchronize()
+            self.graph_method = "cuda_graph"
+        except Exception as exc:  # e.g. cudaErrorStreamCaptureImplicit: a launch on the legacy default stream
+            torch.cuda.synchronize()
+            self.graph_method = "queued"
+            self.graph_note = f"no CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); " \
+                              f"the {self.n} pairs are queued behind a stream hold instead"
+            h = time.perf_counter()
+            self._pairs(True)
+            self.queue_us = (time.perf_counter() - h) * 1e6
+            torch.cuda.synchronize()
+            self._gate = StreamGate.create(torch)
+
+    def _timed_block(self, with_kernel: bool) -> float:
+        torch = self.torch
+        torch.cuda.synchronize()
+        if self.graph_method == "cuda_graph":
+            graph = self.g_pairs if with_kernel else self.g_flush
+            self.hold(self.hold_us)
+            self.start.record()
+            graph.replay()
+        else:
+            gate = self._gate
+            if gate is not None and gate.close():
+                self.graph_hold = "stream_wait_value"
+                try:  # held until every pair is queued, however slow the host is
+                    self.start.record()
+                    self._pairs(with_kernel)
+                    self.stop.record()
+                finally:
+                    gate.open()
+                torch.cuda.synchronize()
+                return self.start.elapsed_time(self.stop)
+            self.graph_hold = "spin"
+            self.hold(4 * self.queue_us + 100)
+            self.start.record()
+            self._pairs(with_kernel)
+        self.stop.record()
+        torch.cuda.synchronize()
+        return self.start.elapsed_time(self.stop)
+
+    def sample(self) -> float:
+        if self.k % 2:  # alternate which block goes first, so a drift between them cancels
+            flush_only = self._timed_block(False)
+            pairs = self._timed_block(True)
+        else:
+            pairs = self._timed_block(True)
+            flush_only = self._timed_block(False)
+        return (pairs - flush_only) / self.n
+
+    def refresh_sets(self) -> None:
+        if self.k > 0:
+            for j, s in enumerate(self.sets):
+                self.refresh(s, self.k * len(self.sets) + j)
+
+    def replay_pairs(self) -> None:
+        """Replay what was timed (the captured pairs) once and wait: the timed-output check reads its results."""
+        self.g_pairs.replay()
+        self.torch.cuda.synchronize()
+
+    def result(self, reason: str | None) -> dict[str, Any]:
+        return {**super().result(reason), "graph_method": self.graph_method, "graph_calls": self.n,
+                "graph_note": self.graph_note, "graph_hold": self.graph_hold}
+
+
+def make_timer(torch: Any, sets: list[Any], launch: Callable[[Any], None], refresh: Callable[[Any, int], None],
+               t: dict[str, Any]) -> Timer:
+    """The timer of the policy's method (``t["method"]``: ``events`` or ``graph``)."""
+    cls = GraphTimer if t.get("method", "events") == "graph" else EventsTimer
+    return cls(torch, sets, launch, refresh, t)

@@ -1,0 +1,81 @@
+"""Building a Triton kernel file's kernels in a harness process: the JIT on a GPU, ``triton.compile`` ahead of time
+for the target arch without one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import HarnessError
+from .kernels import Candidate
+
+#: torch dtype name -> Triton signature type
+TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int32": "i32",
+                "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+                "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
+
+
+def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
+    """Compile the Triton kernels that ``run_kernel`` launches, for the request's arch.
+
+    On a GPU: one real call (Triton's JIT writes the cubin into ``TRITON_CACHE_DIR``). Without one: the launch is
+    intercepted to read the kernel's arguments, and ``triton.compile`` builds it ahead of time for
+    ``GPUTarget("cuda", cc, 32)``, which needs no GPU. Returns the kernel names."""
+    import torch
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    if req["device"] == "cuda":
+        Candidate(req).run()
+        return {"mode": "jit"}
+    captured: list[tuple[Any, tuple, dict]] = []
+    original = JITFunction.run
+
+    def capture(self: Any, *args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> None:
+        captured.append((self, args, kwargs))
+
+    JITFunction.run = capture  # type: ignore[method-assign]
+    try:
+        Candidate(req).launch()
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+    if not captured:
+        raise HarnessError("contract", f"{req['kernel']}: run_kernel() launched no @triton.jit kernel "
+                           "(an @triton.autotune kernel must be pinned to one config first)")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cc = int(req["arch"].removeprefix("sm_").rstrip("af"))
+    names = []
+    for fn, args, kwargs in captured:
+        options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg") if k in kwargs}
+        values = dict(zip(fn.arg_names, args))
+        values.update(kwargs)
+        signature: dict[str, str] = {}
+        constexprs: dict[str, Any] = {}
+        for i, name in enumerate(fn.arg_names):
+            p = fn.params[i]
+            v = values.get(name, p.default if hasattr(p, "default") else None)
+            if p.is_constexpr:
+                signature[name] = "constexpr"
+                constexprs[name] = v
+            elif isinstance(v, torch.Tensor):
+                signature[name] = "*" + TRITON_TYPES[str(v.dtype).replace("torch.", "")]
+            elif isinstance(v, bool):
+                signature[name] = "i1"
+            elif isinstance(v, int):
+                signature[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            elif isinstance(v, float):
+                signature[name] = "fp32"
+            elif v is None:
+                signature[name] = "constexpr"
+                constexprs[name] = None
+            else:
+                raise HarnessError("contract", f"{req['kernel']}: argument {name}={v!r} of {fn.__name__} has a type "
+                                   "the ahead-of-time compile cannot map")
+        src = ASTSource(fn, signature, constexprs=constexprs)
+        try:
+            triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+        except Exception as exc:
+            raise HarnessError("compile", f"{fn.__name__}: {type(exc).__name__}: {exc}") from exc
+        names.append(fn.__name__)
+    return {"mode": "aot", "kernels": names}

@@ -1,0 +1,177 @@
+"""What every gate gets (:class:`Context`) and returns (:class:`Outcome`), and what the gates of one process
+remember about each other (:class:`BlockLog`): a gate whose prerequisite failed is blocked, never run again."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import Blocked, ContractError
+from ..proc.pool import HarnessPool
+from ..settings import DEFAULT_ARCH, Settings
+from .contract import read_python
+from .inputs import DEFAULT_REGIMES, REGIMES
+from .trust import Trust
+
+_IMPORTS_TRITON = re.compile(r"^\s*(?:import\s+triton|from\s+triton[\s.])", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a passing gate reports: scalar ``figures`` (they become junit ``user_properties``), a one-line
+    ``summary`` for the terminal, and the artifact paths it wrote."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    artifacts: tuple[str, ...] = ()
+
+
+class BlockLog:
+    """The gates that failed or were blocked in this process, per kernel: ``(kernel, gate) -> (origin, reason)``,
+    where ``origin`` is the gate whose failure is the cause (the gate itself when it failed). A gate whose
+    prerequisite is here is skipped as "blocked by <origin>" without running (:func:`pytest_kopt.gates.table.run`).
+    Under xdist one kernel's items run on one worker, in table order, so each worker's log sees its kernels'
+    prerequisites."""
+
+    def __init__(self) -> None:
+        self._log: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def record(self, kernel: Path, gate: str, origin: str, reason: str) -> None:
+        """Note that ``gate`` did not pass for ``kernel`` (the first cause is kept)."""
+        self._log.setdefault((str(kernel), gate), (origin, reason))
+
+    def blocker(self, kernel: Path, gates: tuple[str, ...]) -> tuple[str, str] | None:
+        """(origin gate, reason) of the first of ``gates`` that did not pass for ``kernel``, else None."""
+        for g in gates:
+            hit = self._log.get((str(kernel), g))
+            if hit is not None:
+                return hit
+        return None
+
+
+def kernel_kind(path: Path) -> str:
+    """``cuda`` for a ``.cu`` (CUDA or CUTLASS); for a ``.py``: ``triton`` when it imports triton, else ``python``
+    (a pure-Python/torch candidate with the same setup/run_kernel contract). A ``.py`` that does not parse is judged
+    by its text, so the preflight gate can report the syntax error instead of collection failing on it."""
+    if path.suffix != ".py":
+        return "cuda"
+    try:
+        return "triton" if read_python(path).uses_triton_jit else "python"
+    except ContractError:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return "python"
+        return "triton" if _IMPORTS_TRITON.search(text) else "python"
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Everything a gate needs: the settings, the ``env.json`` dict, the kernel and reference, the folders, and
+    the process's harness pool, block log and session key. ``display`` is the kernel path as the user wrote it
+    (for messages)."""
+
+    settings: Settings
+    env: dict[str, Any]
+    kernel: Path
+    ref: Path
+    display: str
+    cache_dir: Path
+    pool: HarnessPool
+    blocks: BlockLog
+    trust: Trust
+
+    @property
+    def kind(self) -> str:
+        """``cuda``, ``triton`` or ``python`` (see :func:`kernel_kind`)."""
+        return kernel_kind(self.kernel)
+
+    @property
+    def outdir(self) -> Path:
+        """The kernel's artifact folder (see :meth:`pytest_kopt.settings.Settings.artifact_dir`): bench.json,
+        ncu_top.json, the .ncu-rep, sass/, correctness/."""
+        return self.settings.artifact_dir(self.kernel)
+
+    def ref_constant(self, name: str) -> Any:
+        """A module-level literal of the reference, None when absent or when the file does not parse (the
+        preflight item reports a broken file; collection must not crash on it)."""
+        try:
+            return read_python(self.ref).constants.get(name)
+        except ContractError:
+            return None
+
+    @property
+    def regimes(self) -> tuple[str, ...]:
+        """Value regimes for drawn inputs: the reference's ``regimes`` list, else the defaults."""
+        value = self.ref_constant("regimes")
+        if isinstance(value, (list, tuple)) and value and all(r in REGIMES for r in value):
+            return tuple(value)
+        return DEFAULT_REGIMES
+
+    @property
+    def extra_dims(self) -> list[dict[str, Any]]:
+        """Boundary shapes: the reference's ``extra_dims`` literal (a list of dicts of dims, repeats dropped)."""
+        value = self.ref_constant("extra_dims")
+        if not isinstance(value, (list, tuple)):
+            return []
+        out: list[dict[str, Any]] = []
+        for d in value:
+            if isinstance(d, dict) and d not in out:
+                out.append(dict(d))
+        return out
+
+    @property
+    def arch(self) -> str:
+        """The build arch: ``--kopt-arch``, else the detected GPU's (``sm_90a`` on an H200), else ``sm_90a``."""
+        return self.settings.arch or self.env.get("sm_arch") or DEFAULT_ARCH
+
+    @property
+    def gpu(self) -> bool:
+        """True when a CUDA context could be created on a GPU."""
+        return bool(self.env.get("gpu_available"))
+
+    @property
+    def work(self) -> Path:
+        """Scratch folder for this kernel's harness requests and outputs (one per kernel, so a kernel's files are not
+        in a folder another kernel's process is working in)."""
+        return self.cache_dir / "work" / hashlib.sha256(str(self.kernel).encode()).hexdigest()[:16]
+
+    def tool(self, name: str) -> str | None:
+        """The path of a detected tool (``nvcc``, ``ncu``, ``cuobjdump``), None when it was not found."""
+        return (self.env.get("tools", {}).get(name) or {}).get("path")
+
+    def device_for(self, gate: str, cpu_ok: bool = False) -> str:
+        """``cuda`` with a GPU; ``cpu`` where the gate can run without one (``cpu_ok``: correctness of a Triton or
+        Python candidate, through Triton's interpreter); otherwise Blocked by hardware with the reason."""
+        if self.gpu:
+            return "cuda"
+        if cpu_ok:
+            return "cpu"
+        raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}")
+
+    def gpu_lock(self) -> Any:
+        """The per-GPU lock (:class:`filelock.FileLock` keyed by GPU UUID, in the system temp dir so separate
+        sessions share it): timing, ncu, the sanitizer and GPU correctness never run two at once on one GPU. Taken
+        around one child process at a time, or around one interleaved measurement; never nested."""
+        from filelock import FileLock
+
+        uuid = (self.env.get("gpu") or {}).get("uuid", "nogpu")
+        return FileLock(os.path.join(tempfile.gettempdir(), f"pytest-kopt-{uuid}.lock"))
+
+    def device_lock(self, device: str) -> Any:
+        """:meth:`gpu_lock` for work on the GPU, a no-op context for CPU work (the Triton interpreter)."""
+        return self.gpu_lock() if device == "cuda" else contextlib.nullcontext()
+
+    def server(self, role: str) -> str | None:
+        """Identity of the warm harness process for a request: one per candidate kernel (``candidate``) and one per
+        reference file (``reference``), so a candidate never runs in the reference's process or another
+        candidate's; None with ``--kopt-fresh-process``."""
+        if self.settings.fresh_process:
+            return None
+        return f"candidate:{self.kernel}" if role == "candidate" else f"reference:{self.ref}"

@@ -1,0 +1,97 @@
+"""The ``preflight`` gate: the kernel's and the reference's contracts, checked from their source (nothing imported
+or run; the parsers are :mod:`pytest_kopt.gates.contract`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..errors import ContractError
+from . import contract
+from .context import Context, Outcome
+from .inputs import REGIMES
+
+
+class KoptDimsWarning(UserWarning):
+    """A --kopt-dims entry that no function or solve() parameter names (likely a typo); never a failure."""
+
+
+#: Bits of the C integer types, for the range check of a dim passed as one.
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint32": 32, "uint64": 64}
+
+
+def preflight(ctx: Context) -> list[contract.Param]:
+    """The static contract check, shared by every later gate. Returns ``solve``'s parameters ([] for Triton and
+    Python candidates). Raises ContractError (exit 4) naming the file, the line and the fix."""
+    c = contract.check_reference(ctx.ref)
+    regimes = c.constants.get("regimes")
+    if "regimes" in c.constants and (not isinstance(regimes, (list, tuple)) or not regimes
+                                     or any(r not in REGIMES for r in regimes)):
+        raise ContractError(f"regimes = {regimes!r} is not a list of {', '.join(REGIMES)}", gate="preflight",
+                            path=str(ctx.ref), fix='e.g. regimes = ["normal", "uniform", "small_int", "wide"]')
+    extra = c.constants.get("extra_dims")
+    if "extra_dims" in c.constants and (not isinstance(extra, (list, tuple)) or not all(
+            isinstance(d, dict) and all(isinstance(v, (int, float)) for v in d.values()) for d in extra)):
+        raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
+                            path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
+    if ctx.kind in ("triton", "python"):
+        contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
+        return []
+    source = ctx.kernel.read_text(errors="replace")
+    try:
+        params = contract.parse_solve_signature(source, ctx.display)
+    except ContractError as exc:
+        # solve() may live in a local header the .cu includes
+        params = None
+        for header in contract.local_headers(ctx.kernel):
+            try:
+                params = contract.parse_solve_signature(header.read_text(errors="replace"), str(header))
+                break
+            except ContractError:
+                continue
+        if params is None:
+            raise exc from None
+    contract.check_dims(params, ctx.settings.dims, ctx.display)
+    for p in params:
+        if p.is_pointer:
+            continue
+        if p.dtype in ("float16", "bfloat16"):
+            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` cannot be passed from the host by value "
+                                "through the C ABI", gate="preflight", path=ctx.display, line=p.line,
+                                fix=f"take `float {p.name}` and convert inside solve()")
+        v = ctx.settings.dims[p.name]
+        bits = _INT_BITS.get(p.dtype)
+        if bits and isinstance(v, int):
+            lo, hi = (0, 2**bits - 1) if p.dtype.startswith("u") else (-(2**(bits - 1)), 2**(bits - 1) - 1)
+            if not lo <= v <= hi or v < 0:
+                raise ContractError(f"--kopt-dims {p.name}={v} does not fit solve()'s `{p.ctype} {p.name}` as a "
+                                    "non-negative size", gate="preflight", path=ctx.display, line=p.line,
+                                    fix=f"give {p.name} a value in [0, {hi}]")
+    ref_params, ref_kwargs, line = c.functions["reference"]
+    known = {p.name for p in params} | set(ctx.settings.dims)
+    unknown = [n for n in ref_params if n not in known]
+    if unknown and not ref_kwargs:
+        raise ContractError(f"reference() takes {', '.join(unknown)}, which solve() and --kopt-dims do not provide "
+                            f"(solve's buffers: {', '.join(p.name for p in params if p.is_pointer)})",
+                            gate="preflight", path=str(ctx.ref), line=line,
+                            fix="name reference()'s parameters after solve()'s, or accept **kwargs")
+    return params
+
+
+def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
+    """Check the kernel and reference contracts without running anything. Dims that nothing names (see
+    :func:`pytest_kopt.gates.contract.unused_dims`) give a KoptDimsWarning and a note in the summary."""
+    params = preflight(ctx)
+    pys = [contract.read_python(ctx.ref)] + ([contract.read_python(ctx.kernel)] if ctx.kernel.suffix == ".py" else [])
+    unused = contract.unused_dims(ctx.settings.dims, params, *pys)
+    note = ""
+    if unused:
+        note = f"; --kopt-dims {', '.join(unused)} not named by solve(), setup() or ref.py (a typo?)"
+        warnings.warn(KoptDimsWarning(f"{ctx.display}: {note[2:]}"), stacklevel=1)
+    if ctx.kind in ("triton", "python"):
+        what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
+        return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found{note}")
+    kind = "cutlass" if contract.is_cutlass(ctx.kernel.read_text(errors="replace")) else "cuda"
+    sig = ", ".join(f"{'const ' if p.is_const else ''}{p.ctype}{'*' if p.is_pointer else ''} {p.name}" for p in params)
+    return Outcome({"kind": kind, "inputs": sum(p.role == "input" for p in params),
+                    "outputs": sum(p.role == "output" for p in params)}, f"solve({sig}){note}")

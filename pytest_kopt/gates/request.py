@@ -1,0 +1,31 @@
+"""The request a gate sends to a harness process (the fields are listed in :mod:`pytest_kopt.child`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .build import BuildResult
+from .context import Context
+from .inputs import derive_seeds, draw_plan
+from .preflight import preflight
+
+
+def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildResult,
+                    dims: dict[str, Any] | None = None, index: int = 0,
+                    timing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A request of ``mode`` for ``ctx``'s kernel built as ``res``, on ``device`` (``cuda`` or ``cpu``), with the
+    inputs of validation seed number ``index`` (value ``seed``) at ``dims`` (None: the session's). ``timing``: the
+    timing policy, for the timing modes. Triton and Python candidates get their build's ``TRITON_CACHE_DIR``, and
+    ``TRITON_INTERPRET=1`` on the CPU."""
+    dims = ctx.settings.dims if dims is None else dims
+    params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
+    env: dict[str, str] = {}
+    if ctx.kind in ("triton", "python"):
+        env["TRITON_CACHE_DIR"] = str(Path(res.artifact)) if ctx.kind == "triton" else str(ctx.cache_dir / "triton")
+        if device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+    return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
+            "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
+            "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
+            "arch": ctx.arch, "env": env, "timing": timing}

@@ -1,0 +1,353 @@
+"""The ``timing`` gate: the kernel and its reference (and a PR gate's baseline) timed in alternating rounds, each
+in its own warm harness process; the statistics, the sanity checks and ``bench.json``. Also the re-timing the
+loop's decisions use, and the GPU's measured peaks."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .. import stats
+from ..artifacts import read_dict, write_json
+from ..errors import HardwareError, IncorrectError, KernelRuntimeError, KoptError, TimingError
+from .build import ensure_built, built
+from .context import Context, Outcome
+from .correctness import require_correct
+from .gpus import same_device
+from .request import harness_request
+from .trust import digest, local_sources, read_verified
+
+#: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
+#: 0.5% (nvbench's default noise target) with at least 10 samples and 0.2 s, or 2 s / 2000 samples; up to 8
+#: rotating input sets within ``--kopt-rotating-memory`` (a quarter by default) of the free device memory.
+TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 2.0, "max_samples": 2000,
+          "target_rse": 0.005, "max_sets": 8, "mem_fraction": 0.25}
+#: Calls per CUDA graph in ``--kopt-timing graph`` (each after its own L2 flush).
+GRAPH_CALLS = 20
+#: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
+ROUND_S = 0.05
+
+Party = tuple[dict[str, Any], "str | None", str]  # (request, warm server identity, display path)
+
+
+def timing_policy(ctx: Context) -> dict[str, Any]:
+    """The timing policy a request carries: :data:`TIMING` with the session's method and memory fraction."""
+    return {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS,
+            "mem_fraction": ctx.settings.rotating_memory,
+            # a .cu solve() launches on the legacy default stream: a capture on torch's capture stream would run
+            # it eagerly instead of recording it, so its graph mode queues the pairs
+            "capture": ctx.kind != "cuda"}
+
+
+def timing_request(ctx: Context, device: str) -> dict[str, Any]:
+    """A timing request for ``ctx``'s kernel (first validation seed's plan), its build made or reused."""
+    return harness_request(ctx, "timing", device, ctx.settings.seeds[0], ensure_built(ctx),
+                           timing=timing_policy(ctx))
+
+
+class Rounds:
+    """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
+    rounds of about :data:`ROUND_S` per party until every party's stopping rule is met (or 4x the timing budget +
+    30 s), then each party's final result. The caller holds the GPU lock around all of it."""
+
+    def __init__(self, ctx: Context, parties: list[Party]) -> None:
+        self.ctx, self.parties = ctx, parties
+        self.key = uuid.uuid4().hex
+        self.timeout = max(ctx.settings.gate_timeout_s, 120.0)
+        self.last: list[dict[str, Any]] = []
+
+    def run(self, i: int, count: int, final: bool = False) -> dict[str, Any]:
+        """One round of ``count`` samples of party ``i`` (``final``: end it and return its whole result)."""
+        r, server, path = self.parties[i]
+        return self.ctx.pool.run({**r, "round": {"key": f"{self.key}-{i}", "count": count, "final": final}},
+                                 gate="timing", timeout_s=self.timeout, path=path, workdir=self.ctx.work,
+                                 server=server)
+
+    def start(self, i: int) -> dict[str, Any]:
+        """Party ``i``'s first round (3 samples); kept as its latest."""
+        self.last.append(self.run(i, 3))
+        return self.last[-1]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Rounds until every party has stopped, then each party's final result, in party order."""
+        t0 = time.monotonic()
+        cap = 4 * TIMING["budget_s"] + 30.0
+        while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < cap:
+            for i in range(len(self.parties)):
+                if self.last[i]["stop_reason"] is None:
+                    per = max(self.last[i]["sample_wall_s"], 1e-6)
+                    self.last[i] = self.run(i, int(min(500, max(1, ROUND_S / per))))
+        return [self.run(i, 0, final=True) for i in range(len(self.parties))]
+
+
+def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """Candidate and reference (and, for the PR gate, the baseline kernel) timed in alternating rounds, each in its
+    own warm process, so a drift of clocks or temperature during the measurement hits all of them and the ratios'
+    CIs stay honest. Returns (candidate result, reference result, baseline result or None) as the one-shot timing
+    modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns (its
+    process checks it against ``ref.shapes()``)."""
+    parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
+    rounds = Rounds(ctx, parties)
+    # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
+    # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
+    with ctx.device_lock(req["device"]):
+        first = rounds.start(0)
+        rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
+                "env": {}}
+        parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
+        rounds.start(1)
+        base = ctx.settings.baseline
+        if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
+            bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+            try:
+                breq: dict[str, Any] | None = timing_request(bctx, req["device"])
+            except KoptError:
+                breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
+            if breq is not None:
+                parties.append((breq, bctx.server("candidate"), bctx.display))
+                rounds.start(2)
+        finals = rounds.finish()
+    if len(finals) > 2 and finals[2].get("npz"):
+        Path(finals[2]["npz"]).unlink(missing_ok=True)
+    return finals[0], finals[1], finals[2] if len(finals) > 2 else None
+
+
+def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
+    """Re-time kernels that a decision compares (the loop's finalists and ablations) in alternating rounds on this
+    process's GPU, each in its own warm process, so clock or temperature drift, and the differences between two
+    GPUs of one model, hit them all alike. ``ctxs``: built, correct kernels of one session. Returns, per kernel,
+    ``{"median_ms", "samples_ms", "stop_reason", "gpu_uuid"}`` (ms). Raises the harness's errors
+    (:class:`~pytest_kopt.errors.KoptError`: a kernel that no longer builds, crashes or times out). Outputs are not
+    judged again: each kernel passed its correctness seeds and timed-output check earlier in the session."""
+    parties: list[Party] = []
+    for c in ctxs:
+        r = timing_request(c, "cuda")
+        parties.append((r, c.server("candidate"), c.display))
+        c.pool.prestart(c.server("candidate"), dict(r["env"]), c.work)  # the processes' starts overlap
+    rounds = Rounds(ctxs[0], parties)
+    with ctxs[0].gpu_lock():
+        for i in range(len(parties)):
+            rounds.start(i)
+        finals = rounds.finish()
+    out = []
+    for f in finals:
+        if f.get("npz"):
+            Path(f["npz"]).unlink(missing_ok=True)
+        out.append({"median_ms": statistics.median(f["event_ms"]), "samples_ms": f["event_ms"],
+                    "stop_reason": f["stop_reason"], "gpu_uuid": f.get("gpu_uuid")})
+    return out
+
+
+def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
+    """The reference timed in its own process on the candidate's spec (``--kopt-fresh-process``, where no rounds
+    alternate): shared through the session's signed cache per (reference, spec, dims, GPU), so a session's
+    candidates share one measurement of it. Returns ``{"event_ms", "stop_reason"}``."""
+    key = digest("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
+                 req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
+
+    def compute() -> tuple[dict[str, Any], None]:
+        rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
+        result = ctx.pool.run(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                              path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
+                              server=ctx.server("reference"))
+        return {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"]}, None
+
+    payload, _, _ = ctx.trust.cached(ctx.cache_dir / "refs", f"{key}.timing", compute, gate="timing",
+                                     display=ctx.display)
+    return payload
+
+
+def device_peaks(ctx: Context) -> dict[str, Any] | None:
+    """Measured ceilings of this GPU (copy bandwidth, bf16/fp32 matmul FLOP/s), measured once and kept per GPU UUID
+    under ``<cache>/peaks/`` across sessions, unsigned (measuring costs seconds; a planted file could only move the
+    roofline floor of the SUSPECT check, which a run on a clean cache restores). None without a GPU."""
+    gpu = ctx.env.get("gpu")
+    if not gpu:
+        return None
+
+    def compute() -> tuple[dict[str, Any], None]:
+        with ctx.gpu_lock():
+            result = ctx.pool.run({"mode": "peaks"}, gate="timing", timeout_s=300.0, path=ctx.display,
+                                  workdir=ctx.work)
+        return {k: result[k] for k in ("dram_bytes_per_s", "bf16_flops", "fp32_flops", "gpu", "method")}, None
+
+    payload, _, _ = ctx.trust.cached(ctx.cache_dir / "peaks", gpu["uuid"], compute, signed=False, gate="timing",
+                                     display=ctx.display)
+    return payload
+
+
+def race_safe(ctx: Context) -> bool | None:
+    """SKILL.md's ``race_safe``: from this session's racecheck record, None when racecheck did not run."""
+    if "racecheck" not in ctx.settings.sanitizer:
+        return None
+    rec = read_dict(ctx.outdir / "sanitizer_racecheck.json")
+    errors = (rec or {}).get("errors")
+    return None if errors is None else errors == 0
+
+
+def bench_head(ctx: Context, result: dict[str, Any]) -> dict[str, Any]:
+    """The fields every ``bench.json`` starts with: the kernel, its dims, arch, the GPU that timed it (name and UUID
+    as the timed process reported them, the session's index of it) and SKILL.md's pass flags of the earlier
+    gates."""
+    return {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
+            "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
+            "gpu_uuid": result.get("gpu_uuid"), "gpu_index": (ctx.env.get("gpu") or {}).get("index"),
+            "compile_pass": True, "contract_pass": True, "correctness_pass": True}
+
+
+def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any]) -> Any:
+    """The reference, in its own process, on the inputs of the last timed call; returns the verdict on the timed
+    call's outputs. Raises KernelRuntimeError when the timed process returned no outputs."""
+    import numpy as np
+
+    from .verdict import judge
+
+    check: dict[str, Any] = {}
+    try:
+        creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
+                "inputs_npz": result["npz"], "env": {}}
+        check = ctx.pool.run(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                             path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
+                             server=ctx.server("reference"))
+        data = read_verified(Path(check["npz"]), check.get("npz_sha"), "timing", ctx.display)
+        with np.load(result["npz"]) as c, np.load(io.BytesIO(data)) as r:
+            arrays = {**{k: c[k] for k in c.files if k.startswith("cand1__")}, **{k: r[k] for k in r.files}}
+        outputs = [k.removeprefix("ref__") for k in arrays if k.startswith("ref__")]
+        missing = [o for o in outputs if f"cand1__{o}" not in arrays]
+        if missing or not outputs:
+            raise KernelRuntimeError(f"the timed call's process returned no {', '.join(missing) or 'outputs'}",
+                                     gate="timing", path=ctx.display,
+                                     fix="the kernel must not touch the harness (its modules, files or pipes)")
+        return judge(outputs, arrays, {n: (t["atol"], t["rtol"]) for n, t in check["tolerances"].items()})
+    finally:
+        for f in (result.get("npz"), check.get("npz")):
+            if f:
+                Path(f).unlink(missing_ok=True)
+
+
+def gate_timing(ctx: Context, case: Any = None) -> Outcome:
+    """Time the kernel and (in its own process) the reference: rotating input sets with fresh values, L2 flushed
+    before every call, adaptive stopping on the median's standard error, NVML clocks. Writes ``bench.json`` with
+    SKILL.md's fields. Fails with UNSTABLE_TIMING (robust CV > 0.10), SUSPECT (under the roofline floor from the
+    measured peaks, or host clock far beyond the event time: work on another stream), or the guard status of the
+    timed-output check (a timed call's output is checked against the reference in another process)."""
+    device = ctx.device_for("timing")
+    res = built(ctx)
+    require_correct(ctx, res, device)
+    peaks = device_peaks(ctx)
+    req = harness_request(ctx, "timing", device, ctx.settings.seeds[0], res, timing=timing_policy(ctx))
+    ref_result: dict[str, Any] | None = None
+    base_result: dict[str, Any] | None = None
+    if ctx.settings.fresh_process:
+        result = ctx.pool.run(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                              path=ctx.display, workdir=ctx.work, lock=ctx.gpu_lock())
+    else:
+        result, ref_result, base_result = interleaved(ctx, req)
+    verdict = _timed_output_check(ctx, req, result)
+    if not verdict.ok or statistics.median(result["event_ms"]) <= 0:
+        # judged before any statistics: a timed call that did no work (a graph captured empty) has a median of the
+        # flush noise around 0, which no distribution describes; the bench.json left says why timing is not valid
+        write_json(ctx.outdir / "bench.json", {
+            **bench_head(ctx, result), "timing_valid": False, "median_ms": None, "samples_ms": result["event_ms"],
+            "timed_output_check": verdict.status,
+            "timing_method": {**req["timing"], "method": result.get("graph_method") or result.get("method")}})
+        if not verdict.ok:
+            raise IncorrectError(f"a timed call's output is wrong: {verdict.message}", gate="timing",
+                                 path=ctx.display, status=verdict.status, details="\n".join(verdict.details),
+                                 fix="the kernel behaves differently while timed (cached results, stale pointers)")
+        raise TimingError(f"the timed calls' median is {statistics.median(result['event_ms']) * 1e3:.3f} µs, not "
+                          "above zero: the timed work did nothing measurable", gate="timing", path=ctx.display,
+                          status="SUSPECT", fix="the kernel must launch its work on the current stream inside "
+                                                "solve()/run_kernel(), also while a CUDA graph is captured")
+    pinned = (ctx.env.get("gpu") or {}).get("uuid") if ctx.env.get("pinned") else None
+    if not same_device(result.get("gpu_uuid"), pinned):
+        raise HardwareError(f"the timed process ran on {result.get('gpu_uuid')}, not on {pinned}, the GPU this "
+                            "worker is pinned to", gate="timing", path=ctx.display,
+                            fix="leave CUDA_VISIBLE_DEVICES to pytest-kopt (--kopt-gpus) in the kernel's process")
+    if ref_result is None:
+        ref_result = reference_timing(ctx, req, result)
+    k = stats.describe(result["event_ms"])
+    r = stats.describe(ref_result["event_ms"])
+    host_med = statistics.median(result["host_ms"])
+    # expected host time of one un-held call: its launch + the kernel + a synchronise round trip (calibrated)
+    gap = host_med - k.median_ms - result["host_launch_ms"] - result["host_overhead_ms"]
+    wm = result.get("workload") or {}
+    floor = stats.roofline_floor_ms(wm.get("flops"), wm.get("bytes_min"),
+                                    max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
+                                    or None, (peaks or {}).get("dram_bytes_per_s"))
+    throttled = result.get("throttled")
+    speedup, sp_lo, sp_hi = stats.bootstrap_ratio_ci(ref_result["event_ms"], result["event_ms"])
+    # graph samples are differences of two replays: their spread is the flush's, so judge the median's precision
+    graph = result.get("method") == "graph"
+    stability = stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if graph else k.stability
+    basis = "median_rse" if graph else "robust_cv"
+    figures: dict[str, Any] = {"median_ms": k.median_ms, "mean_ms": k.mean_ms, "min_ms": k.min_ms,
+                               "p10_ms": k.p10_ms, "p90_ms": k.p90_ms, "ci95_low_ms": k.ci95_low_ms,
+                               "ci95_high_ms": k.ci95_high_ms, "robust_cv": round(k.robust_cv, 5),
+                               "median_rse": round(k.median_rse, 5), "stability": stability, "stability_basis": basis,
+                               "samples": k.n,
+                               "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
+                               "timing_method": result.get("graph_method") or result.get("method", "events"),
+                               "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
+                               "speedup_ci95_low": sp_lo, "speedup_ci95_high": sp_hi,
+                               "gpu_uuid": result.get("gpu_uuid")}  # as the timed process reported it
+    if throttled is not None:
+        figures["throttled_samples"] = sum(throttled)
+    if wm.get("flops") is not None:
+        figures["gflops"] = wm["flops"] / (k.median_ms * 1e-3) / 1e9
+    if wm.get("bytes_min") is not None:
+        figures["gbytes_per_s"] = wm["bytes_min"] / (k.median_ms * 1e-3) / 1e9
+    if floor is not None:
+        figures["roofline_floor_ms"] = floor
+    suspect = []
+    if floor is not None and k.median_ms < floor:
+        suspect.append(f"median {stats.fmt_ms(k.median_ms)} is under the roofline floor {stats.fmt_ms(floor)} "
+                       f"(bytes_min / measured bandwidth, flops / measured peak, each with {stats.FLOOR_HEADROOM:g}x "
+                       "headroom)")
+    # work outside the timed stream: the host saw the device busy far longer than the events did
+    if gap > max(0.02, 0.25 * k.median_ms):
+        suspect.append(f"the host clock (synchronised) saw {stats.fmt_ms(host_med)} per call but CUDA events "
+                       f"{stats.fmt_ms(k.median_ms)} (work on another stream or a background thread?)")
+    timing_valid = stability != "unstable" and not suspect
+    dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
+    bench = {**bench_head(ctx, result), "race_safe": race_safe(ctx), "timing_valid": timing_valid,
+             "average_ms": k.mean_ms, "median_ms": k.median_ms,
+             "robust_cv": k.robust_cv, "stability": stability, "stability_basis": basis, "distribution": dist,
+             "samples_ms": result["event_ms"], "host_ms": result["host_ms"], "throttled": throttled,
+             "nvml": result.get("nvml"), "stop_reason": result["stop_reason"],
+             "reference": {**{f: getattr(r, f) for f in r.__dataclass_fields__}, "samples_ms": ref_result["event_ms"]},
+             "speedup_vs_ref": speedup, "speedup_ci95": [sp_lo, sp_hi], "workload": wm or None,
+             "gflops": figures.get("gflops"), "gbytes_per_s": figures.get("gbytes_per_s"),
+             "roofline_floor_ms": floor, "peaks": peaks, "suspect": suspect, "timed_output_check": verdict.status,
+             "timing_method": {**req["timing"], "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
+                               "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True,
+                               "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
+                               "graph_hold": result.get("graph_hold"),
+                               "interleaved_with_reference": not ctx.settings.fresh_process},
+             "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
+    if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
+        bench["pr_baseline"] = {"kernel": str(ctx.settings.baseline), "samples_ms": base_result["event_ms"],
+                                "stop_reason": base_result["stop_reason"]}
+    path = write_json(ctx.outdir / "bench.json", bench)
+    if suspect:
+        raise TimingError("; ".join(suspect), gate="timing", path=ctx.display, status="SUSPECT",
+                          fix="synchronise all work inside solve()/run_kernel(); check workload_model's bytes_min")
+    if stability == "unstable":
+        what = (f"the median's relative standard error {k.median_rse:.1%} > 4.0% (graph samples, robust CV "
+                f"{k.robust_cv:.3f})" if graph else f"robust CV {k.robust_cv:.3f} > 0.10")
+        raise TimingError(f"timing is unstable: {what} over {k.n} samples (median {stats.fmt_ms(k.median_ms)})",
+                          gate="timing", path=ctx.display,
+                          fix="make sure nothing else runs on the GPU; a kernel of a few µs needs more samples")
+    extra = f", {figures['gflops']:.1f} GFLOP/s" if "gflops" in figures else ""
+    if throttled:
+        extra += f", {sum(throttled)} throttled samples"
+    ms = stats.fmt_ms
+    return Outcome(figures, f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] "
+                            f"(robust CV {k.robust_cv:.3f}, {stability}, n={k.n}, {result['stop_reason']}), "
+                            f"reference {stats.fmt_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]"
+                            f"{extra}", (str(path),))

@@ -1,0 +1,69 @@
+"""The agent's ``methods.json``, checked against the method registry and the iteration's axis budget (SKILL.md 3c)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+
+def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget: Mapping[str, int],
+                     state: Mapping[str, Any], arch: str) -> list[str]:
+    """Check ``methods.json`` (``{"methods": [{"id", "axis"?, "rationale"?, "override_reason"?,
+    "acknowledge_failure"?}], "skipped_higher": [...]}``) against the registry and the iteration's axis budget.
+
+    Rules (SKILL.md 3c): known ids; axis as registered; no duplicates; per axis at most min(2, budget[axis]) and in
+    total at most sum(budget), where methods of one same-budget group count once (upstream rejects such pairs by
+    mistake); no conflicting pair; the arch meets the method's minimum (and ``a`` suffix where required);
+    ineffective methods need ``override_reason``; implementation-failed ones ``acknowledge_failure: true``.
+    Returns the list of problems (empty when valid)."""
+    errors: list[str] = []
+    by_id = {m["id"]: m for m in registry["methods"]}
+    chosen = list(doc.get("methods") or [])
+    if not chosen:
+        return ["methods.json lists no method"]
+    ids = [m.get("id") for m in chosen]
+    for dup in sorted({i for i in ids if ids.count(i) > 1}):
+        errors.append(f"{dup}: listed twice")
+    m_arch = re.match(r"sm_(\d+)([af]?)", arch)
+    cc, suffix = (int(m_arch.group(1)), m_arch.group(2)) if m_arch else (0, "")
+    for m in chosen:
+        spec = by_id.get(m.get("id"))
+        if spec is None:
+            errors.append(f"{m.get('id')}: not in registries/method_registry.json")
+            continue
+        if m.get("axis") not in (None, spec["axis"]):
+            errors.append(f"{spec['id']}: axis is {spec['axis']}, not {m['axis']}")
+        if cc < spec["min_arch"] or (spec.get("arch_suffix") == "a" and suffix != "a"):
+            errors.append(f"{spec['id']}: needs sm_{spec['min_arch']}{spec.get('arch_suffix', '')}+, target is {arch}")
+        if spec["id"] in state.get("ineffective_methods", []) and not m.get("override_reason"):
+            errors.append(f"{spec['id']}: was ineffective before; give override_reason (changed bottleneck)")
+        if spec["id"] in state.get("implementation_failed_methods", []) and not m.get("acknowledge_failure"):
+            errors.append(f"{spec['id']}: failed to implement before; set acknowledge_failure: true")
+    known = [i for i in ids if i in by_id]
+    for a, b in registry["relations"].get("conflicts", []):
+        if a in known and b in known:
+            errors.append(f"{a} and {b} conflict")
+    groups = slots(known, registry)
+    for axis in ("compute", "memory", "latency"):
+        used = sum(1 for s in groups if by_id[s[0]]["axis"] == axis)
+        if used > min(2, budget.get(axis, 0)):
+            errors.append(f"axis {axis}: {used} method slot(s), budget {budget.get(axis, 0)} (cap 2)")
+    if len(groups) > sum(budget.values()):
+        errors.append(f"{len(groups)} method slots, total budget {sum(budget.values())}")
+    return errors
+
+
+def slots(ids: list[str], registry: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """Group ids into budget slots: ids of one same-budget group share a slot."""
+    slots: list[tuple[str, ...]] = []
+    used: set[str] = set()
+    for i in dict.fromkeys(ids):
+        if i in used:
+            continue
+        group = [i]
+        for pair in registry["relations"].get("same_budget", []):
+            if i in pair:
+                group += [j for j in pair if j != i and j in ids and j not in used]
+        used.update(group)
+        slots.append(tuple(group))
+    return slots

@@ -1,0 +1,189 @@
+"""The run directory (SKILL.md steps 1-4): ``state.json`` and its merges, iterations opened and closed, stops.
+
+Plain Python over files in SKILL.md's layout (``run_YYYYMMDD_HHMMSS/state.json``, ``baseline/``,
+``iterv{i}/branches/b{k}/``, ``iterv{i}/ablations/<method>/``...). Only the pytest controller calls the writers,
+once per session, atomically (:func:`pytest_kopt.artifacts.write_json`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..artifacts import write_json, write_text
+from .decisions import classify, improved
+from .summary import render_summary
+
+STATE_SCHEMA = 5
+#: SKILL.md: improvement and attribution are judged against a 2% noise threshold by default.
+DEFAULT_NOISE_PCT = 2.0
+
+
+def load_state(run_dir: Path) -> dict[str, Any]:
+    """``state.json`` of a run. Raises FileNotFoundError when the folder is not a run."""
+    return json.loads((run_dir / "state.json").read_text())
+
+
+def save_state(run_dir: Path, updates: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``updates`` into the state on disk (never replace it wholesale) and write it atomically."""
+    path = run_dir / "state.json"
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    state.update(updates)
+    write_json(path, state)
+    return state
+
+
+def new_run_dir(baseline: Path, now: _dt.datetime | None = None) -> Path:
+    """``run_YYYYMMDD_HHMMSS/`` beside the baseline (a suffix ``_2``... when that second is taken)."""
+    stamp = (now or _dt.datetime.now()).strftime("run_%Y%m%d_%H%M%S")
+    path = baseline.parent / stamp
+    n = 2
+    while path.exists():
+        path = baseline.parent / f"{stamp}_{n}"
+        n += 1
+    return path
+
+
+def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any], *, iterations: int,
+               branches: int, ncu_num: int, noise_pct: float, numerics_mode: str, seeds: list[int],
+               env: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the run folder, copy the baseline into ``baseline/`` and write SKILL.md's state (schema v5)."""
+    (run_dir / "baseline").mkdir(parents=True, exist_ok=False)
+    shutil.copy2(baseline, run_dir / "baseline" / baseline.name)
+    write_json(run_dir / "env.json", dict(env))
+    state = {"schema_version": STATE_SCHEMA, "run_dir": str(run_dir), "baseline_file": str(baseline),
+             "ref_file": str(ref), "best_file": str(run_dir / "baseline" / baseline.name), "best_metric_ms": None,
+             "best_ncu_rep": None, "env": dict(env), "iterations_total": iterations, "ncu_num": ncu_num,
+             "branches": branches, "noise_threshold_pct": noise_pct, "numerics_mode": numerics_mode,
+             "validation_seeds": list(seeds), "dims": dict(dims), "selected_methods": [], "effective_methods": [],
+             "ineffective_methods": [], "implementation_failed_methods": [], "unverified_methods": [],
+             "history": [], "roofline_history": [], "frontier": [], "run_status": "initializing",
+             "generation_allowed": bool(env.get("generation_allowed")), "stop_reason": None, "stop_stage": None,
+             "hardware_attempts": env.get("hardware_attempts", []), "verified_iterations": 0,
+             "last_verified_iter": 0, "open_iter": None}
+    write_json(run_dir / "state.json", state)
+    return state
+
+
+def stop_run(run_dir: Path, reason: str, stage: str, exit_code: int, details: Any = None) -> dict[str, Any]:
+    """Record a stop (SKILL.md: every failure after state creation writes ``stop.json`` and ``run_status=stopped``)
+    and render the stopped summary. Later iterations stay uncreated."""
+    stop = {"stop_reason": reason, "stop_stage": stage, "exit_code": exit_code, "details": details,
+            "time": _dt.datetime.now().isoformat(timespec="seconds")}
+    write_json(run_dir / "stop.json", stop)
+    state = save_state(run_dir, {"run_status": "stopped", "stop_reason": reason, "stop_stage": stage,
+                                 "open_iter": None})
+    write_text(run_dir / "summary.md", render_summary(state, run_dir))
+    return stop
+
+
+def open_iteration(run_dir: Path, i: int, *, profile_dir: Path, roofline: Mapping[str, Any], branches: int,
+                   ncu_top: Mapping[str, Any]) -> Path:
+    """Publish ``iterv{i}/`` once its pre-generation gates passed: the profile of the current best
+    (``best_input.ncu-rep``, ``ncu_top.json``), ``roofline.json``, empty ``branches/b1..bK/`` and ``ablations/``."""
+    it = run_dir / f"iterv{i}"
+    (it / "ablations").mkdir(parents=True, exist_ok=True)
+    for k in range(1, branches + 1):
+        (it / "branches" / f"b{k}").mkdir(parents=True, exist_ok=True)
+    rep = profile_dir / "kernel.ncu-rep"
+    if rep.is_file():
+        shutil.copy2(rep, it / "best_input.ncu-rep")
+    write_json(it / "ncu_top.json", dict(ncu_top))
+    write_json(it / "roofline.json", dict(roofline))
+    if not (it / "analysis.md").exists():
+        write_text(it / "analysis.md", analysis_template(i, roofline, ncu_top))
+    state = load_state(run_dir)
+    save_state(run_dir, {"open_iter": i, "run_status": "iterating",
+                         "roofline_history": [*state["roofline_history"], {"iter": i, **{
+                             k: roofline.get(k) for k in ("delta_compute", "delta_memory", "delta_latency", "bound",
+                                                          "near_peak", "axis_budget", "achieved_flops",
+                                                          "arithmetic_intensity", "sol_pct_fp32")}}]})
+    return it
+
+
+def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str, Any]) -> str:
+    """``iterv{i}/analysis.md`` as the agent finds it: the evidence (gaps, budget, top metrics) and the sections
+    to fill (SKILL.md 3c: selected methods with their evidence, skipped higher-priority methods and why)."""
+    b = roofline.get("axis_budget") or {}
+    lines = [f"# Iteration {i} analysis", "", "## Evidence (written by pytest-kopt)", "",
+             f"- gaps: Δc={roofline.get('delta_compute')}, Δm={roofline.get('delta_memory')}, "
+             f"Δl={roofline.get('delta_latency')} ({roofline.get('method')}); bound {roofline.get('bound')}",
+             f"- axis budget: compute {b.get('compute')}, memory {b.get('memory')}, latency {b.get('latency')}"]
+    for axis, rows in (ncu_top.get("top") or {}).items():
+        shown = ", ".join(f"{r['name']} {r['value']:.1f}{'%' if r['unit'].startswith('%') else ''}" for r in rows)
+        lines.append(f"- top {axis} metrics: {shown or '—'}")
+    lines += ["", "## Selected methods (ids from registries/method_registry.json; also in methods.json)", "",
+              "- ", "", "## Skipped higher-priority methods and why", "", "- ", "",
+              "## Branch plan (same methods, different hyperparameters)", "", "- b1: ", "- b2: ", ""]
+    return "\n".join(lines)
+
+
+def kernel_in(folder: Path) -> Path | None:
+    """The ``kernel.cu`` or ``kernel.py`` of a branch/ablation folder, or None when the agent wrote none."""
+    for ext in (".cu", ".py"):
+        if (folder / f"kernel{ext}").is_file():
+            return folder / f"kernel{ext}"
+    return None
+
+
+def iteration_kernels(run_dir: Path, i: int) -> tuple[list[Path], dict[str, Path]]:
+    """Branch kernels in ``b1..bK`` order and ablation kernels by method id, as written by the agent."""
+    it = run_dir / f"iterv{i}"
+    branch_dirs = sorted((it / "branches").glob("b*"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
+    branches = [k for k in (kernel_in(d) for d in branch_dirs) if k is not None]
+    ablations = {d.name: k for d in sorted((it / "ablations").glob("*")) if (k := kernel_in(d)) is not None}
+    return branches, ablations
+
+
+
+def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], champion: Mapping[str, Any],
+                    methods: list[str], attr: Mapping[str, Mapping[str, Any]], sass: Mapping[str, str],
+                    champion_roofline: Mapping[str, Any] | None, champion_bench: Mapping[str, Any],
+                    best_ms_now: float | None = None, decision: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``branch_results.json``, ``attribution.json``, ``sass_check.json``, ``bench.json`` and the champion's
+    ``kernel.<ext>`` into ``iterv{i}/``; update the method buckets, best, history and frontier (SKILL.md 3j).
+    ``best_ms_now`` (ms): the best kernel so far re-timed beside the champion on one GPU (a multi-GPU session's
+    decision), used instead of the stored ``best_metric_ms`` for the improvement test; ``decision``: that
+    re-timing's record, kept in ``branch_results.json`` and the history."""
+    it = run_dir / f"iterv{i}"
+    state = load_state(run_dir)
+    noise = float(state.get("noise_threshold_pct", DEFAULT_NOISE_PCT))
+    write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"],
+                                            "decision": dict(decision) if decision else None})
+    write_json(it / "attribution.json", {"champion_ms": champion["median_ms"], "noise_threshold_pct": noise,
+                                         "methods": dict(attr)})
+    write_json(it / "sass_check.json", {"methods": dict(sass)})
+    write_json(it / "bench.json", dict(champion_bench))
+    src = Path(champion["kernel"])
+    shutil.copy2(src, it / f"kernel{src.suffix}")
+    buckets = {b: list(state.get(f"{b}_methods", [])) for b in
+               ("effective", "ineffective", "implementation_failed", "unverified")}
+    verdicts = {}
+    for m in methods:
+        bucket = classify((attr.get(m) or {}).get("contributed"), sass.get(m, "tool_error"))
+        verdicts[m] = bucket
+        for b in buckets:
+            if m in buckets[b]:
+                buckets[b].remove(m)
+        buckets[bucket].append(m)
+    best = state.get("best_metric_ms") if best_ms_now is None else best_ms_now
+    is_better = improved(champion["median_ms"], best, noise)
+    updates: dict[str, Any] = {f"{b}_methods": v for b, v in buckets.items()}
+    updates["selected_methods"] = list(dict.fromkeys([*state.get("selected_methods", []), *methods]))
+    if is_better:
+        updates.update(best_file=str(it / f"kernel{src.suffix}"), best_metric_ms=champion["median_ms"],
+                       best_ncu_rep=str(it / "kernel.ncu-rep"), best_gpu_uuid=champion.get("gpu_uuid"))
+    updates["frontier"] = [*state.get("frontier", []),
+                           *[{"iter": i, **r} for r in results if r["branch"] != champion["branch"] and r.get("passed")]]
+    updates["history"] = [*state.get("history", []), {
+        "iter": i, "champion": champion["branch"], "champion_ms": champion["median_ms"], "improved": is_better,
+        "previous_best_ms": best, "methods": methods, "verdicts": verdicts, "attribution": dict(attr),
+        "sass": dict(sass), "roofline": dict(champion_roofline or {}),
+        "decision_gpu": (decision or {}).get("gpu_uuid")}]
+    updates["verified_iterations"] = int(state.get("verified_iterations", 0)) + 1
+    updates["last_verified_iter"] = i
+    return save_state(run_dir, updates)

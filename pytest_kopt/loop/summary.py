@@ -1,0 +1,95 @@
+"""``summary.md`` and the run's plots (``speedup.png``, ``roofline_drift.png``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
+    """``summary.md``: headline speedup, roofline history, iteration timeline, method buckets, frontier, stop
+    reason; embeds the PNG plots written by :func:`plot_history` when present."""
+    lines = [f"# pytest-kopt run `{run_dir.name}`", ""]
+    base = state.get("baseline_ms")
+    best = state.get("best_metric_ms")
+    status = state.get("run_status")
+    if base and best:
+        lines.append(f"**Headline:** {base:.4f} ms → {best:.4f} ms, **{base / best:.2f}x** over the baseline "
+                     f"(`{Path(state['best_file']).relative_to(run_dir) if str(state['best_file']).startswith(str(run_dir)) else state['best_file']}`), "
+                     f"{state.get('verified_iterations', 0)} verified iteration(s); run {status}.")
+    else:
+        lines.append(f"**Run {status}.** Baseline {'%.4f ms' % base if base else 'not timed'}.")
+    if state.get("stop_reason"):
+        lines += ["", f"**Stopped** at `{state.get('stop_stage')}`: {state['stop_reason']}"]
+    lines += ["", f"Dims: `{json.dumps(state.get('dims'))}`; seeds {state.get('validation_seeds')}; noise threshold "
+                  f"{state.get('noise_threshold_pct')}%.", "", "## Roofline history", "",
+              "| iter | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |", "|---|---|---|---|---|---|---|"]
+
+    def g(v: Any) -> str:
+        return "null" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+    for r in state.get("roofline_history", []):
+        b = r.get("axis_budget") or {}
+        lines.append(f"| {r['iter']} | {g(r.get('delta_compute'))} | {g(r.get('delta_memory'))} | "
+                     f"{g(r.get('delta_latency'))} | {r.get('bound')} | {b.get('compute')}/{b.get('memory')}/"
+                     f"{b.get('latency')} | {g(r.get('sol_pct_fp32'))} |")
+    lines += ["", "## Iterations", "", "| iter | champion | ms | improved | methods (verdict, attribution %) |",
+              "|---|---|---|---|---|"]
+    for h in state.get("history", []):
+        ms = ", ".join(f"{m} ({h['verdicts'].get(m)}, {g((h['attribution'].get(m) or {}).get('attribution_pct'))})"
+                       for m in h["methods"])
+        lines.append(f"| {h['iter']} | {h['champion']} | {h['champion_ms']:.4f} | {h['improved']} | {ms} |")
+    lines += ["", "## Methods", ""]
+    for b in ("effective", "ineffective", "implementation_failed", "unverified"):
+        lines.append(f"- {b}: {', '.join(state.get(f'{b}_methods', [])) or '—'}")
+    lines += ["", "## Frontier (non-champion branches that passed)", ""]
+    for f in state.get("frontier", []):
+        lines.append(f"- iter {f['iter']} {f['branch']}: {f['median_ms']:.4f} ms")
+    if not state.get("frontier"):
+        lines.append("- —")
+    for png in ("speedup.png", "roofline_drift.png"):
+        if (run_dir / png).is_file():
+            lines += ["", f"![{png}]({png})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
+    """``speedup.png`` (champion ms and speedup over the baseline per iteration) and ``roofline_drift.png`` (the
+    three gaps per iteration). Returns the files written ([] without matplotlib or history)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out = []
+    base = state.get("baseline_ms")
+    hist = state.get("history", [])
+    if base and hist:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = [0] + [h["iter"] for h in hist]
+        ax.plot(xs, [1.0] + [base / h["champion_ms"] for h in hist], "o-")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("speedup over baseline (x)")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(run_dir / "speedup.png", dpi=100)
+        plt.close(fig)
+        out.append(str(run_dir / "speedup.png"))
+    rh = state.get("roofline_history", [])
+    if rh:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, label in (("delta_compute", "Δc"), ("delta_memory", "Δm"), ("delta_latency", "Δl")):
+            ax.plot([r["iter"] for r in rh], [r.get(key) for r in rh], "o-", label=label)
+        ax.set_xlabel("iteration (profile of the best going in)")
+        ax.set_ylabel("gap")
+        ax.set_ylim(0, 1)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(run_dir / "roofline_drift.png", dpi=100)
+        plt.close(fig)
+        out.append(str(run_dir / "roofline_drift.png"))
+    return out

@@ -1,0 +1,119 @@
+"""The pytest adapter: options, collection of one item per gate, reporting and SKILL.md's exit codes.
+
+Registered through the ``pytest11`` entry point ``kopt``; the only package that imports pytest. Gate logic lives in
+:mod:`pytest_kopt.gates`, the loop in :mod:`pytest_kopt.loop`; nothing here imports torch or touches CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import ConfigError
+from ..gates import gpus, hardware
+from ..loop import state as loop_state
+from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
+from .options import SEED_CACHE_KEY, pytest_addoption, read_settings, usage_error
+from .session import ControllerPlugin
+from .stash import STATE, SessionState
+from .xdist import XdistControllerPlugin, worker_env, worker_trust
+
+__all__ = ["KoptFile", "KoptItem", "pytest_addoption", "pytest_collect_file", "pytest_configure",
+           "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Parse settings once, register markers, aim collection at the kernels, then take this process's role: an
+    xdist worker takes what its controller handed it; the controller (or the only process) detects the hardware,
+    chooses the session's GPUs, seeds a ``--kopt-init`` run and registers its plugins."""
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason when none is visible")
+    config.addinivalue_line("markers", "kopt(gate): a pytest-kopt gate item")
+    handed: dict[str, Any] = dict(getattr(config, "workerinput", None) or {})
+    settings = read_settings(config, handed)
+    state = SessionState(settings=settings, kernels=frozenset(settings.kernels) if settings.active else frozenset())
+    config.stash[STATE] = state
+    if not settings.active:
+        return
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(k) for k in settings.kernels]
+    else:
+        for kernel in settings.kernels:
+            if not any(Path(a.split("::")[0]).resolve() == kernel for a in config.args):
+                config.args.append(str(kernel))
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if "kopt_env" in handed:  # an xdist worker
+        state.env = worker_env(handed)
+        state.trust = worker_trust(handed)
+    else:
+        state.env = _controller_env(config, settings.gpus)
+        if settings.loop_mode == "init":
+            _init_run(state)
+        cache = getattr(config, "cache", None)
+        if settings.session_seed is not None and cache is not None:
+            cache.set(SEED_CACHE_KEY, settings.session_seed)
+        config.pluginmanager.register(ControllerPlugin(config, state), "kopt-controller")
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
+    if state.env.get("pinned"):
+        state.restore_visible = (True, before)
+
+
+def _controller_env(config: pytest.Config, spec: str | None) -> dict[str, Any]:
+    """Detect the hardware and choose the session's GPUs (``--kopt-gpus``). When the session pins GPUs (several
+    used, or the option given), this process is pinned to the first one: the loop's decisions (re-timing, the
+    champion's profile) run there. Raises UsageError for a bad ``--kopt-gpus``."""
+    env = hardware.detect()
+    try:
+        chosen = gpus.select(env, spec)
+    except ConfigError as exc:
+        raise usage_error(exc) from None
+    if not gpus.should_pin(chosen, spec):
+        return env
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen[0]["uuid"]
+    return gpus.pinned({**env, "gpus": chosen}, chosen[0])
+
+
+def _init_run(state: SessionState) -> None:
+    """--kopt-init, controller side: create the run folder and state.json before any gate writes into it."""
+    s = state.settings
+    assert s.run_dir is not None and s.baseline is not None and s.ref is not None
+    loop_state.init_state(s.run_dir, s.baseline, s.ref, s.dims, iterations=s.iterations, branches=s.branches,
+                          ncu_num=s.ncu_num, noise_pct=s.noise_pct, numerics_mode=s.numerics_mode,
+                          seeds=list(s.seeds), env=state.env)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """The detected GPU and tools, and the session seed, one line each."""
+    state = config.stash.get(STATE, None)
+    if state is None or not state.settings.active:
+        return None
+    s = state.settings
+    if s.session_seed is not None:
+        seeds = f"kopt seed: {s.session_seed} (replay: --kopt-seed {s.session_seed})"
+    else:
+        seeds = f"kopt seeds: {','.join(map(str, s.seeds))}"
+    return [hardware.header_line(state.env), seeds]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End this process's warm harness processes (the pool's atexit hook would, later)."""
+    state = session.config.stash.get(STATE, None)
+    if state is not None:
+        state.pool.shutdown()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give CUDA_VISIBLE_DEVICES back as it was, when this process pinned itself to a GPU (an in-process pytest
+    run, such as pytester's ``runpytest()``, must not leave its pin to the caller)."""
+    state = config.stash.get(STATE, None)
+    if state is None or not state.restore_visible[0]:
+        return
+    before = state.restore_visible[1]
+    if before is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -1,0 +1,75 @@
+"""The controller's ledger: every kopt item's report as a :class:`~pytest_kopt.records.GateRecord`, SKILL.md's
+exit code of the session, and the ``--kopt-json`` document."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from .. import __version__
+from ..gates.table import ORDER
+from ..records import GateRecord
+
+#: Version of the ``--kopt-json`` document (``registries/report_schema.json``).
+JSON_SCHEMA_VERSION = 2
+
+
+class Ledger:
+    """Records, one per kopt item: its call report, or its setup report when it skipped or failed there."""
+
+    def __init__(self) -> None:
+        self.records: list[GateRecord] = []
+
+    def add(self, report: pytest.TestReport) -> None:
+        """Record ``report`` when it is a kopt item's deciding report."""
+        if "kopt" not in report.keywords:
+            return
+        if report.when != "call" and not (report.when == "setup" and not report.passed):
+            return
+        props = dict(report.user_properties)
+        message = None
+        if report.skipped and isinstance(report.longrepr, tuple):
+            message = report.longrepr[2].removeprefix("Skipped: ")
+        elif report.failed:
+            message = props.get("kopt_message") or str(report.longrepr).splitlines()[-1][:500]
+        gate = props.get("kopt_gate") or report.nodeid.split("::")[-1].split("[")[0]
+        status = props.get("kopt_status", "SKIPPED" if report.skipped else ("ERROR" if report.failed else "PASSED"))
+        self.records.append(GateRecord(
+            nodeid=report.nodeid, kernel=str(props.get("kopt_kernel", "")), gate=gate, case=props.get("kopt_case"),
+            outcome=report.outcome, status=status, exit_code=props.get("kopt_exit_code"),
+            blocked_by=props.get("kopt_blocked_by"), duration_s=round(report.duration, 4),
+            summary=props.get("kopt_summary"), message=message,
+            figures={k: v for k, v in props.items() if not k.startswith("kopt_")}))
+
+    def exit_code(self) -> int | None:
+        """SKILL.md's code of the earliest failing gate in table order (2, 3 or 4), or None when none failed."""
+        failed = [r for r in self.records if r.outcome == "failed" and r.exit_code is not None]
+        if not failed:
+            return None
+        return int(min(failed, key=lambda r: ORDER.get(r.gate, 99)).exit_code)  # type: ignore[arg-type]
+
+    def other_failures(self) -> bool:
+        """True when an item failed that is no gate's failure (a crash of the plugin, or a user's own test)."""
+        return any(r.outcome == "failed" and r.exit_code is None for r in self.records)
+
+    def document(self, *, exit_code: int, settings: Any, env: dict[str, Any], comparisons: list[dict[str, Any]],
+                 loop: dict[str, Any] | None) -> dict[str, Any]:
+        """The ``--kopt-json`` document (``registries/report_schema.json``), NaN and inf as null."""
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
+               "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
+               "dims": settings.dims, "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
+               "items": [r.to_json() for r in self.records], "comparisons": comparisons, "loop": loop}
+        return finite(doc)
+
+
+def finite(x: Any) -> Any:
+    """``x`` with NaN/inf floats as None: JSON has no such numbers (strict parsers reject them)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x

@@ -1,0 +1,111 @@
+"""Collection: a kernel file is a :class:`KoptFile`, which yields one :class:`KoptItem` per (gate, case) of the
+gate table; an item delegates to :func:`pytest_kopt.gates.table.run` and renders the gate's errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ..errors import Blocked, KoptError, NotApplicable
+from ..gates.table import GATES, Gate, run
+from .stash import STATE
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Collect the session's kernel files (``--kopt-baseline``, ``--kopt-candidate``) as :class:`KoptFile`."""
+    if file_path.suffix in (".cu", ".py") and file_path.resolve() in _kernels(parent.config):
+        return KoptFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """A Triton/Python kernel given to kopt is not a test module: keep pytest's python plugin from importing it
+    (that would import torch/triton into the pytest process and collect its functions)."""
+    if module_path.resolve() in _kernels(parent.config):
+        return NotATestModule.from_parent(parent, path=module_path)
+    return None
+
+
+def _kernels(config: pytest.Config) -> frozenset[Path]:
+    state = config.stash.get(STATE, None)
+    return state.kernels if state is not None else frozenset()
+
+
+class NotATestModule(pytest.File):
+    """Stands in for the python plugin's Module of a kernel file; collects nothing (KoptFile has the items)."""
+
+    def collect(self) -> list[pytest.Item]:
+        """Nothing: the kernel's items come from :class:`KoptFile`."""
+        return []
+
+
+class KoptFile(pytest.File):
+    """A kernel file: one :class:`KoptItem` per gate and case, in table order (``correctness[seed=7]``)."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        """The items of :data:`~pytest_kopt.gates.table.GATES` for this kernel (``--kopt-run`` leaves out the gates
+        that run for the champion alone)."""
+        state = self.config.stash[STATE]
+        ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
+        for gate in GATES:
+            if state.settings.loop_mode == "run" and not gate.per_branch:
+                continue
+            for suffix, case in gate.items(ctx):
+                item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, case=case)
+                item.add_marker(pytest.mark.kopt(gate.name))
+                if gate.on_gpu(ctx):
+                    item.add_marker(pytest.mark.gpu)
+                yield item
+
+
+class KoptItem(pytest.Item):
+    """One gate run on one kernel (and one case); delegates to the table and renders its errors."""
+
+    def __init__(self, *, gate: Gate, case: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = gate
+        self.case = case
+
+    @property
+    def label(self) -> str:
+        """The case's label (``seed=7``), "" for a gate without cases."""
+        return self.name[len(self.gate.name):].strip("[]")
+
+    def runtest(self) -> None:
+        """Run the gate; Blocked and NotApplicable become skips (naming the gate that blocked it), a gate error a
+        failure with its status and exit code; figures go to ``user_properties`` (and so to junit XML)."""
+        state = self.config.stash[STATE]
+        ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
+        self.user_properties += [("kopt_gate", self.gate.name), ("kopt_kernel", str(ctx.kernel)),
+                                 ("kopt_case", self.label or None)]
+        try:
+            outcome = run(self.gate, ctx, self.case, self.label)
+        except NotApplicable as exc:
+            self.user_properties.append(("kopt_status", "NOT_APPLICABLE"))
+            pytest.skip(f"not applicable: {exc}")
+        except Blocked as exc:
+            self.user_properties += [("kopt_status", "SKIPPED"), ("kopt_blocked_by", exc.gate)]
+            pytest.skip(str(exc))
+        except KoptError as exc:
+            if not exc.gate:
+                exc.gate = self.gate.name
+            self.user_properties += [("kopt_status", exc.status), ("kopt_exit_code", exc.exit_code),
+                                     ("kopt_message", exc.message)]
+            raise
+        self.user_properties.append(("kopt_status", "PASSED"))
+        self.user_properties += [(k, v) for k, v in outcome.figures.items() if isinstance(v, (int, float, str, bool))]
+        if outcome.summary:
+            self.user_properties.append(("kopt_summary", outcome.summary))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        """Gate errors as their own text (file:line, message, details, fix); anything else as a traceback."""
+        if isinstance(excinfo.value, KoptError):
+            return excinfo.value.render()
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        """Location shown by pytest: the kernel file and the gate name."""
+        return self.path, 0, f"kopt {self.name}"

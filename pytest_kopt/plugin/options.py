@@ -1,0 +1,154 @@
+"""The ``--kopt-*`` options (each with an ini twin) and how they become the session's :class:`Settings`."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import ConfigError
+from ..loop import session, state
+from ..gates.inputs import fresh_session_seed
+from ..settings import Settings, build_settings
+
+#: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
+OPTIONS = (
+    ("baseline", "Kernel to judge: a CUDA/CUTLASS .cu with extern \"C\" solve(), or a Triton .py", "PATH"),
+    ("ref", "Reference file defining reference(**kwargs), optional atol/rtol/workload_model/shapes", "PATH"),
+    ("dims", "Kernel dims as M=4096,N=4096,K=4096 or a JSON object", "DIMS"),
+    ("candidate", "Another kernel to judge in the same session (repeatable)", "PATH"),
+    ("seed", "Session seed the correctness seeds derive from: an integer, or 'last' (default: drawn now)", "N"),
+    ("seeds", "Explicit correctness seeds, comma-separated (instead of --kopt-seed)", "SEEDS"),
+    ("atol", "Absolute tolerance, overriding the reference's atol", "FLOAT"),
+    ("rtol", "Relative tolerance, overriding the reference's rtol", "FLOAT"),
+    ("arch", "nvcc/Triton target arch such as sm_90a (default: the detected GPU's, else sm_90a)", "ARCH"),
+    ("json", "Write the session's JSON report to PATH ('-' for stdout)", "PATH"),
+    ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
+    ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
+    ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
+    ("timing", "Timing method: events (default; CUDA events around each call) or graph (20 L2-flush+call pairs "
+               "in a CUDA graph minus a flush-only graph, for kernels of a few µs)", "METHOD"),
+    ("rotating-memory", "Largest fraction of free GPU memory the timing gate's rotating input sets may take "
+                        "(default 0.25; at least one set is always used)", "FRACTION"),
+    ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
+    ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
+                    "this many percent (e.g. 3)", "PCT"),
+    ("save", "Save every kernel's timing samples as a baseline NAME (pytest-benchmark's storage format)", "NAME"),
+    ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
+    ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
+    ("gpus", "GPUs to spread the session over with -n: all (default: the first GPU's model), CUDA ordinals such "
+             "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
+             "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
+    ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
+    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
+    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
+    ("ncu-num", "Top ncu metrics kept per axis in ncu_top.json (default 5)", "N"),
+    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
+    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
+)
+#: (flag, help): boolean options, each with an ini twin.
+FLAGS = (
+    ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
+    ("finalize", "With --kopt-run: complete the run after this close and render summary.md"),
+    ("fresh-process", "Run every GPU request in a fresh child process instead of one warm child per kernel "
+                      "(slower: torch import and CUDA context per request)"),
+)
+#: pytest cache key of the last session seed (``--kopt-seed last``, ``--lf``).
+SEED_CACHE_KEY = "kopt/session_seed"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``kopt`` option group: every ``--kopt-*`` flag with its ini twin."""
+    group = parser.getgroup("kopt", "GPU kernel gates (pytest-kopt)")
+    for name, help_text, metavar in OPTIONS:
+        dest = "kopt_" + name.replace("-", "_")
+        if name == "candidate":
+            group.addoption(f"--kopt-{name}", dest=dest, action="append", default=None, metavar=metavar,
+                            help=help_text)
+            parser.addini(dest, help=help_text, type="paths", default=[])
+            continue
+        group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
+        parser.addini(dest, help=help_text, default=None)
+    for name, help_text in FLAGS:
+        dest = "kopt_" + name.replace("-", "_")
+        group.addoption(f"--kopt-{name}", dest=dest, action="store_true", default=None, help=help_text)
+        parser.addini(dest, help=help_text, type="bool", default=False)
+
+
+def raw(config: pytest.Config, name: str) -> Any:
+    """An option's value as given: the command line, else the ini file (``name`` without the ``kopt_`` prefix,
+    underscores for dashes)."""
+    dest = "kopt_" + name
+    value = config.getoption(dest)
+    if name == "candidate":
+        return value or [str(p) for p in config.getini(dest)]
+    return value if value is not None else config.getini(dest)
+
+
+def usage_error(exc: ConfigError) -> pytest.UsageError:
+    """A ConfigError as pytest's usage error (exit 4), message and fix."""
+    return pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
+
+
+def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> str | None:
+    """The session seed as text: the one the xdist controller ``handed`` down; ``last`` (or ``--lf``) reads
+    pytest's cache; nothing given draws a fresh one (unless ``--kopt-seeds`` lists the seeds). Raises UsageError
+    for ``last`` without one."""
+    if "kopt_session_seed" in handed:
+        return handed["kopt_session_seed"]
+    if given in (None, "") and raw(config, "seeds"):
+        return None
+    cache = getattr(config, "cache", None)
+    if given in (None, "") and config.getoption("lf", False) and cache is not None \
+            and cache.get(SEED_CACHE_KEY, None) is not None:
+        given = "last"  # --lf replays the failures of the last session: same seeds, same node ids
+    if str(given).strip().lower() == "last":
+        if cache is None:
+            raise pytest.UsageError("pytest-kopt: --kopt-seed last needs pytest's cache (it is disabled: "
+                                    "-p no:cacheprovider)\n  fix: pass --kopt-seed N")
+        last = cache.get(SEED_CACHE_KEY, None)
+        if last is None:
+            raise pytest.UsageError("pytest-kopt: --kopt-seed last: no earlier session seed is recorded in the "
+                                    "pytest cache\n  fix: run once without it, or pass --kopt-seed N")
+        return str(last)
+    if given in (None, ""):
+        return str(fresh_session_seed())
+    return str(given)
+
+
+def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
+    """The session's settings from the options (``handed``: what the xdist controller gave a worker, {} in the
+    controller). ``--kopt-run DIR`` takes the kernels, reference, dims and seeds from the run's state; ``--kopt-init``
+    gets a new run folder (the controller's, in a worker). Raises UsageError (exit 4) naming the option and fix."""
+    overrides: dict[str, Any] = {}
+    run_dir = raw(config, "run")
+    if run_dir not in (None, ""):
+        try:
+            overrides = session.run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+        except ConfigError as exc:
+            raise usage_error(exc) from None
+    seed = None
+    if (overrides.get("baseline") or raw(config, "baseline")) not in (None, "") and "seeds" not in overrides:
+        seed = session_seed(config, raw(config, "seed"), handed)
+
+    def get(name: str) -> Any:
+        if name in overrides:
+            return overrides[name]
+        return seed if name == "seed" else raw(config, name)
+
+    try:
+        settings = build_settings(get, Path(config.invocation_params.dir))
+    except ConfigError as exc:
+        raise usage_error(exc) from None
+    if overrides.get("_run_dir"):
+        dirs = {str(k): str(k.parent) for k in settings.kernels}
+        return dataclasses.replace(settings, run_dir=Path(overrides["_run_dir"]), loop_mode="run",
+                                   artifact_dirs=dirs)
+    if not settings.init or not settings.active:
+        return settings
+    assert settings.baseline is not None
+    folder = Path(handed["kopt_run_dir"]) if "kopt_run_dir" in handed else state.new_run_dir(settings.baseline)
+    return dataclasses.replace(settings, run_dir=folder, loop_mode="init",
+                               artifact_dirs={str(settings.baseline): str(folder / "baseline")})

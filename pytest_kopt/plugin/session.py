@@ -1,0 +1,161 @@
+"""What exists only on the controller (or the single process without xdist): the ledger of item reports, the
+session's exit code, the PR gate and saved baselines, the loop's session-end step, the JSON report and the
+terminal summary (pytest-mypy's controller-plugin pattern: a class registered in ``pytest_configure``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .. import prgate
+from ..artifacts import Bench
+from ..loop import session as loop_session
+from .ledger import Ledger
+from .stash import SessionState
+from .terminal import summary
+
+
+class ControllerPlugin:
+    """Collects every kopt item's report, sets SKILL.md's exit code, closes the loop's step, compares kernels,
+    writes ``--kopt-json`` and prints the summary."""
+
+    def __init__(self, config: pytest.Config, state: SessionState) -> None:
+        self.config = config
+        self.state = state
+        self.ledger = Ledger()
+        self.stdout_doc: str | None = None
+        self.loop_result: dict[str, Any] | None = None
+        self.errors: list[str] = []
+        self.comparisons: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep one record per kopt item."""
+        self.ledger.add(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Map pytest's "tests failed" (1) to SKILL.md's code when every failure is a gate's; run the loop's step;
+        compare kernels; write the JSON report."""
+        settings = self.state.settings
+        pytest_status = session.exitstatus
+        code = self.ledger.exit_code()
+        if code is not None and pytest_status == pytest.ExitCode.TESTS_FAILED and not self.ledger.other_failures():
+            session.exitstatus = code
+        # pytest's own "interrupted" (2) and "internal error" (3) share numbers with SKILL.md's codes: decide on the
+        # status pytest itself reported, before any mapping
+        if settings.loop_mode is not None and pytest_status in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            self.loop_result = self._finish_loop()
+            if self.loop_result["exit_code"] and session.exitstatus in (0, code):
+                session.exitstatus = code if code is not None else self.loop_result["exit_code"]
+        self.comparisons = self._pr_gate() + self._saved_baselines()
+        if any(c.get("fails") for c in self.comparisons) and session.exitstatus == 0:
+            session.exitstatus = 2  # SKILL.md's kernel-validation code: the candidate regressed
+        if settings.json_path:
+            loop = {**self.loop_result, "run_dir": str(settings.run_dir), "mode": settings.loop_mode} \
+                if self.loop_result else None
+            doc = self.ledger.document(exit_code=int(session.exitstatus), settings=settings, env=self.state.env,
+                                       comparisons=self.comparisons, loop=loop)
+            if settings.json_path == "-":
+                self.stdout_doc = json.dumps(doc, default=str, allow_nan=False)  # printed last, in unconfigure
+            else:
+                try:
+                    Path(settings.json_path).parent.mkdir(parents=True, exist_ok=True)
+                    Path(settings.json_path).write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+                except OSError as exc:
+                    self.errors.append(f"--kopt-json: could not write {settings.json_path}: {exc}")
+
+    def _bench(self, kernel: Path) -> Bench | None:
+        return Bench.load(self.state.settings.artifact_dir(Path(kernel).resolve()))
+
+    def _pr_gate(self) -> list[dict[str, Any]]:
+        """--kopt-fail-slower: each candidate's timing samples against the baseline's (see
+        :func:`pytest_kopt.prgate.verdict`): the baseline timed in the candidate's own rounds when it was, else the
+        baseline's timing gate. A candidate without valid timing (it failed a gate, or no GPU) gets verdict
+        NOT_TIMED and the gate's own failure decides."""
+        settings = self.state.settings
+        if settings.fail_slower_pct is None or not settings.candidates or settings.baseline is None:
+            return []
+        base = self._bench(settings.baseline)
+        base_samples = base.valid_samples if base else None
+        out = []
+        for cand in settings.candidates:
+            bench = self._bench(cand)
+            cs = bench.valid_samples if bench else None
+            pr = (bench.pr_baseline or {}) if bench else {}
+            same = pr.get("kernel") and Path(pr["kernel"]).resolve() == Path(settings.baseline).resolve()
+            paired = pr.get("samples_ms") if same and pr.get("samples_ms") else None
+            entry: dict[str, Any] = {"baseline": str(settings.baseline), "candidate": str(cand)}
+            if cs is None or (paired is None and base_samples is None):
+                entry.update(verdict="NOT_TIMED", fails=False)
+            else:
+                entry.update(prgate.verdict(paired or base_samples, cs, settings.fail_slower_pct),
+                             interleaved=paired is not None)
+            out.append(entry)
+        return out
+
+    def _saved_baselines(self) -> list[dict[str, Any]]:
+        """--kopt-save / --kopt-compare through pytest-benchmark's storage, keyed by GPU model."""
+        settings = self.state.settings
+        if not settings.save and not settings.compare:
+            return []
+        gpu = (self.state.env.get("gpu") or {}).get("name")
+        if not gpu:
+            self.errors.append("--kopt-save/--kopt-compare: no GPU, nothing was timed")
+            return []
+        try:
+            from .. import saved
+        except ImportError:  # pragma: no cover - pytest-benchmark is the optional [benchmark] extra
+            self.errors.append("--kopt-save/--kopt-compare need pytest-benchmark: pip install pytest-benchmark")
+            return []
+        current = {settings.label(k): b.valid_samples for k in settings.kernels
+                   if (b := self._bench(k)) is not None and b.valid_samples}
+        out: list[dict[str, Any]] = []
+        if settings.compare:
+            old = saved.load_latest(settings.storage, settings.compare, gpu)
+            threshold = settings.fail_slower_pct if settings.fail_slower_pct is not None else 3.0
+            for label, samples in current.items():
+                entry: dict[str, Any] = {"baseline": f"saved:{settings.compare}:{label}", "candidate": label}
+                if not old or label not in old or not old[label]:
+                    entry.update(verdict="NOT_SAVED", fails=False)
+                else:
+                    entry.update(prgate.verdict(old[label], samples, threshold))
+                    entry["fails"] = entry["fails"] and settings.fail_slower_pct is not None
+                out.append(entry)
+        if settings.save and current:
+            env = self.state.env
+            entries = [saved.benchmark_entry(label, s, {"dims": settings.dims, "gpu": gpu})
+                       for label, s in current.items()]
+            saved.save(settings.storage, settings.save, gpu, entries,
+                       {"gpu": gpu, "driver": env.get("driver_version"), "packages": env.get("packages")})
+        return out
+
+    def _finish_loop(self) -> dict[str, Any]:
+        """--kopt-init: stop the run or open iteration 1; --kopt-run: close the open iteration."""
+        settings = self.state.settings
+        assert settings.run_dir is not None
+
+        def ctx_for(kernel: Path) -> Any:
+            return self.state.context(self.config, kernel, str(kernel))
+
+        if settings.loop_mode == "init":
+            assert settings.baseline is not None
+            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), self.ledger.records)
+        return loop_session.finish_run(settings.run_dir, ctx_for, self.ledger.records, settings.finalize)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One line per gate item: outcome and its key figures (or the reason it skipped/failed)."""
+        code = self.ledger.exit_code()
+        if code is None and self.loop_result is not None and self.loop_result["exit_code"]:
+            code = self.loop_result["exit_code"]
+        summary(terminalreporter, self.config.get_verbosity(), self.ledger.records, self.comparisons,
+                self.loop_result, self.errors, code)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """``--kopt-json -``: the document as the very last line of stdout (one line: ``tail -n 1`` reads it)."""
+        if self.stdout_doc is not None:
+            sys.stdout.write("\n" + self.stdout_doc + "\n")
+            sys.stdout.flush()

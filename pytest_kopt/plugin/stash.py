@@ -1,0 +1,41 @@
+"""What one pytest process of a session holds, under one ``pytest.StashKey`` (pytest's ``junitxml`` pattern)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..gates.context import BlockLog, Context
+from ..proc.pool import HarnessPool
+from ..gates.trust import Trust
+from ..settings import Settings
+
+
+@dataclass
+class SessionState:
+    """The settings (parsed once), the detected environment (``env.json``; the controller's, handed to workers),
+    the session's MAC key, this process's harness pool and block log, and the ``CUDA_VISIBLE_DEVICES`` to give
+    back at unconfigure when this process pinned itself to a GPU (``restore_visible``: True and the old value)."""
+
+    settings: Settings
+    env: dict[str, Any] = field(default_factory=dict)
+    trust: Trust = field(default_factory=Trust)
+    pool: HarnessPool = field(default_factory=HarnessPool)
+    blocks: BlockLog = field(default_factory=BlockLog)
+    restore_visible: tuple[bool, str | None] = (False, None)
+    kernels: frozenset[Path] = frozenset()
+
+    def context(self, config: pytest.Config, kernel: Path, display: str) -> Context:
+        """The gate context of one kernel file."""
+        assert self.settings.ref is not None
+        cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+        cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
+        return Context(settings=self.settings, env=self.env, kernel=Path(kernel).resolve(), ref=self.settings.ref,
+                       display=display, cache_dir=Path(cache_dir), pool=self.pool, blocks=self.blocks,
+                       trust=self.trust)
+
+
+STATE = pytest.StashKey[SessionState]()

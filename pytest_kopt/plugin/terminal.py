@@ -1,0 +1,72 @@
+"""The terminal summary: one line per gate item (or per kernel with ``-q``), the time per gate, the PR gate's
+verdicts, the loop's outcome and SKILL.md's exit code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..gates.table import ORDER
+from ..records import GateRecord
+
+
+def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
+    """``-q``: one line per kernel: its verdict (the first failing gate's status, else PASSED with the number of
+    skipped gates), the timing median and the speedup over the reference."""
+    by: dict[str, list[GateRecord]] = {}
+    for r in rows:
+        by.setdefault(r.nodeid.split("::")[0], []).append(r)
+    width = max(len(k) for k in by)
+    for kernel, recs in by.items():
+        failed = [r for r in recs if r.outcome == "failed"]
+        skipped = sum(r.outcome == "skipped" for r in recs)
+        checked = any(r.gate == "correctness" and r.outcome == "passed" for r in recs)
+        note = f"{skipped} skipped" + ("" if checked else "; output not checked")
+        status = f"{failed[0].status} at {failed[0].gate}" if failed else "PASSED" + (f" ({note})" if skipped else "")
+        timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), {})
+        fig = f"  {timing['median_ms']:.4g} ms, {timing['speedup_vs_ref']:.2f}x ref" if timing else ""
+        tr.write_line(f"{kernel:<{width}}  {status}{fig}"[:200])
+
+
+def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
+            loop: dict[str, Any] | None, errors: list[str], code: int | None) -> None:
+    """Write the ``kopt gates`` section to pytest's terminal reporter ``tr``."""
+    if not records:
+        return
+    tr.section("kopt gates")
+    order = {r.nodeid: i for i, r in enumerate(records)}
+    rows = sorted(records, key=lambda r: (r.nodeid.split("::")[0], ORDER.get(r.gate, 99), order[r.nodeid]))
+    several = len({r.nodeid.split("::")[0] for r in rows}) > 1
+    if verbosity < 0:
+        _per_kernel(tr, rows)
+        rows = []
+
+    def name(r: GateRecord) -> str:
+        return r.nodeid if several else r.nodeid.split("::", 1)[-1]
+
+    width = max((len(name(r)) for r in rows), default=0)
+    for r in rows:
+        text = r.summary if r.outcome == "passed" else (r.message or "")
+        line = f"{name(r):<{width}} {r.status:<20} {text}"
+        tr.write_line(line if len(line) <= 400 else line[:399] + "…")
+    per_gate: dict[str, list[float]] = {}
+    for r in records:
+        per_gate.setdefault(r.gate, []).append(r.duration_s)
+    tr.write_line("kopt item time per gate: " + ", ".join(
+        f"{g} {sum(d):.1f} s" + (f" ({len(d)})" if len(d) > 1 else "")
+        for g, d in sorted(per_gate.items(), key=lambda kv: ORDER.get(kv[0], 99))))
+    for c in comparisons:
+        if c["verdict"] in ("NOT_TIMED", "NOT_SAVED"):
+            what = "not timed (see its gates)" if c["verdict"] == "NOT_TIMED" else f"no {c['baseline']} saved"
+            tr.write_line(f"kopt PR gate: {c['candidate']} {what}")
+        else:
+            lo, hi = c["ci95"]
+            tr.write_line(f"kopt PR gate: {c['candidate']} vs {c['baseline']}: {c['verdict']}, speedup "
+                          f"{c['speedup']:.3f}x [{lo:.3f}, {hi:.3f}] (threshold {c['threshold_pct']:g}%)",
+                          red=c["fails"], green=c["verdict"] == "FASTER")
+    if loop is not None:
+        tr.write_line(f"kopt loop: {loop['message']}")
+    for e in errors:
+        tr.write_line(f"kopt: {e}", red=True)
+    if code is not None:
+        tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
+                      f"4 configuration/contract)")

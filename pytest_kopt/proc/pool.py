@@ -1,0 +1,277 @@
+"""Warm harness processes: one per candidate kernel and one per reference file, kept by a :class:`HarnessPool`.
+
+The pool is an object of the pytest process (the plugin keeps it in ``config.stash`` and hands it to the gates
+through their context), never a module global: an in-process pytest run (pytester's ``runpytest``) gets its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import KernelRuntimeError
+from .runner import (child_env, died_error, python_command, read_result, run_fresh, tail, timeout_error,
+                     write_request)
+from .tree import freeze_tree, kill_tree, resume
+
+#: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
+#: loadscope a worker runs one kernel's gates in a row, so one candidate and one reference process cover it.
+MAX_SERVERS = 3
+#: Seconds a new harness process may take to import torch and report ready.
+READY_TIMEOUT_S = 180.0
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class HarnessServer:
+    """A warm ``python -m pytest_kopt.child --serve`` process: torch imported once, its CUDA context created on the
+    first request and kept, requests run one at a time. Requests are paths written to its stdin; it answers
+    ``done`` on a private pipe (the kernel's own prints cannot fake it), its stdout and stderr go to a log file
+    read back per request. It serves one identity (one candidate kernel, or one reference file), so a candidate
+    never shares a process with the reference or with another candidate; a request that fails, crashes or times
+    out ends it (a CUDA error can leave the context unusable) and the next request starts a fresh one."""
+
+    def __init__(self, key: Key, workdir: Path) -> None:
+        self.key = key
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd, log = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
+        os.close(fd)
+        self.log = Path(log)
+        ctl_r, ctl_w = os.pipe()
+        with open(self.log, "ab") as sink:
+            env = child_env(dict(key[1]))
+            self.proc = subprocess.Popen([*python_command(env), "--serve", str(ctl_w)],
+                                         stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT,
+                                         env=env, pass_fds=(ctl_w,), start_new_session=True)
+        os.close(ctl_w)
+        self.ctl = os.fdopen(ctl_r, "rb", buffering=0)
+        self.log_fd = os.open(self.log, os.O_RDONLY)  # kept open: the log stays readable even if it is unlinked
+        self.buf = b""
+        self.seq = 0
+        self.stopped: list[int] | None = None  # the descendants stopped by pause(), None while running
+        #: SHA-256 of the last request's result JSON, from the control pipe
+        self.attest = ""
+        self.ending = False
+
+    def pause(self) -> None:
+        """SIGSTOP the process group and every descendant between requests (:func:`freeze_tree`): a thread or child
+        the kernel left behind cannot run while another kernel or the reference is judged or timed."""
+        self.stopped = freeze_tree(self.proc.pid, self.proc.pid)  # a stopped tree cannot grow: resume() reuses it
+
+    def resume(self) -> None:
+        """SIGCONT the process group and what :meth:`pause` stopped."""
+        if self.stopped is None:
+            return
+        resume(self.stopped, group=self.proc.pid)
+        self.stopped = None
+
+    def _line(self, timeout_s: float) -> bytes | None:
+        """The next control line; None on timeout; b"" when the process closed the pipe (it ended) or wrote more
+        than 4 KB without a newline (not this harness)."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buf:
+            if len(self.buf) > 4096:
+                return b""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.ctl], [], [], left)
+            if not ready:
+                continue
+            chunk = self.ctl.read(4096)
+            if not chunk:
+                return b""
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def wait_ready(self) -> str:
+        """``ready``, ``timeout`` or ``died``."""
+        line = self._line(READY_TIMEOUT_S)
+        return "timeout" if line is None else "ready" if line == b"ready" else "died"
+
+    def request(self, req_path: str, timeout_s: float) -> tuple[str, str]:
+        """Run one request; returns (the tail of its part of the log, ``done`` | ``timeout`` | ``died`` |
+        ``protocol``). Each request carries a sequence number that its ``done`` line must repeat."""
+        start = self._log_size()
+        self.seq += 1
+        self.resume()
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f"{self.seq} {req_path}\n".encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self.output(start), "died"
+        line = self._line(timeout_s)
+        if line is None:
+            return self.output(start), "timeout"
+        if line == b"":
+            # end of the control pipe: the process died (give the kernel a moment to reap it), or closed the pipe
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return self.output(start), "protocol"
+            return self.output(start), "died"
+        parts = line.split()
+        if len(parts) != 4 or parts[0] != b"done" or parts[1] != str(self.seq).encode() or self.buf:
+            return self.output(start), "protocol"
+        self.attest = parts[3].decode()
+        self.ending = parts[2] != b"0"  # the process ends after this answer (a failed request)
+        self.pause()
+        return self.output(start), "done"
+
+    def _log_size(self) -> int:
+        return os.fstat(self.log_fd).st_size
+
+    def output(self, start: int, limit: int = 65536) -> str:
+        """The log from byte ``start`` (at most its last ``limit`` bytes)."""
+        end = self._log_size()
+        data = os.pread(self.log_fd, min(limit, max(0, end - start)), max(start, end - limit))
+        return data.decode(errors="replace").strip()
+
+    def close(self, kill: bool = False) -> None:
+        """End the process (close its stdin and wait briefly, else kill), then kill whatever is left of its
+        process group (children or daemons the kernel started)."""
+        # the kernel's processes first, while the harness is still their subreaper (at its exit they would go to
+        # init): frozen to a fixpoint, then killed
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid, include_root=False)
+        self.resume()
+        if not kill and self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        kill_tree(self.proc.pid)  # what is left: the harness, if it did not end, and its process group
+        self.proc.wait()
+        for f in (self.ctl, self.proc.stdin):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        os.close(self.log_fd)
+        self.log.unlink(missing_ok=True)
+
+
+class HarnessPool:
+    """The harness processes of one pytest process: :meth:`run` sends a request to the warm process of its
+    identity (started on first use, or by :meth:`prestart`) or to a fresh process; :meth:`shutdown` ends them all
+    (at session end, and at exit). At most ``max_servers`` warm processes live at once, least recently used ended
+    first."""
+
+    def __init__(self, max_servers: int = MAX_SERVERS) -> None:
+        self.max_servers = max_servers
+        self.live: dict[Key, HarnessServer] = {}
+        #: processes :meth:`prestart` started that no request has used yet
+        self.starting: dict[Key, HarnessServer] = {}
+        self._atexit = False
+
+    def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
+            prefix: list[str] | None = None, lock: Any = None, server: str | None = None,
+            timeout_hint: str | None = None) -> dict[str, Any]:
+        """Run ``req`` and return its result dict (``ok`` is True); see :func:`pytest_kopt.proc.runner.run_fresh`
+        for the arguments and errors. With ``server`` (an identity such as ``candidate:<kernel path>``) and no
+        ``prefix`` the request goes to that identity's warm process (for the request's environment), started, and
+        torch imported, before ``lock`` is taken; a failed or timed-out request ends it. A warm process that ended
+        while paused between requests is TAMPERED (only another process can have killed it), never restarted
+        quietly."""
+        if server is None or prefix:
+            return run_fresh(req, gate=gate, timeout_s=timeout_s, path=path, workdir=workdir, prefix=prefix,
+                             lock=lock, timeout_hint=timeout_hint)
+        name, req = write_request(req, gate, workdir)
+        srv = self._server(server, req.get("env") or {}, workdir, gate=gate, path=path)
+        with lock if lock is not None else contextlib.nullcontext():
+            try:
+                output, ended = srv.request(name, timeout_s)
+            except BaseException:
+                self._drop(srv)
+                raise
+        if ended != "done":
+            self._drop(srv)  # ends its whole process group, whatever state it is in
+            if ended == "timeout":
+                raise timeout_error(timeout_s, gate, path, output, timeout_hint)
+            if ended == "protocol":
+                raise KernelRuntimeError("the harness process broke its protocol (an answer out of turn on its "
+                                         "control pipe, or its log file removed)", gate=gate, path=path,
+                                         details=tail(output), fix="the kernel must not touch file descriptors "
+                                         "it did not open; rerun with --kopt-fresh-process to compare")
+            raise died_error(srv.proc.returncode, gate, path, output)
+        try:
+            result = read_result(req["out"], output, gate, path, on_error=lambda: self._drop(srv),
+                                 attest=srv.attest)
+        except (OSError, ValueError) as exc:  # result file missing or garbled: not a result this harness wrote
+            self._drop(srv)
+            raise KernelRuntimeError(f"the harness's result file is missing or unreadable ({type(exc).__name__})",
+                                     gate=gate, path=path, details=tail(output),
+                                     fix="the kernel must not touch files in the kopt work folder") from None
+        if srv.ending:
+            self._drop(srv)
+        return result
+
+    def prestart(self, identity: str | None, env: dict[str, str], workdir: Path) -> None:
+        """Start the warm process of ``identity`` (with ``env``) now, without waiting for it, so its start (a Python
+        process importing torch: seconds) overlaps other work; the first request to it waits for it as usual. A
+        no-op for None (fresh processes) or when that process is already running or starting."""
+        if identity is None:
+            return
+        key = (identity, tuple(sorted(env.items())))
+        if key in self.live or key in self.starting:
+            return
+        self._register_atexit()
+        self.starting[key] = HarnessServer(key, workdir)
+
+    def shutdown(self) -> None:
+        """End every harness process of this pool."""
+        while self.live:
+            self.live.popitem()[1].close()
+        while self.starting:
+            self.starting.popitem()[1].close(kill=True)
+
+    def _register_atexit(self) -> None:
+        if not self._atexit:
+            atexit.register(self.shutdown)
+            self._atexit = True
+
+    def _server(self, identity: str, env: dict[str, str], workdir: Path, *, gate: str, path: str) -> HarnessServer:
+        key = (identity, tuple(sorted(env.items())))
+        srv = self.live.pop(key, None)
+        if srv is not None and srv.proc.poll() is not None:
+            # it was paused and idle: only another process (a kernel, or what it left running) can have ended it,
+            # and a silent restart would let whatever that process planted load into the new one
+            code = srv.proc.returncode
+            srv.close()
+            raise KernelRuntimeError(f"the warm process of {identity.split(':', 1)[0]} {path} ended between requests "
+                                     f"({'killed by signal ' + str(-code) if code < 0 else 'exit ' + str(code)})",
+                                     gate=gate, path=path, status="TAMPERED",
+                                     fix="a kernel (or a process it left running) killed it; run the kernels in "
+                                         "separate sessions to see which one (the next request starts a fresh one)")
+        if srv is None:
+            while len(self.live) >= self.max_servers:
+                self.live.pop(next(iter(self.live))).close()
+            self._register_atexit()
+            srv = self.starting.pop(key, None) or HarnessServer(key, workdir)
+            state = srv.wait_ready()
+            if state != "ready":
+                output = srv.output(0)
+                srv.close(kill=True)
+                if state == "timeout":
+                    raise KernelRuntimeError(f"the harness process did not start within {READY_TIMEOUT_S:g} s",
+                                             gate=gate, path=path, details=tail(output),
+                                             fix="check that torch imports in this Python (python3 -c 'import torch')")
+                raise died_error(srv.proc.returncode, gate, path, output)
+        self.live[key] = srv  # most recently used last
+        return srv
+
+    def _drop(self, srv: HarnessServer) -> None:
+        self.live.pop(srv.key, None)
+        srv.close(kill=True)

@@ -1,0 +1,184 @@
+"""One harness request in a fresh child process, and how a harness process's end maps to a gate error.
+
+A crash (signal, abort, illegal memory access), a timeout or a Python error in the candidate fails only the item
+that started the child; the pytest process stays clean of CUDA. :class:`pytest_kopt.proc.pool.HarnessPool` runs
+requests in warm processes through the same result checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import CompileError, ContractError, KernelRuntimeError
+from .tree import kill_tree
+
+#: How a harness process starts: the JSON list after it holds the folders appended to ``sys.path``.
+_BOOT = ("import json, runpy, sys; sys.path.extend(json.loads(sys.argv.pop(1))); "
+         "runpy.run_module('pytest_kopt.child', run_name='__main__', alter_sys=True)")
+
+
+def write_request(req: dict[str, Any], gate: str, workdir: Path) -> tuple[str, dict[str, Any]]:
+    """Write ``req`` (plus its ``out`` prefix) to a fresh ``<gate>-*.req.json`` in ``workdir``; returns (the
+    request file, the request as written). The harness writes ``<out>.json`` and, for some modes, ``<out>.npz``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f"{gate}-", suffix=".req.json", dir=workdir)
+    os.close(fd)
+    req = {**req, "out": name.removesuffix(".req.json")}
+    Path(name).write_text(json.dumps(req))
+    return name, req
+
+
+def python_command(env: dict[str, str]) -> list[str]:
+    """How a harness process starts: -P keeps pytest's working directory (where a candidate can write, say, a
+    ``statistics.py``) off the front of ``sys.path``, -s keeps the user's site-packages out, and PYTHONPATH's
+    entries (taken out of ``env``) and pytest_kopt's own folder are *appended* to ``sys.path``, after the
+    standard library and site-packages, so nothing there can shadow them."""
+    extra = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    extra.append(str(Path(__file__).resolve().parent.parent.parent))
+    return [sys.executable, "-P", "-s", "-c", _BOOT, json.dumps(extra)]
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a harness process: this one's, plus ``extra``. A ``TRITON_INTERPRET`` from the user's
+    shell is dropped: the gates decide where Triton's interpreter runs (CPU correctness only); left in, the compile
+    and SASS gates would find no compiled kernel."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env.update(extra)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_fresh(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
+              prefix: list[str] | None = None, lock: Any = None, timeout_hint: str | None = None) -> dict[str, Any]:
+    """Run ``req`` in a new harness process and return its result dict (``ok`` is True).
+
+    ``req["env"]`` (optional) adds environment variables; ``prefix`` wraps the command (``ncu ...``,
+    ``compute-sanitizer ...``); ``lock`` (a context manager, e.g. the per-GPU lock) is held while it runs;
+    ``timeout_hint`` replaces the timeout error's fix. Without a prefix the process sends the SHA-256 of its result
+    on a private pipe and the result is checked against it. ``<out>.npz`` stays on disk for the caller. Raises
+    KernelRuntimeError (crash, CUDA error, TIMEOUT after ``timeout_s`` seconds, TAMPERED), ContractError (the
+    reference or ``setup`` broke its contract) or CompileError."""
+    name, req = write_request(req, gate, workdir)
+    out = req["out"]
+    env = child_env(req.get("env") or {})
+    # the attestation pipe; not under a wrapping tool (ncu, compute-sanitizer), which need not pass extra file
+    # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
+    ctl_r, ctl_w = os.pipe()
+    attested = not prefix
+    cmd = [*(prefix or []), *python_command(env), name]
+    cmd += ["--ctl", str(ctl_w)] if attested else []
+    # its output goes to a file, not a pipe: a daemon the kernel left holding a pipe would keep it open forever
+    fd, log = tempfile.mkstemp(prefix="fresh-", suffix=".log", dir=workdir)
+    with lock if lock is not None else contextlib.nullcontext(), os.fdopen(ctl_r, "rb") as ctl, \
+            os.fdopen(fd, "wb") as sink:
+        try:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    pass_fds=(ctl_w,) if attested else ())
+        finally:
+            os.close(ctl_w)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it,
+            # and whatever left the group below it
+            kill_tree(proc.pid)
+            proc.wait()
+            raise timeout_error(timeout_s, gate, path, read_log(log), timeout_hint) from None
+        except BaseException:
+            kill_tree(proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
+            raise
+        try:  # what is left of its process group (the harness killed its own descendants at exit)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.set_blocking(ctl.fileno(), False)
+        parts = (ctl.read() or b"").split()
+    output = read_log(log)
+    if not Path(out + ".json").is_file():
+        raise died_error(proc.returncode, gate, path, output)
+    if attested and (len(parts) != 4 or parts[0] != b"done"):
+        raise KernelRuntimeError("the harness process ended without its attestation on the control pipe",
+                                 gate=gate, path=path, details=tail(output),
+                                 fix="the kernel must not touch file descriptors it did not open")
+    return read_result(out, output, gate, path, attest=parts[3].decode() if attested else None)
+
+
+def read_log(log: str, limit: int = 65536) -> str:
+    """The last ``limit`` bytes of a fresh process's output file, which is then removed."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            text = f.read().decode(errors="replace").strip()
+        os.unlink(log)
+    except OSError:
+        return ""
+    return text
+
+
+def timeout_error(timeout_s: float, gate: str, path: str, output: str,
+                  hint: str | None = None) -> KernelRuntimeError:
+    """TIMEOUT after ``timeout_s`` seconds; ``hint`` is the fix when the caller knows more (e.g. the interpreter)."""
+    return KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
+                              details=tail(output), fix=hint or "look for an infinite loop or a deadlock; raise "
+                                                                "--kopt-timeout if the kernel is simply slow")
+
+
+def died_error(returncode: int | None, gate: str, path: str, output: str) -> KernelRuntimeError:
+    """The process ended before writing its result: how it ended, and its output's tail."""
+    how = f"exit code {returncode}"
+    if returncode is not None and returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    return KernelRuntimeError(f"the child process died ({how}) before reporting", gate=gate, path=path,
+                              details=tail(output), fix="run the kernel under compute-sanitizer to find the fault")
+
+
+def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[[], None] | None = None,
+                attest: str | None = None) -> dict[str, Any]:
+    """The request's result, read once and, when ``attest`` is given, checked against the SHA-256 its process sent
+    on the private control pipe (another process could have rewritten the file in the work folder in between);
+    its ``npz_sha`` (the reference's modes) is then as trustworthy as the rest, for
+    :func:`pytest_kopt.gates.trust.read_verified`. Raises KernelRuntimeError (TAMPERED) on a mismatch, the error
+    the harness reported otherwise (``on_error`` is called first)."""
+    data = Path(out + ".json").read_bytes()
+    if attest is not None and hashlib.sha256(data).hexdigest() != attest:
+        if on_error is not None:
+            on_error()
+        raise KernelRuntimeError("the harness's result file changed after its process wrote it (another process "
+                                 "writes into the kopt work folder)", gate=gate, path=path, status="TAMPERED",
+                                 details=tail(output), fix="a kernel (or what it left running) must not touch "
+                                 "files in the kopt work folder")
+    result: dict[str, Any] = json.loads(data)
+    result["stdout"] = tail(output, 4000)
+    result["out"] = out
+    if result.get("ok"):
+        return result
+    if on_error is not None:
+        on_error()
+    category, message = result.get("category"), result.get("message", "")
+    details = tail(result.get("traceback", ""), 3000)
+    fix = result.get("fix")
+    if category == "contract":
+        raise ContractError(message, gate=gate, path=path, details=details,
+                            fix=fix or "make the reference/setup follow the contract in the README")
+    if category == "compile":
+        raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
+    raise KernelRuntimeError(message, gate=gate, path=path, details=details,
+                             fix=fix or "the kernel raised an error at run time; see the message above")
+
+
+def tail(text: str, limit: int = 2000) -> str:
+    """The last ``limit`` characters of ``text`` (with ``...`` in front when cut)."""
+    return text if len(text) <= limit else "...\n" + text[-limit:]

@@ -1,0 +1,68 @@
+"""What one gate item decided, as the controller records it from the item's report (and the ``--kopt-json``
+report lists it): typed, so the loop and the reports read fields, never node ids or message text."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .gates.table import ORDER, stop_exit
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """One item: ``kernel`` (its resolved path), ``gate``, ``case`` (``seed=7``, a tool, or None), ``outcome``
+    (``passed``, ``failed``, ``skipped``), ``status`` (PASSED, a failure status such as INCORRECT_NUMERICAL,
+    SKIPPED or NOT_APPLICABLE), ``exit_code`` (SKILL.md's code of a gate failure; None otherwise), ``blocked_by``
+    (the gate whose failure or absence skipped this one), ``duration_s``, ``summary`` (a pass's one line),
+    ``message`` (a failure's or skip's), ``figures`` (the item's scalar results)."""
+
+    nodeid: str
+    kernel: str
+    gate: str
+    case: str | None
+    outcome: str
+    status: str
+    exit_code: int | None = None
+    blocked_by: str | None = None
+    duration_s: float = 0.0
+    summary: str | None = None
+    message: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the JSON report's item."""
+        return asdict(self)
+
+    @property
+    def counts_against(self) -> bool:
+        """True when this item keeps the kernel from passing the strict gates: it failed, or was skipped for a
+        reason other than not applying (a pure-Python candidate has nothing to compile)."""
+        return self.outcome == "failed" or (self.outcome == "skipped" and self.status != "NOT_APPLICABLE")
+
+
+def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:
+    """The records of ``kernel``'s items."""
+    key = str(Path(kernel).resolve())
+    return [r for r in records if r.kernel == key]
+
+
+def blocker(records: Iterable[GateRecord], strict: tuple[str, ...]) -> GateRecord | None:
+    """The record that keeps a kernel from passing ``strict`` gates: the first failed item in gate order, else the
+    first skipped (not not-applicable) item of a gate in ``strict``; None when there is none."""
+    recs = list(records)
+    failed = [r for r in recs if r.outcome == "failed"]
+    if failed:
+        return min(failed, key=lambda r: ORDER.get(r.gate, 99))
+    skipped = [r for r in recs if r.counts_against and r.gate in strict]
+    return min(skipped, key=lambda r: ORDER.get(r.gate, 99)) if skipped else None
+
+
+def stage(record: GateRecord) -> tuple[str, int]:
+    """(stop stage, SKILL.md exit code) of a blocking record: a failure's own gate and code; a skip is charged to
+    the gate that blocked it (``blocked_by``: hardware -> 3)."""
+    if record.outcome == "failed":
+        return record.gate, int(record.exit_code or stop_exit(record.gate))
+    where = record.blocked_by or record.gate
+    return where, stop_exit(where)
