@@ -55,8 +55,13 @@ FLAGS = (
     ("fresh-process", "Run every GPU request in a fresh child process instead of one warm child per kernel "
                       "(slower: torch import and CUDA context per request)"),
 )
-#: pytest cache key of the last session seed (``--kopt-seed last``, ``--lf``).
+#: pytest cache key of the last session seed (``--kopt-seed last``).
 SEED_CACHE_KEY = "kopt/session_seed"
+#: pytest cache key of the session seed of the last session with a failing item: ``--lf``, ``--ff`` and ``--sw``
+#: re-run pytest's recorded failures, whose node ids (``correctness[seed=...]``) only that seed reproduces.
+FAILED_SEED_CACHE_KEY = "kopt/failed_session_seed"
+#: pytest options that re-run recorded failures (their ``dest``).
+_REPLAY_OPTIONS = ("lf", "failedfirst", "stepwise", "stepwise_skip")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,17 +98,21 @@ def usage_error(exc: ConfigError) -> pytest.UsageError:
 
 
 def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> str | None:
-    """The session seed as text: the one the xdist controller ``handed`` down; ``last`` (or ``--lf``) reads
-    pytest's cache; nothing given draws a fresh one (unless ``--kopt-seeds`` lists the seeds). Raises UsageError
-    for ``last`` without one."""
+    """The session seed as text: the one the xdist controller ``handed`` down; ``last`` reads pytest's cache;
+    ``--lf``/``--ff``/``--sw`` without a seed take the seed of the last session that had a failure (so the recorded
+    failures' node ids exist again); nothing given draws a fresh one (unless ``--kopt-seeds`` lists the seeds).
+    Raises UsageError for ``last`` without one."""
     if "kopt_session_seed" in handed:
         return handed["kopt_session_seed"]
     if given in (None, "") and raw(config, "seeds"):
         return None
     cache = getattr(config, "cache", None)
-    if given in (None, "") and config.getoption("lf", False) and cache is not None \
-            and cache.get(SEED_CACHE_KEY, None) is not None:
-        given = "last"  # --lf replays the failures of the last session: same seeds, same node ids
+    if given in (None, "") and cache is not None and any(config.getoption(o, False) for o in _REPLAY_OPTIONS):
+        failed = cache.get(FAILED_SEED_CACHE_KEY, None)  # the seed whose failures pytest recorded
+        if failed is not None:
+            return str(failed)
+        if cache.get(SEED_CACHE_KEY, None) is not None:
+            given = "last"
     if str(given).strip().lower() == "last":
         if cache is None:
             raise pytest.UsageError("pytest-kopt: --kopt-seed last needs pytest's cache (it is disabled: "

@@ -15,6 +15,7 @@ from .. import prgate
 from ..artifacts import Bench
 from ..loop import session as loop_session
 from .ledger import Ledger
+from .options import FAILED_SEED_CACHE_KEY
 from .stash import SessionState
 from .terminal import summary
 
@@ -42,6 +43,10 @@ class ControllerPlugin:
         compare kernels; write the JSON report."""
         settings = self.state.settings
         pytest_status = session.exitstatus
+        cache = getattr(self.config, "cache", None)
+        if cache is not None and settings.session_seed is not None and any(r.outcome == "failed"
+                                                                            for r in self.ledger.records):
+            cache.set(FAILED_SEED_CACHE_KEY, settings.session_seed)
         code = self.ledger.exit_code()
         if code is not None and pytest_status == pytest.ExitCode.TESTS_FAILED and not self.ledger.other_failures():
             session.exitstatus = code
