@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
 # Logs in $OUT (one file per section). Usage (device machine, repository root):
-#   bash benchmarks/h200_verify.sh [tests] [loop] [saved] [pr] [speed] [fidelity]      (no argument: all, in order)
+#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [saved] [pr] [speed] [fidelity]  (no argument: all, in order)
+#   main      the README's main command on the naive SGEMM, and the Triton softmax example (JSON reports in $OUT)
 #   tests     GPU tests (pytest tests -m gpu -n 4)
 #   loop      the loop-speed scenario: benchmarks/loop_gemm.py -n 4 --iterations 1 (naive SGEMM 4096^3)
 #   saved     --kopt-save / --kopt-compare on the tiled SGEMM
@@ -14,14 +15,24 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
 mkdir -p "$OUT"
 T0=$(date +%s)
-sections=${*:-tests loop saved pr speed fidelity}
+sections=${*:-main tests loop saved pr speed fidelity}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-ls .wheels/nvidia_cutlass-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .wheels/nvidia_cutlass-*.whl >>"$OUT/install.log" 2>&1
+# wheels the image lacks (nvidia-cutlass, jsonschema and its dependencies), carried in .wheels/
+ls .wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index .wheels/*.whl >>"$OUT/install.log" 2>&1
 wall() { echo "$1 rc=$2 wall=$(( $(date +%s) - $3 ))s" | tee -a "$OUT/walls.txt"; }
 DIMS=M=4096,N=4096,K=4096
 for s in $sections; do
   t0=$(date +%s)
   case $s in
+    main)
+      timeout 150 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm/gemm.cu --kopt-ref examples/gemm/ref.py \
+        --kopt-dims $DIMS --kopt-json "$OUT/main_gemm.json" > "$OUT/main.log" 2>&1
+      rc=$?; sed -n '/kopt gates/,$p' "$OUT/main.log"
+      timeout 120 python3 -m pytest -p no:randomly --kopt-baseline examples/softmax_triton/softmax.py \
+        --kopt-ref examples/softmax_triton/ref.py --kopt-dims M=4096,N=1024 --kopt-json "$OUT/main_softmax.json" \
+        > "$OUT/main_softmax.log" 2>&1
+      echo "softmax rc=$?"; sed -n '/kopt gates/,$p' "$OUT/main_softmax.log"
+      wall main $rc $t0 ;;
     tests)
       timeout 300 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
       wall tests $? $t0; tail -12 "$OUT/gpu-tests.log" ;;

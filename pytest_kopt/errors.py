@@ -75,6 +75,14 @@ class ContractError(KoptError):
     status = "CONTRACT_ERROR"
 
 
+class TooLargeError(KoptError):
+    """The case's estimated memory does not fit the GPU (or the machine): a configuration problem, smaller dims
+    (exit code 4)."""
+
+    exit_code = EXIT_CONFIG
+    status = "TOO_LARGE"
+
+
 class CompileError(KoptError):
     """nvcc or the Triton compiler rejected the kernel (exit code 2)."""
 
@@ -83,7 +91,7 @@ class CompileError(KoptError):
 
 class IncorrectError(KoptError):
     """The kernel's output is wrong (exit 2). ``status`` names the guard that caught it: INCORRECT_NUMERICAL,
-    INCORRECT_SHAPE, CONSTANT_OUTPUT, NONDETERMINISTIC, INPUT_INDEPENDENT, STALE_OUTPUT, INPUT_MUTATED,
+    INCORRECT_SHAPE, UNWRITTEN, CONSTANT_OUTPUT, NONDETERMINISTIC, INPUT_INDEPENDENT, STALE_OUTPUT, INPUT_MUTATED,
     OUTPUT_REPLACED or NOT_A_TENSOR (see :mod:`pytest_kopt.verdict`)."""
 
     status = "INCORRECT_NUMERICAL"
@@ -102,6 +110,13 @@ class TimingError(KoptError):
     """Timing was unstable (robust CV above SKILL.md's 0.10 limit) or non-positive (exit code 2)."""
 
     status = "UNSTABLE_TIMING"
+
+
+class EmptyKernelError(KoptError):
+    """A kernel function in the build's SASS writes no global memory: its work was compiled out for the target arch
+    (an ``#if __CUDA_ARCH__`` guard it does not meet); exit 2."""
+
+    status = "EMPTY_KERNEL"
 
 
 class HardwareError(KoptError):

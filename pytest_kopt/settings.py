@@ -173,16 +173,25 @@ def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, int | float]
     return dims
 
 
+_DECIMAL_RE = re.compile(r"^[+-]?[0-9](?:_?[0-9])*$")
+_PREFIXED_RE = re.compile(r"^[+-]?0[xXoObB][0-9a-fA-F_]+$")
+
+
 def _number(value: Any, what: str) -> int | float:
+    """An int (decimal, leading zeros allowed: ``08`` is 8; or ``0x``/``0o``/``0b``) or a float, written in ASCII
+    (``int()`` would take other scripts' digits, such as ``٦٤``). Raises ConfigError naming ``what``."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}: {value!r} is not a number", fix="give an integer or a float")
     if isinstance(value, (int, float)):
         return value
     s = str(value).strip()
-    try:
+    if not s.isascii():
+        raise ConfigError(f"{what}: {s!r} is not a number written in ASCII digits",
+                          fix="write it with the digits 0-9, e.g. 64")
+    if _DECIMAL_RE.match(s):
+        return int(s)
+    if _PREFIXED_RE.match(s):
         return int(s, 0)
-    except ValueError:
-        pass
     try:
         return float(s)
     except ValueError:
@@ -239,8 +248,11 @@ def _path(text: str, source: str, base: Path, suffixes: tuple[str, ...]) -> Path
     path = Path(text)
     if not path.is_absolute():
         path = base / path
+    if path.is_dir():
+        raise ConfigError(f"{source}: {text!r} is a folder, not a file", fix="give the kernel or reference file in it")
     if not path.is_file():
-        raise ConfigError(f"{source}: file {text!r} does not exist (looked in {base})", fix="give the path of an existing file")
+        raise ConfigError(f"{source}: file {text!r} does not exist (looked in {base})",
+                          fix="give the path of an existing file")
     if suffixes and path.suffix not in suffixes:
         raise ConfigError(f"{source}: {text!r} must end in {' or '.join(suffixes)}",
                           fix="give a CUDA/CUTLASS .cu file or a Triton .py file" if ".cu" in suffixes else "give a .py file")

@@ -9,8 +9,8 @@ import pytest
 from pytest_kopt.child import HarnessError
 from pytest_kopt.child.inputs import check_spec
 
-SPEC = [{"name": "x", "shape": [8, 64], "dtype": "float32", "role": "input"},
-        {"name": "y", "shape": [8, 64], "dtype": "float32", "role": "output"}]
+SPEC = [{"name": "x", "shape": [8, 64], "stride": [64, 1], "dtype": "float32", "role": "input"},
+        {"name": "y", "shape": [8, 64], "stride": [64, 1], "dtype": "float32", "role": "output"}]
 DIMS = {"M": 8, "N": 64}
 
 
@@ -40,3 +40,11 @@ def test_a_malformed_table_is_the_references_error() -> None:
 
 def test_no_shapes_means_nothing_to_check() -> None:
     check_spec(SimpleNamespace(), SPEC, DIMS, "ref.py")
+
+
+def test_a_layout_the_problem_does_not_give_fails() -> None:
+    """A column-major buffer where the problem is row-major; a layout the reference prescribes is accepted."""
+    col = [{**SPEC[0], "stride": [1, 8]}, SPEC[1]]
+    with pytest.raises(HarnessError, match=r"'x' has strides \[1, 8\], not \[64, 1\], row-major"):
+        check_spec(SimpleNamespace(), col, DIMS, "ref.py")
+    check_spec(_ref(lambda M, N: {"x": ((M, N), "float32", (1, M))}), col, DIMS, "ref.py")

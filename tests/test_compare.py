@@ -175,8 +175,9 @@ def test_describe_failure_text():
     c = compare("y", out, ref, atol=0.1, rtol=0.01)
     text = c.describe(0.1, 0.01)
     assert text == ("output y [2, 3]: 3/6 elements (50%) outside atol=0.1 + rtol=0.01*|ref|; "
-                    "max abs err inf, max rel err 0.25; "
+                    "max abs err inf, max rel err 0.25 over the elements finite on both sides; "
                     "1 NaN/Inf where the reference is finite (unwritten or overflowed); "
+                    "NaN/Inf: output 1/0, reference 0/0; "
                     "first bad indices [0, 1], [1, 1], [1, 2]")
 
 

@@ -359,7 +359,8 @@ TRITON = '''
         p = tl.program_id(0)
 
     def setup(N, seed, device="cuda"):
-        return {"inputs": {}, "outputs": ["o"]}
+        o = None
+        return {"inputs": {"o": o}, "outputs": ["o"]}
 
     def run_kernel(**inputs):
         add_k[(1,)](**inputs, B=1024)
@@ -371,7 +372,8 @@ def test_triton_ok(tmp_path):
     c = check_triton(k, {"N": 4096})
     assert c.uses_triton_jit is True
     assert c.functions["setup"] == (["N", "seed", "device"], False, 8)
-    assert c.functions["run_kernel"] == ([], True, 11)
+    assert c.functions["run_kernel"] == ([], True, 12)
+    assert c.required["setup"] == ["N", "seed"] and c.setup_literal == (["o"], ["o"], 10)
 
 
 @pytest.mark.parametrize("old, new, missing", [

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import venv
 from pathlib import Path
 
@@ -211,7 +210,7 @@ def test_lf_reruns_the_recorded_failures_with_their_seed(pytester: pytest.Pytest
 def test_gate_table_drives_collection() -> None:
     """The table's rows are the items' gates, in order; only serial gates are GPU gates, and only the gates with
     cases have several items."""
-    assert [g.name for g in GATES] == ["hardware", "preflight", "compile", "correctness", "sanitizer", "timing",
+    assert [g.name for g in GATES] == ["hardware", "preflight", "plan", "compile", "correctness", "sanitizer", "timing",
                                        "ncu", "roofline", "sass"]
     assert {g.name for g in GATES if g.cases} == {"correctness", "sanitizer"}
     assert {g.name for g in GATES if not g.per_branch} == {"ncu", "roofline"}

@@ -22,8 +22,8 @@ EXPECTED = {
     "honest_python.py": "PASSED",
     "honest_triton.py": "PASSED",
     "cache_by_content.py": "PASSED",  # right output every call: a timing attack, defeated by fresh timing inputs
-    "partial_output.py": "INCORRECT_NUMERICAL",
-    "first_block_triton.py": "INCORRECT_NUMERICAL",
+    "partial_output.py": "UNWRITTEN",
+    "first_block_triton.py": "UNWRITTEN",
     "passthrough.py": "INCORRECT_NUMERICAL",
     "fp16_compute.py": "INCORRECT_NUMERICAL",
     "zero_input.py": "INPUT_MUTATED",
@@ -46,9 +46,12 @@ needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("t
 
 
 def _statuses(doc: dict) -> dict[str, set[str]]:
+    """Each kernel's verdicts from its correctness items, or from its plan item when the plan refused it (a setup()
+    that shrinks the problem is caught there, before anything runs)."""
     by_kernel: dict[str, set[str]] = {}
     for item in doc["items"]:
-        if item["gate"] == "correctness":
+        if item["gate"] == "correctness" and item["blocked_by"] != "plan" or item["gate"] == "plan" \
+                and item["outcome"] == "failed":
             by_kernel.setdefault(item["nodeid"].split("::")[0].split("/")[-1], set()).add(item["status"])
     return by_kernel
 
@@ -72,7 +75,9 @@ def test_redteam_corpus_cpu(pytester: pytest.Pytester) -> None:
         if not got.get(name) or not got[name] <= allowed:
             wrong[name] = (sorted(got.get(name, [])), sorted(allowed))
     assert not wrong, f"{wrong}\n{result.stdout.str()[-3000:]}"
-    assert result.ret == 2  # kernel validation failures (the earliest failing gate's code), and nothing else
+    # the earliest failing gate's code: shrink_problem's setup() breaks the contract at plan (4); the rest are kernel
+    # validation failures (2)
+    assert result.ret == 4
     caught = sum(1 for n, w in EXPECTED.items() if w != "PASSED")
     assert caught == 13
 

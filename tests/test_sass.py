@@ -172,9 +172,10 @@ def test_dump_sass_missing_file_raises(tmp_path):
 
 
 @needs_cuobjdump
-def test_dump_sass_no_artifacts_is_a_tool_error():
-    with pytest.raises(HardwareError, match="printed no SASS function"):
-        dump_sass(CUOBJDUMP, [])
+def test_dump_sass_of_nothing_is_no_function():
+    """No kernel function in the artifacts is an empty list: the sass gate decides (NOT_APPLICABLE for a solve()
+    without kernels of its own, a tool error for a Triton build)."""
+    assert dump_sass(CUOBJDUMP, []) == []
 
 
 def test_dump_sass_tool_path_that_cannot_run_raises(tmp_path):

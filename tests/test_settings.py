@@ -258,7 +258,7 @@ def test_build_settings_directory_is_not_a_file(tmp_path):
     _files(tmp_path)
     (tmp_path / "d.cu").mkdir()
     err = _config_error("--kopt-baseline", build_settings, _getter(baseline="d.cu", ref="ref.py"), tmp_path)
-    assert "does not exist" in err.message
+    assert "is a folder, not a file" in err.message
 
 
 def test_build_settings_wrong_baseline_suffix(tmp_path):

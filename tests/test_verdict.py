@@ -7,6 +7,7 @@ import pytest
 
 from pytest_kopt.gates.verdict import Verdict, judge, tolerance_scale
 
+NO_NONFINITE = {"nan_out": 0, "inf_out": 0, "nan_ref": 0, "inf_ref": 0}
 TOLS = {"y": (1e-3, 1e-3)}
 REF = np.array([1.0, 2.0, 4.0, 8.0], dtype=np.float32)
 REF_B = np.array([3.0, 5.0, 6.0, 7.0], dtype=np.float32)
@@ -30,7 +31,7 @@ def test_honest_candidate_passes():
     assert v.status == "PASSED"
     assert v.ok
     assert (v.message, v.details, v.warnings) == ("", (), ())
-    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, **NO_NONFINITE}
 
 
 def test_passes_within_tolerance():
@@ -89,7 +90,7 @@ def test_one_element_off():
     v = judge(["y"], with_(honest(), cand1__y=c1), TOLS)
     assert v.status == "INCORRECT_NUMERICAL"
     assert v.message == "output differs from the reference"
-    assert v.figures == {"max_abs_err": 0.5, "max_rel_err": 0.125, "mismatched": 1}
+    assert v.figures == {"max_abs_err": 0.5, "max_rel_err": 0.125, "mismatched": 1, **NO_NONFINITE}
     assert len(v.details) == 1 and "1/4 elements" in v.details[0]
 
 
@@ -110,6 +111,33 @@ def test_inf_element():
 
 # -- NONDETERMINISTIC ----------------------------------------------------------------------------------------------
 
+def test_unwritten_elements_are_caught_where_the_reference_is_nan():
+    """The NaN policy: NaN where the reference is NaN, and only there. An element left unwritten keeps the poison of
+    each call (NaN, then the second poison), so it is caught even where the reference is NaN; a written NaN there
+    passes, and the pass record counts it."""
+    ref = REF.copy()
+    ref[2] = np.nan
+    hole = REF.copy()
+    hole[2] = np.nan
+    poisoned = hole.copy()
+    poisoned[2] = -1.7014117331926443e38
+    arrays = {**honest(), "ref__y": ref, "refB__y": honest()["refB__y"], "cand1__y": hole, "cand2__y": poisoned}
+    v = judge(["y"], arrays, TOLS, second_poison={"y": -1.7014117331926443e38})
+    assert v.status == "UNWRITTEN" and "1 element(s) left unwritten" in v.message
+    assert v.details == ("output y: unwritten at [2] (the reference is NaN there too)",)
+    written = judge(["y"], {**arrays, "cand2__y": hole.copy()}, TOLS, second_poison={"y": -1.7014117331926443e38})
+    assert written.ok and (written.figures["nan_out"], written.figures["nan_ref"]) == (1, 1)
+
+
+def test_finite_where_the_reference_is_nan_says_so():
+    """A finite output where the reference is NaN fails, and says so (not "max abs err 0" alone)."""
+    ref = REF.copy()
+    ref[1] = np.nan
+    v = judge(["y"], {**honest(), "ref__y": ref}, TOLS)
+    assert v.status == "INCORRECT_NUMERICAL"
+    assert "1 finite where the reference is NaN/Inf" in v.details[0] and "reference 1/0" in v.details[0]
+
+
 def test_nondeterministic_second_call():
     c2 = REF.copy()
     c2[3] = 9.0
@@ -117,7 +145,7 @@ def test_nondeterministic_second_call():
     assert v.status == "NONDETERMINISTIC"
     assert v.details[0].startswith("second call: ")
     # figures are the first call's: it was exact
-    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, **NO_NONFINITE}
 
 
 # -- set B: STALE_OUTPUT, INPUT_INDEPENDENT, INCORRECT_NUMERICAL ---------------------------------------------------
@@ -207,14 +235,14 @@ def test_figures_worst_over_outputs():
     arrays["cand1__x"] = np.array([1.0, 2.5, 4.0, 7.0], dtype=np.float32)
     arrays["cand1__y"] = np.array([1.0, 2.0, 6.0, 8.0], dtype=np.float32)
     v = judge(["x", "y"], arrays, {"x": (1e-3, 1e-3), "y": (1e-3, 1e-3)})
-    assert v.figures == {"max_abs_err": 2.0, "max_rel_err": 0.5, "mismatched": 3}
+    assert v.figures == {"max_abs_err": 2.0, "max_rel_err": 0.5, "mismatched": 3, **NO_NONFINITE}
 
 
 def test_figures_exact_for_one_output():
     arrays = honest()
     arrays["cand1__y"] = np.array([1.0, 2.5, 4.0, 7.0], dtype=np.float32)
     v = judge(["y"], arrays, TOLS)
-    assert v.figures == {"max_abs_err": 1.0, "max_rel_err": 0.25, "mismatched": 2}
+    assert v.figures == {"max_abs_err": 1.0, "max_rel_err": 0.25, "mismatched": 2, **NO_NONFINITE}
 
 
 # -- tolerance warnings --------------------------------------------------------------------------------------------

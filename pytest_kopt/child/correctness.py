@@ -34,7 +34,8 @@ def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, An
 
 
 def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
-    """Correctness, candidate side. Inputs set A: call 1 and call 2 (fresh poisoned outputs each); set B (new values
+    """Correctness, candidate side. Inputs set A: call 1 and call 2 (outputs poisoned with NaN, then with
+    :data:`~pytest_kopt.child.inputs.SECOND_POISON`, so an element left unwritten shows); set B (new values
     written into the same input buffers, so a result cached by pointer shows): call 3; set B again in new buffers:
     call 4. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and the spec for the reference
     process (``calls: 1``: the first call only)."""
@@ -54,7 +55,7 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     for name in inp.outputs:
         arrays[f"cand1__{name}"] = to_numpy(torch, inp.tensors[name])
     if req.get("calls", 3) >= 2:
-        inp.poison_outputs()
+        inp.poison_outputs(second=True)
         cand.run()
         for name in inp.outputs:
             arrays[f"cand2__{name}"] = to_numpy(torch, inp.tensors[name])
@@ -147,6 +148,39 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     npz_sha = save_npz(req["out"] + ".npz", arrays)
     tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in inp.outputs}
     return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": tol}
+
+
+def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
+    """The reference on set A with every floating-point buffer in float64 (the values of set A, upcast): what the
+    reference computes when rounding is out of the picture, to tell whether the reference itself meets its
+    tolerance. Saves ``hi__`` arrays. Raises HarnessError('contract') when the reference does not run in float64."""
+    import numpy as np
+    import torch
+
+    ref = load_module(req["ref"], "kopt_reference")
+    device, dims = req["device"], req["dims"]
+    given = {}
+    if req.get("setup_npz"):
+        with np.load(req["setup_npz"]) as data:
+            given = {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device)
+                     for k in data.files if k.startswith("setup__")}
+    native = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    native.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    wide = [{**b, "dtype": "float64" if getattr(torch, b["dtype"]).is_floating_point else b["dtype"],
+             "stride": list(b["stride"])} for b in req["spec"]]
+    hi = Inputs(torch, wide, native.scalars, device)
+    for b in req["spec"]:
+        hi.tensors[b["name"]].copy_(native.tensors[b["name"]])
+    hi.poison_outputs()
+    try:
+        ref.reference(**hi.kwargs())
+    except Exception as exc:
+        raise HarnessError("contract", f"{req['ref']}: reference() does not run in float64 "
+                           f"({type(exc).__name__}: {exc})") from exc
+    if device == "cuda":
+        torch.cuda.synchronize()
+    npz_sha = save_npz(req["out"] + ".npz", {f"hi__{n}": to_numpy(torch, hi.tensors[n]) for n in hi.outputs})
+    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha}
 
 
 def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:

@@ -7,12 +7,20 @@ from typing import Any
 from . import HarnessError
 
 INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
+#: The poison of a float output before the second call on the same inputs: half the dtype's most negative finite
+#: value (exact in it). With NaN before the first call, an element left unwritten differs from both, even where
+#: the reference is NaN itself (the verdict's UNWRITTEN guard).
+SECOND_POISON = {"float64": -8.988465674311579e307, "float32": -1.7014117331926443e38,
+                 "bfloat16": -1.6947656946257678e38, "float16": -32752.0, "float8_e4m3fn": -224.0,
+                 "float8_e5m2": -28672.0}
 
 
-def poison(torch: Any, t: Any) -> None:
-    """Fill ``t`` with the poison value: NaN for floats, True for bools, :data:`INT_POISON` (or the type's maximum,
-    unsigned) for integers."""
-    if t.dtype.is_floating_point or t.dtype.is_complex:
+def poison(torch: Any, t: Any, second: bool = False) -> None:
+    """Fill ``t`` with the poison value: NaN for floats (:data:`SECOND_POISON` with ``second``), True for bools,
+    :data:`INT_POISON` (or the type's maximum, unsigned) for integers."""
+    if t.dtype.is_floating_point and second and str(t.dtype).replace("torch.", "") in SECOND_POISON:
+        t.fill_(SECOND_POISON[str(t.dtype).replace("torch.", "")])
+    elif t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
     elif t.dtype == torch.bool:
         t.fill_(True)
@@ -20,27 +28,46 @@ def poison(torch: Any, t: Any) -> None:
         t.fill_(INT_POISON if torch.iinfo(t.dtype).min < 0 else torch.iinfo(t.dtype).max)
 
 
-def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, tuple[list[int], str | None]]:
-    """The reference's ``shapes(**dims)``: buffer name -> (shape, dtype or None). An entry is ``(shape, dtype)``
-    or a bare shape (a tuple of ints, or one int); dtypes are torch names without ``torch.`` (``float32``). {} when
-    the reference defines no ``shapes``. Raises HarnessError('contract') when it raises or an entry is malformed."""
+def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, tuple[list[int], str | None,
+                                                                                      list[int] | None]]:
+    """The reference's ``shapes(**dims)``: buffer name -> (shape, dtype or None, strides or None). An entry is
+    ``(shape, dtype)``, ``(shape, dtype, strides)`` (a layout the problem prescribes, in elements) or a bare shape (a
+    tuple of ints, or one int); dtypes are torch names without ``torch.`` (``float32``). {} when the reference
+    defines no ``shapes``. Raises HarnessError('contract') when it raises or an entry is malformed."""
     if not callable(getattr(ref, "shapes", None)):
         return {}
     try:
         given = dict(ref.shapes(**dims))
     except Exception as exc:
         raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
-    out: dict[str, tuple[list[int], str | None]] = {}
+    out: dict[str, tuple[list[int], str | None, list[int] | None]] = {}
     for name, entry in given.items():
-        pair = isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], (tuple, list))
-        shape, dtype = (entry[0], entry[1]) if pair else (entry, None)
+        parts = isinstance(entry, (tuple, list)) and len(entry) in (2, 3) and isinstance(entry[0], (tuple, list))
+        shape, dtype, stride = (entry[0], entry[1], entry[2] if len(entry) == 3 else None) if parts \
+            else (entry, None, None)
         try:
             dims_list = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
+            strides = None if stride is None else [int(d) for d in stride]
         except (TypeError, ValueError):
-            raise HarnessError("contract", f"{ref_path}: shapes()[{name!r}] = {entry!r} is not a shape or "
-                               "(shape, dtype)") from None
-        out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""))
+            raise HarnessError("contract", f"{ref_path}: shapes()[{name!r}] = {entry!r} is not a shape, (shape, dtype) "
+                               "or (shape, dtype, strides)") from None
+        if strides is not None and len(strides) != len(dims_list):
+            raise HarnessError("contract", f"{ref_path}: shapes()[{name!r}] gives {len(strides)} strides for "
+                               f"{len(dims_list)} dims")
+        out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""), strides)
     return out
+
+
+def overlapping(shape: list[int], stride: list[int]) -> bool:
+    """True when two elements of a strided layout share memory (a stride of 0 on a dim of more than one element, as
+    ``expand()`` makes, or strides too small for the dims inside them)."""
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n > 1)
+    need = 1
+    for st, n in dims:
+        if st < need:
+            return True
+        need = st * n
+    return False
 
 
 def contiguous_stride(shape: list[int]) -> list[int]:
@@ -116,10 +143,10 @@ class Inputs:
             else:
                 fill_drawn(torch, t, plan, gen)
 
-    def poison_outputs(self) -> None:
-        """NaN (or a sentinel) into every output before a call."""
+    def poison_outputs(self, second: bool = False) -> None:
+        """NaN (or a sentinel; ``second``: the second poison) into every output before a call."""
         for name in self.outputs:
-            poison(self.torch, self.tensors[name])
+            poison(self.torch, self.tensors[name], second)
 
     def kwargs(self) -> dict[str, Any]:
         """Arguments by name: tensors and scalars."""
@@ -142,18 +169,23 @@ def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims
     for p in params:
         if p["role"] == "scalar":
             continue
+        stride = None
         if p["name"] in made:
             shape, source = list(made[p["name"]].shape), "make_inputs"
+        elif p["name"] in declared:
+            shape, _, stride = declared[p["name"]]
+            source = "drawn"
         else:
-            shape, source = list(declared[p["name"]][0]) if p["name"] in declared else [flat], "drawn"
-        spec.append({"name": p["name"], "role": p["role"], "shape": shape, "stride": contiguous_stride(shape),
-                     "dtype": p["dtype"], "source": source})
+            shape, source = [flat], "drawn"
+        spec.append({"name": p["name"], "role": p["role"], "shape": list(shape),
+                     "stride": list(stride) if stride else contiguous_stride(list(shape)), "dtype": p["dtype"],
+                     "source": source})
     return spec
 
 
-def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, Any],
-                                                                      dict[str, Any]]:
-    """Spec, scalars and kept integer tensors from a Triton/Python ``setup()`` result."""
+def spec_from_setup(torch: Any, setup_result: Any, path: str, keep: bool = True
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Spec, scalars and (``keep``) host copies of the integer tensors from a Triton/Python ``setup()`` result."""
     if not isinstance(setup_result, dict) or "inputs" not in setup_result or "outputs" not in setup_result:
         raise HarnessError("contract", f"{path}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
     inputs = dict(setup_result["inputs"])
@@ -170,7 +202,7 @@ def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict
             source = "drawn" if (role == "output" or v.dtype.is_floating_point) else "setup"
             spec.append({"name": name, "role": role, "shape": list(v.shape), "stride": list(v.stride()),
                          "dtype": str(v.dtype).replace("torch.", ""), "source": source})
-            if source == "setup":
+            if source == "setup" and keep:
                 kept[name] = v.detach().cpu().contiguous()
         else:
             scalars[name] = v
@@ -178,15 +210,39 @@ def spec_from_setup(torch: Any, setup_result: Any, path: str) -> tuple[list[dict
 
 
 def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_path: str) -> None:
-    """In the reference's process: every buffer the reference's ``shapes(**dims)`` names must have that shape and
-    dtype in the candidate's spec, so a Triton/Python ``setup()`` cannot shrink the problem it is judged (and
-    timed) on. No ``shapes()``: nothing to check against. Raises HarnessError('contract')."""
+    """In the reference's process: every buffer the reference's ``shapes(**dims)`` names must have that shape, dtype
+    and (when it prescribes one) layout in the candidate's spec, so a Triton/Python ``setup()`` cannot shrink the
+    problem it is judged (and timed) on, or pick an easier layout. A buffer that ``shapes()`` gives no strides for
+    must be row-major (contiguous). No ``shapes()``: only the layouts are checked. Raises HarnessError('contract')."""
     declared = declared_shapes(ref, dims, ref_path)
     for s in spec:
-        if s["name"] not in declared:
-            continue
-        shape, dtype = declared[s["name"]]
-        if list(s["shape"]) != shape or (dtype is not None and dtype != s["dtype"]):
+        shape, dtype, stride = declared.get(s["name"], (None, None, None))
+        if shape is not None and (list(s["shape"]) != shape or (dtype is not None and dtype != s["dtype"])):
             raise HarnessError("contract", f"the candidate's buffer {s['name']!r} is {s['dtype']}{list(s['shape'])} "
                                f"but {ref_path}'s shapes() says {dtype or s['dtype']}{shape} for these dims: "
                                "setup() must build the problem the dims describe")
+        want = stride if stride is not None else contiguous_stride(list(s["shape"]))
+        if [st for st, n in zip(s["stride"], s["shape"]) if n > 1] != [st for st, n in zip(want, s["shape"]) if n > 1]:
+            what = "the layout shapes() gives" if stride is not None else "row-major (contiguous)"
+            raise HarnessError("contract", f"the candidate's buffer {s['name']!r} has strides {list(s['stride'])}, "
+                               f"not {want}, {what}: a kernel judged on another layout solves another problem",
+                               fix=f"allocate {s['name']} {'with that layout' if stride is not None else 'contiguous'} "
+                                   "in setup(), or give its layout as (shape, dtype, strides) in ref.shapes()")
+
+
+def check_layout(spec: list[dict[str, Any]], path: str) -> None:
+    """Every buffer of a spec must own its elements: no overlap (an ``expand()``ed or stride-0 buffer) and at least
+    one element. Raises HarnessError('contract') naming the buffer."""
+    for s in spec:
+        if overlapping(list(s["shape"]), list(s["stride"])):
+            raise HarnessError("contract", f"{path}: buffer {s['name']!r} (shape {list(s['shape'])}, strides "
+                               f"{list(s['stride'])}) has elements that share memory (an expand() or a stride of 0)",
+                               fix=f"allocate {s['name']} with torch.empty(shape) (or .contiguous()), not a view "
+                                   "that repeats elements")
+        n = 1
+        for d in s["shape"]:
+            n *= int(d)
+        if n == 0:
+            raise HarnessError("contract", f"{path}: buffer {s['name']!r} has no elements (shape {list(s['shape'])}), "
+                               "so nothing can be computed or compared",
+                               fix="give dims that make every buffer non-empty (a zero dim?)")

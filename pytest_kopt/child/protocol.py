@@ -15,15 +15,17 @@ from typing import Any, Callable
 
 from ..proc.tree import kill_tree
 from . import HarnessError
-from .correctness import mode_candidate, mode_check_outputs, mode_reference
+from .correctness import mode_candidate, mode_check_outputs, mode_reference, mode_reference_fp64
+from .plan import mode_plan_candidate, mode_plan_reference
 from .profile import mode_profile
 from .timing import mode_peaks, mode_time_reference, mode_timing
 from .triton_aot import mode_triton_build
 
 MODES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "candidate": mode_candidate, "reference": mode_reference, "check_outputs": mode_check_outputs,
+    "candidate": mode_candidate, "reference": mode_reference, "reference_fp64": mode_reference_fp64,
+    "check_outputs": mode_check_outputs,
     "timing": mode_timing, "time_reference": mode_time_reference, "peaks": mode_peaks, "profile": mode_profile,
-    "triton_build": mode_triton_build}
+    "triton_build": mode_triton_build, "plan_candidate": mode_plan_candidate, "plan_reference": mode_plan_reference}
 
 
 def _jsonable(x: Any) -> Any:

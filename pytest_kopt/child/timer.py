@@ -57,6 +57,17 @@ class Clocks:
         return {"sm_mhz": sm, "temp_c": temp, "reasons": int(reasons),
                 "throttled": bool(reasons & self.SLOWDOWN) or sm < 0.75 * self.max_sm}
 
+    def other_processes(self) -> list[dict[str, Any]] | None:
+        """The other processes that hold a context on this GPU (``pid``, ``used_bytes``), None without NVML."""
+        if self.nvml is None:
+            return None
+        try:
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        return [{"pid": int(p.pid), "used_bytes": int(getattr(p, "usedGpuMemory", 0) or 0)} for p in procs
+                if int(p.pid) != os.getpid()]
+
 
 _LIBCUDA: list[Any] = []
 
@@ -145,7 +156,8 @@ class Timer:
         self.host_launch_us = 1e6 * sorted(tail)[int(0.9 * (len(tail) - 1))]
         self.host_launch_ms = statistics.median(tail) * 1e3
         self.clock_khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
-        self.hold_us = 2 * self.host_launch_us + 20
+        # a re-measurement may ask for a longer hold (a launch whose host time varies: host work inside solve())
+        self.hold_us = max(2 * self.host_launch_us + 20, float(t.get("hold_us") or 0))
         # host-clock overhead of an (almost) empty launch + sync, to judge the host-vs-event gap against
         tiny = torch.empty(1, device="cuda")
         over = []
@@ -157,6 +169,8 @@ class Timer:
         self.host_overhead_ms = statistics.median(over)
         self.start, self.stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.event_ms: list[float] = []
+        #: host time (µs) of each timed launch call: longer than the hold, the GPU idles inside the window
+        self.launch_host_us: list[float] = []
         self.throttled: list[bool] = []
         self.readings: list[dict[str, Any]] = []
         self.elapsed_s = 0.0
@@ -227,6 +241,7 @@ class Timer:
             host_ms.append((time.perf_counter() - h0) * 1e3)
         return {"event_ms": self.event_ms, "host_ms": host_ms, "host_overhead_ms": self.host_overhead_ms,
                 "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
+                "launch_host_us": self.launch_host_us or None, "gpu_processes": self.clocks.other_processes(),
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
                 "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
                 "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method}
@@ -249,7 +264,9 @@ class EventsTimer(Timer):
         self.flush()
         self.hold(self.hold_us)
         self.start.record()
+        h = time.perf_counter()
         self.launch(s)
+        self.launch_host_us.append((time.perf_counter() - h) * 1e6)
         self.stop.record()
         torch.cuda.synchronize()
         return self.start.elapsed_time(self.stop)

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from filelock import FileLock
 from ..artifacts import read_dict, write_json
 from ..errors import Blocked, CompileError, ConfigError, ContractError, HardwareError, KoptError, NotApplicable
 from .context import Context, Outcome
-from .contract import is_cutlass, local_headers
+from .contract import local_headers, uses_cutlass
 from .inputs import draw_plan
 from .preflight import preflight
 from .trust import digest, local_sources
@@ -56,15 +57,27 @@ class BuildResult:
     command: list[str]
     log: str
     cubins: tuple[str, ...] = ()
+    #: CUTLASS/CuTe include folders the build used (empty for a kernel without CUTLASS)
+    include_dirs: tuple[str, ...] = ()
+
+    @property
+    def warnings(self) -> list[str]:
+        """The compiler's warning lines (``k.cu:12: warning #177-D: ...``), in order."""
+        return [ln.strip() for ln in self.log.splitlines() if re.search(r":\d+: warning\b", ln)]
+
+
+class KoptCutlassWarning(UserWarning):
+    """``CUTLASS_PATH`` is set but holds no CUTLASS headers; the build used the ones it found elsewhere."""
 
 
 def cutlass_include_dirs() -> tuple[Path, ...]:
     """CUTLASS/CuTe include folders: ``$CUTLASS_PATH/include`` (+ ``tools/util/include``), else those shipped in
-    the ``nvidia-cutlass`` wheel. Raises ConfigError when neither exists."""
-    roots = []
-    if os.environ.get("CUTLASS_PATH"):
-        roots.append(Path(os.environ["CUTLASS_PATH"]))
+    the ``nvidia-cutlass`` wheel. A ``CUTLASS_PATH`` that holds no ``include/cutlass/cutlass.h`` gives a
+    KoptCutlassWarning naming it and the folder used instead. Raises ConfigError when no headers are found."""
     import importlib.util
+
+    explicit = os.environ.get("CUTLASS_PATH")
+    roots = [Path(explicit)] if explicit else []
     for mod in ("cutlass_library", "cutlass"):
         spec = importlib.util.find_spec(mod)
         if spec and spec.origin:
@@ -75,8 +88,12 @@ def cutlass_include_dirs() -> tuple[Path, ...]:
             dirs = [root / "include"]
             if (root / "tools" / "util" / "include").is_dir():
                 dirs.append(root / "tools" / "util" / "include")
+            if explicit and root != Path(explicit):
+                warnings.warn(KoptCutlassWarning(f"CUTLASS_PATH={explicit} holds no include/cutlass/cutlass.h; "
+                                                 f"using the CUTLASS headers in {dirs[0]}"), stacklevel=2)
             return tuple(dirs)
-    raise ConfigError("CUTLASS headers not found", gate="compile",
+    where = f"CUTLASS_PATH={explicit} holds no include/cutlass/cutlass.h and " if explicit else ""
+    raise ConfigError(f"CUTLASS headers not found: {where}no nvidia-cutlass package is installed", gate="compile",
                       fix="pip install nvidia-cutlass, or set CUTLASS_PATH to a CUTLASS checkout")
 
 
@@ -135,7 +152,8 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
     with FileLock(str(folder / ".lock")):
         m = read_dict(manifest)
         if lib.is_file() and m is not None and "command" in m:  # a torn or foreign manifest: built again
-            return BuildResult(str(lib), key, True, 0.0, m["command"], m.get("log", ""))
+            return BuildResult(str(lib), key, True, 0.0, m["command"], m.get("log", ""),
+                               include_dirs=tuple(map(str, include_dirs)))
         shim = folder / "kopt_shim.cu"
         shim.write_text(SHIM)
         tmp = folder / "kernel.so.tmp"
@@ -166,13 +184,33 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
         os.replace(tmp, lib)
         write_json(manifest, {"command": cmd, "log": log, "seconds": seconds, "parts": parts,
                               "headers": [str(h) for h in headers]})
-        return BuildResult(str(lib), key, False, seconds, cmd, log)
+        return BuildResult(str(lib), key, False, seconds, cmd, log, include_dirs=tuple(map(str, include_dirs)))
 
 
 def _first_error_line(log: str, display: str) -> int | None:
     # only the source's own errors: a header's line number is not a line of ``display``
     m = re.search(rf"^{re.escape(display)}:(\d+): error", log, re.M)
     return int(m.group(1)) if m else None
+
+
+def triton_key(source: Path, arch: str, dims: dict[str, Any], device: str,
+               triton_version: str | None) -> tuple[str, dict[str, Any]]:
+    """(build key, the parts it covers) of a Triton kernel file: the file and its ``.py`` neighbours (a
+    ``@triton.jit`` helper may live beside it), which of them is built (else a.py and b.py of one folder would share
+    a key, and b.py get a.py's cubins), triton's version, the arch, the dims, the device and Python's version."""
+    parts = {"schema": BUILD_SCHEMA, "triton": triton_version, "arch": arch, "dims": dims, "device": device,
+             "python": sys.version_info[:2], "kernel": source.name}
+    return _key(parts, sorted({source, *source.parent.glob("*.py")})), parts
+
+
+def triton_cache_dir(ctx: Context) -> Path:
+    """``TRITON_CACHE_DIR`` of ``ctx``'s kernel: its Triton build's folder for a Triton file (known before it is
+    built, so the compile, plan and correctness requests share one warm process), the session's for Python."""
+    if ctx.kind != "triton":
+        return ctx.cache_dir / "triton"
+    key, _ = triton_key(ctx.kernel, ctx.arch, ctx.settings.dims, "cuda" if ctx.gpu else "cpu",
+                        ctx.env.get("packages", {}).get("triton"))
+    return ctx.cache_dir / "builds" / key / "triton"
 
 
 def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch: str, cache_root: Path,
@@ -184,12 +222,7 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     launch is captured and compiled ahead of time for ``arch``. Raises CompileError on a compiler error.
     """
     display = display or str(source)
-    # which file is built is part of the key: its neighbours' bytes are in it too, so a.py and b.py of one folder
-    # would otherwise share a key (and b.py get a.py's cubins)
-    parts = {"schema": BUILD_SCHEMA, "triton": triton_version, "arch": arch, "dims": dims, "device": device,
-             "python": sys.version_info[:2], "kernel": source.name}
-    # the kernel file and its neighbours: a @triton.jit helper may live in a module beside it
-    key = _key(parts, sorted({source, *source.parent.glob("*.py")}))
+    key, parts = triton_key(source, arch, dims, device, triton_version)
     folder = cache_root / key
     folder.mkdir(parents=True, exist_ok=True)
     cache_dir = folder / "triton"
@@ -263,20 +296,37 @@ def _build(ctx: Context, root: Path) -> BuildResult:
     if ctx.kind == "python":
         return BuildResult(str(ctx.kernel), digest(ctx.kernel.read_bytes()), True, 0.0, [], "")
     if ctx.kind == "cuda":
-        source = ctx.kernel.read_text(errors="replace")
         nvcc = ctx.tool("nvcc")
         return build_cuda(ctx.kernel, ctx.arch, root, nvcc, (ctx.env["tools"].get("nvcc") or {}).get("version"),
-                          is_cutlass(source), timeout_s=max(600.0, ctx.settings.gate_timeout_s), display=ctx.display)
+                          uses_cutlass(ctx.kernel), timeout_s=max(600.0, ctx.settings.gate_timeout_s),
+                          display=ctx.display)
     device = "cuda" if ctx.gpu else "cpu"
 
     def run_child(req: dict[str, Any]) -> dict[str, Any]:
-        req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
-        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more
+        req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "env": compile_env(ctx)}
+        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more. In the candidate's warm
+        # process (the same environment as its correctness requests), which goes on to serve them
         return ctx.pool.run(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
-                            workdir=ctx.work)
+                            workdir=ctx.work, server=ctx.server("candidate"))
 
     return build_triton(ctx.kernel, ctx.ref, ctx.settings.dims, ctx.settings.seeds[0], ctx.arch, root, device,
                         ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display)
+
+
+def compile_env(ctx: Context) -> dict[str, str]:
+    """The environment of a Triton/Python candidate's build and plan requests: its ``TRITON_CACHE_DIR`` ({} for a
+    ``.cu``). On a GPU it is also that of its correctness and timing requests, so one warm process serves them all;
+    on the CPU those add ``TRITON_INTERPRET=1`` (:func:`candidate_env`), which the build must not have."""
+    return {} if ctx.kind == "cuda" else {"TRITON_CACHE_DIR": str(triton_cache_dir(ctx))}
+
+
+def candidate_env(ctx: Context, device: str) -> dict[str, str]:
+    """The environment of a candidate's correctness, timing and profile requests on ``device``: :func:`compile_env`,
+    plus ``TRITON_INTERPRET=1`` for a Triton/Python candidate on the CPU."""
+    env = compile_env(ctx)
+    if ctx.kind != "cuda" and device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    return env
 
 
 def gate_compile(ctx: Context, case: Any = None) -> Outcome:
@@ -289,7 +339,14 @@ def gate_compile(ctx: Context, case: Any = None) -> Outcome:
             raise Blocked("preflight", exc.message) from None
         raise NotApplicable("pure-Python candidate (no @triton.jit kernel): nothing to compile")
     res = ensure_built(ctx)
-    figures = {"arch": ctx.arch, "cache_hit": res.cache_hit, "compile_s": round(res.seconds, 3), "build_key": res.key}
+    figures: dict[str, Any] = {"arch": ctx.arch, "cache_hit": res.cache_hit, "compile_s": round(res.seconds, 3),
+                               "build_key": res.key, "compiler_warnings": len(res.warnings)}
     where = res.artifact if not res.cubins else f"{len(res.cubins)} cubin(s) in {res.artifact}"
-    return Outcome(figures, f"{'cache hit' if res.cache_hit else f'built in {res.seconds:.1f} s'}: {where}",
-                   (res.artifact,))
+    line = f"{'cache hit' if res.cache_hit else f'built in {res.seconds:.1f} s'}: {where}"
+    if res.include_dirs:
+        figures["cutlass_include"] = res.include_dirs[0]
+        line += f"; CUTLASS headers from {res.include_dirs[0]}"
+    if res.warnings:
+        figures["first_warning"] = res.warnings[0][:300]
+        line += f"; {len(res.warnings)} compiler warning(s), the first: {res.warnings[0][:200]}"
+    return Outcome(figures, line, (res.artifact,))

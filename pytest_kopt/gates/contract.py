@@ -52,7 +52,7 @@ class Param:
         return "input" if self.is_const else "output"
 
 
-def _strip_comments(source: str, keep_strings: bool = False) -> str:
+def strip_comments(source: str, keep_strings: bool = False) -> str:
     """Blank out // and /* */ comments and string literals other than "C" (all strings are kept with
     ``keep_strings``), keeping offsets and newlines."""
     def blank(m: re.Match[str]) -> str:
@@ -67,32 +67,102 @@ def _line_of(source: str, offset: int) -> int:
     return source.count("\n", 0, offset) + 1
 
 
-def _blank_disabled(text: str) -> str:
-    """Blank out ``#if 0`` regions (up to the matching ``#else``/``#elif``/``#endif``), keeping offsets, so a
-    disabled ``solve`` is never taken for the real one."""
+#: Macros nvcc defines in the host pass that compiles ``solve`` (kopt passes no ``-D``); ``__CUDA_ARCH__`` and
+#: ``__CUDA_ARCH_FEAT_*`` are defined in the device passes only, so host code sees them undefined.
+_HOST_MACROS = {"__CUDACC__": "1", "__NVCC__": "1", "__cplusplus": "201703"}
+_DEFINE_RE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)(?!\()(?:\s+(.*?))?\s*$", re.M)
+
+
+def _eval_condition(expr: str, macros: dict[str, str]) -> bool | None:
+    """The value of a preprocessor condition (``defined(X)``, ``!``, ``&&``, ``||``, comparisons, integer
+    macros), an undefined macro counting as 0 as the C preprocessor does; None when it uses anything else."""
+    expr = re.sub(r"defined\s*\(\s*(\w+)\s*\)|defined\s+(\w+)",
+                  lambda m: "1" if (m.group(1) or m.group(2)) in macros else "0", expr)
+
+    def value(m: re.Match[str]) -> str:
+        v = macros.get(m.group(0), "0").strip() or "1"
+        return v if re.fullmatch(r"-?\d+[uUlL]*", v) else "?"
+
+    expr = re.sub(r"\b[A-Za-z_]\w*\b", value, expr)
+    expr = re.sub(r"(\d+)[uUlL]+", r"\1", expr)
+    py = expr.replace("&&", " and ").replace("||", " or ")
+    py = re.sub(r"!(?!=)", " not ", py)
+    try:
+        tree = ast.parse(py.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.Compare,
+               ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Constant, ast.BinOp, ast.Add, ast.Sub,
+               ast.Mult)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    try:
+        return bool(eval(compile(tree, "<cpp-condition>", "eval"), {"__builtins__": {}}))
+    except Exception:  # noqa: BLE001  (a division by zero and the like: unknown)
+        return None
+
+
+def _blank_disabled(text: str, macros: dict[str, str] | None = None) -> str:
+    """Blank out the regions of ``#if``/``#ifdef``/``#ifndef``/``#elif``/``#else`` that the host pass of nvcc does
+    not compile, keeping offsets, so a disabled ``solve`` is never taken for the real one. Conditions are judged
+    with the macros ``#define``d earlier in the text (plus ``macros``, e.g. from its local headers) and the host
+    pass's own (:data:`_HOST_MACROS`); a condition that cannot be judged keeps its branch (and its ``#else``)."""
+    known = {**_HOST_MACROS, **(macros or {})}
     out = list(text)
-    lines = text.split("\n")
-    pos, depth, dead_at = 0, 0, None
-    for ln in lines:
+    pos = 0
+    # per open #if: [this branch compiled (True/False/None unknown), a branch was taken, the enclosing is compiled]
+    stack: list[list[bool | None]] = []
+
+    def live() -> bool:
+        return all(f[0] is not False for f in stack)
+
+    for ln in text.split("\n"):
         d = ln.strip()
         if d.startswith("#"):
-            word = d[1:].strip().split()
-            key = word[0] if word else ""
+            word = d[1:].strip().split(None, 1)
+            key, rest = (word[0], word[1] if len(word) > 1 else "") if word else ("", "")
+            rest = re.sub(r"//.*$", "", rest).strip()
             if key in ("if", "ifdef", "ifndef"):
-                depth += 1
-                if dead_at is None and key == "if" and len(word) > 1 and word[1] == "0":
-                    dead_at = depth
-            elif key in ("else", "elif") and dead_at == depth:
-                dead_at = None
-            elif key == "endif":
-                if dead_at == depth:
-                    dead_at = None
-                depth -= 1
-        elif dead_at is not None:
+                outer = live()
+                name = rest.split()[0] if rest else None
+                if key == "if":
+                    cond = _eval_condition(rest, known)
+                else:
+                    cond = None if name is None else (name in known) == (key == "ifdef")
+                stack.append([cond, cond is True, outer])
+            elif key == "elif" and stack:
+                f = stack[-1]
+                cond = _eval_condition(rest, known)
+                f[0] = False if f[1] else cond
+                f[1] = f[1] or cond is True
+            elif key == "else" and stack:
+                f = stack[-1]
+                f[0] = False if f[1] else (None if f[0] is None else True)
+            elif key == "endif" and stack:
+                stack.pop()
+            elif key == "define" and live():
+                m = _DEFINE_RE.match(ln)
+                if m:
+                    known[m.group(1)] = m.group(2) or ""
+            elif key == "undef" and live() and rest:
+                known.pop(rest.split()[0], None)
+        elif not live():
             for i in range(pos, pos + len(ln)):
                 out[i] = " "
         pos += len(ln) + 1
     return "".join(out)
+
+
+def header_macros(path: Path) -> dict[str, str]:
+    """The object-like macros the local headers of ``path`` ``#define`` (values as written)."""
+    macros: dict[str, str] = {}
+    for h in local_headers(path):
+        try:
+            text = h.read_text(errors="replace")
+        except OSError:
+            continue
+        macros.update({m.group(1): m.group(2) or "" for m in _DEFINE_RE.finditer(strip_comments(text))})
+    return macros
 
 
 def _extern_c_blocks(text: str) -> list[tuple[int, int]]:
@@ -134,13 +204,13 @@ def _find_solve(text: str, path: str) -> re.Match[str] | None:
                         fix=f'declare it as: extern "C" void solve({params})')
 
 
-def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
+def parse_solve_signature(source: str, path: str = "<kernel>", macros: dict[str, str] | None = None) -> list[Param]:
     """Parse ``extern "C" void solve(...)`` from CUDA source text into its parameters, in order.
 
     Raises ContractError (with ``path`` and the line) when ``solve`` is missing, not ``extern "C"``, or has a
     parameter of an unsupported type, a pointer to pointer, or no name.
     """
-    text = _blank_disabled(_strip_comments(source))
+    text = _blank_disabled(strip_comments(source), macros)
     m = _find_solve(text, path)
     if m is None:
         raise ContractError('no host function `extern "C" void solve(...)` found', gate="preflight", path=path,
@@ -193,10 +263,21 @@ def parse_solve_signature(source: str, path: str = "<kernel>") -> list[Param]:
     return params
 
 
+def uses_cutlass(path: Path) -> bool:
+    """True when ``path`` or a local header it includes (transitively) includes CUTLASS or CuTe headers."""
+    for f in (path, *local_headers(path)):
+        try:
+            if is_cutlass(f.read_text(errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def is_cutlass(source: str) -> bool:
     """True when the source includes CUTLASS or CuTe headers (``#include <cutlass/...>`` or ``<cute/...>``)."""
     # keep string literals: `#include "cutlass/..."` is one
-    return bool(_CUTLASS_RE.search(_strip_comments(source, keep_strings=True)))
+    return bool(_CUTLASS_RE.search(strip_comments(source, keep_strings=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +289,11 @@ class PyContract:
     constants: dict[str, object]
     uses_triton_jit: bool
     constant_lines: dict[str, int] = field(default_factory=dict)
+    #: function name -> its parameters without a default value (what a caller must pass)
+    required: dict[str, list[str]] = field(default_factory=dict)
+    #: ``setup()``'s returned literal: (input names, output names, line) when it returns
+    #: ``{"inputs": {"x": ...}, "outputs": ["y"]}`` written out; None when it builds the dict otherwise
+    setup_literal: tuple[list[str], list[str], int] | None = None
 
 
 class _NotLiteral:
@@ -245,6 +331,8 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     except OSError as exc:
         raise ContractError(f"cannot be read: {exc}", gate=gate, path=str(path), fix="check the path") from None
     functions: dict[str, tuple[list[str], bool, int]] = {}
+    required: dict[str, list[str]] = {}
+    setup_literal: tuple[list[str], list[str], int] | None = None
     constants: dict[str, object] = {}
     constant_lines: dict[str, int] = {}
     for node in tree.body:
@@ -252,6 +340,12 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
             a = node.args
             params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
             functions[node.name] = (params, a.kwarg is not None, node.lineno)
+            positional = a.posonlyargs + a.args
+            no_default = positional[:len(positional) - len(a.defaults)]
+            required[node.name] = [x.arg for x in no_default] + [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults)
+                                                                 if d is None]
+            if node.name == "setup":
+                setup_literal = _returned_literal(node)
         elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)) \
                 or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
             name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id  # type: ignore[union-attr]
@@ -265,7 +359,26 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                    or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton"
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
-                      constant_lines=constant_lines)
+                      constant_lines=constant_lines, required=required, setup_literal=setup_literal)
+
+
+def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[str], int] | None:
+    """(input names, output names, line) of a ``return {"inputs": {...}, "outputs": [...]}`` written out in
+    ``fn`` (string keys and string list items), the last such return; None when there is none."""
+    found = None
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Return) or not isinstance(node.value, ast.Dict):
+            continue
+        top = {k.value: v for k, v in zip(node.value.keys, node.value.values)
+               if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        ins, outs = top.get("inputs"), top.get("outputs")
+        if not isinstance(ins, ast.Dict) or not isinstance(outs, (ast.List, ast.Tuple)):
+            continue
+        names = [k.value for k in ins.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        listed = [e.value for e in outs.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if len(names) == len(ins.keys) and len(listed) == len(outs.elts):
+            found = (names, listed, node.lineno)
+    return found
 
 
 def check_reference(path: Path) -> PyContract:
@@ -313,6 +426,26 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
             if needed not in params:
                 raise ContractError(f"setup() has no parameter `{needed}`", gate="preflight", path=str(path),
                                     line=line, fix=f"add `{needed}` to setup()'s parameters (or accept **kwargs)")
+    missing = [n for n in c.required.get("setup", []) if n not in dims and n not in ("seed", "device")]
+    if missing:
+        raise ContractError(f"setup() needs {', '.join(missing)}, which --kopt-dims does not give", gate="preflight",
+                            path=str(path), line=line,
+                            fix="add " + ",".join(f"{n}=<value>" for n in missing) + " to --kopt-dims")
+    negative = [f"{n}={v}" for n, v in dims.items() if isinstance(v, int) and v < 0 and n in params]
+    if negative:
+        raise ContractError(f"--kopt-dims {', '.join(negative)}: setup() takes sizes, and a size is not negative",
+                            gate="preflight", path=str(path), line=line, fix="give non-negative sizes")
+    if c.setup_literal is not None:
+        ins, outs, ret_line = c.setup_literal
+        stray = [o for o in outs if o not in ins]
+        if stray:
+            raise ContractError(f"setup() lists output(s) {', '.join(map(repr, stray))} that are not among its "
+                                f"inputs ({', '.join(ins)})", gate="preflight", path=str(path), line=ret_line,
+                                fix="every output is a buffer in 'inputs' too, which the kernel writes in place")
+        if not outs:
+            raise ContractError("setup() lists no outputs, so nothing can be checked", gate="preflight",
+                                path=str(path), line=ret_line,
+                                fix='list the buffers the kernel writes: "outputs": ["y"]')
     return c
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import CorrectnessRecord, write_json
-from ..errors import Blocked, IncorrectError, KernelRuntimeError, KoptError
+from ..child.inputs import SECOND_POISON
+from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from .build import BuildResult, built
 from .context import Context, Outcome
 from .request import harness_request
@@ -147,8 +148,14 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
     ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
+    hint = None
+    if device == "cpu" and ctx.kind == "triton":
+        hint = ("Triton's interpreter runs the kernel on the CPU, element by element in NumPy: minutes at sizes a GPU "
+                "takes in milliseconds; give smaller --kopt-dims for a run without a GPU (e.g. a few thousand "
+                "elements per buffer), or raise --kopt-timeout")
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("candidate"))
+                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("candidate"),
+                        timeout_hint=hint)
     record["plan"] = req["plan"]
     for key, (status, what) in GUARD_STATUS.items():
         if cand["guards"].get(key):
@@ -178,8 +185,19 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                                          fix="the kernel must not touch the harness (its modules, files or pipes)")
             # members are read when the judge asks for them: the low-precision references (their warnings come
             # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
-            v = judge(outputs, LazyArrays(c, r), tols, check_tolerance=False)
+            poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
+            v = judge(outputs, LazyArrays(c, r), tols, check_tolerance=False, second_poison=poisons)
         phase_s["judge"] = time.perf_counter() - clock
+        if v.status == "INCORRECT_NUMERICAL":
+            unmet = reference_self_check(ctx, req, cand, ref, tols)
+            if unmet is not None:
+                first = next(iter(ref["tolerances"].values()))
+                raise ContractError(f"seed={seed}: the reference cannot meet its own tolerance: {unmet}",
+                                    gate="correctness", path=str(ctx.ref), status="UNMEETABLE_TOLERANCE",
+                                    details="\n".join(v.details) + f"\n(the kernel's comparison above; tolerances "
+                                    f"from {first['atol_source']}/{first['rtol_source']}; {replay})",
+                                    fix="loosen atol/rtol in ref.py (or --kopt-atol/--kopt-rtol) to what the "
+                                        "reference itself meets, or compute the reference in higher precision")
     finally:
         if os.path.exists(cand["npz"]):
             os.unlink(cand["npz"])
@@ -206,6 +224,38 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
                             f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
                             f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")
+
+
+def reference_self_check(ctx: Context, req: dict[str, Any], cand: dict[str, Any], ref: dict[str, Any],
+                         tols: dict[str, tuple[float, float]]) -> str | None:
+    """After a numerical failure: the reference on set A against the same reference computed in float64 (its own
+    rounding out of the picture), with the task's tolerance. Returns the comparison's text when the reference
+    itself is outside it (no kernel computing in another order can then pass reliably), else None; also None when
+    the reference does not run in float64 (nothing can be said)."""
+    import numpy as np
+
+    from .verdict import compare
+
+    rreq = {**req, "mode": "reference_fp64", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
+            "setup_npz": cand.get("npz"), "env": {}}
+    try:
+        result = ctx.pool.run(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                              path=str(ctx.ref), workdir=ctx.work, lock=ctx.device_lock(req["device"]),
+                              server=ctx.server("reference"))
+    except KoptError:
+        return None
+    try:
+        data = read_verified(Path(result["npz"]), result.get("npz_sha"), "correctness", ctx.display)
+    finally:
+        Path(result["npz"]).unlink(missing_ok=True)
+    with np.load(io.BytesIO(ref["npz_bytes"])) as r, np.load(io.BytesIO(data)) as h:
+        for name, (atol, rtol) in tols.items():
+            if f"hi__{name}" not in h.files:
+                continue
+            c = compare(name, r[f"ref__{name}"], h[f"hi__{name}"], atol, rtol)
+            if not c.ok:
+                return "against float64 " + c.describe(atol, rtol)
+    return None
 
 
 def require_correct(ctx: Context, res: BuildResult, device: str) -> None:

@@ -35,17 +35,27 @@ def preflight(ctx: Context) -> list[contract.Param]:
         raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
                             path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
     if ctx.kind in ("triton", "python"):
-        contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
+        k = contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
+        if k.setup_literal is not None:
+            given = set(k.setup_literal[0]) | set(ctx.settings.dims)
+            unknown = [n for n in c.required.get("reference", []) if n not in given]
+            if unknown:
+                _, _, line = c.functions["reference"]
+                raise ContractError(f"reference() takes {', '.join(unknown)}, which setup()'s inputs and --kopt-dims "
+                                    f"do not provide (setup's buffers: {', '.join(k.setup_literal[0])})",
+                                    gate="preflight", path=str(ctx.ref), line=line,
+                                    fix="name reference()'s parameters after setup()'s inputs, or give them defaults")
         return []
     source = ctx.kernel.read_text(errors="replace")
+    macros = contract.header_macros(ctx.kernel)
     try:
-        params = contract.parse_solve_signature(source, ctx.display)
+        params = contract.parse_solve_signature(source, ctx.display, macros)
     except ContractError as exc:
         # solve() may live in a local header the .cu includes
         params = None
         for header in contract.local_headers(ctx.kernel):
             try:
-                params = contract.parse_solve_signature(header.read_text(errors="replace"), str(header))
+                params = contract.parse_solve_signature(header.read_text(errors="replace"), str(header), macros)
                 break
             except ContractError:
                 continue
@@ -69,8 +79,9 @@ def preflight(ctx: Context) -> list[contract.Param]:
                                     fix=f"give {p.name} a value in [0, {hi}]")
     ref_params, ref_kwargs, line = c.functions["reference"]
     known = {p.name for p in params} | set(ctx.settings.dims)
-    unknown = [n for n in ref_params if n not in known]
-    if unknown and not ref_kwargs:
+    # a parameter without a default must be given, whether or not the reference also takes **kwargs
+    unknown = [n for n in (ref_params if not ref_kwargs else c.required.get("reference", [])) if n not in known]
+    if unknown:
         raise ContractError(f"reference() takes {', '.join(unknown)}, which solve() and --kopt-dims do not provide "
                             f"(solve's buffers: {', '.join(p.name for p in params if p.is_pointer)})",
                             gate="preflight", path=str(ctx.ref), line=line,
@@ -91,7 +102,7 @@ def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
     if ctx.kind in ("triton", "python"):
         what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
         return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found{note}")
-    kind = "cutlass" if contract.is_cutlass(ctx.kernel.read_text(errors="replace")) else "cuda"
+    kind = "cutlass" if contract.uses_cutlass(ctx.kernel) else "cuda"
     sig = ", ".join(f"{'const ' if p.is_const else ''}{p.ctype}{'*' if p.is_pointer else ''} {p.name}" for p in params)
     return Outcome({"kind": kind, "inputs": sum(p.role == "input" for p in params),
                     "outputs": sum(p.role == "output" for p in params)}, f"solve({sig}){note}")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from .build import BuildResult
+from .build import BuildResult, candidate_env
 from .context import Context
 from .inputs import derive_seeds, draw_plan
 from .preflight import preflight
@@ -20,11 +19,7 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     ``TRITON_INTERPRET=1`` on the CPU."""
     dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
-    env: dict[str, str] = {}
-    if ctx.kind in ("triton", "python"):
-        env["TRITON_CACHE_DIR"] = str(Path(res.artifact)) if ctx.kind == "triton" else str(ctx.cache_dir / "triton")
-        if device == "cpu":
-            env["TRITON_INTERPRET"] = "1"
+    env = candidate_env(ctx, device)
     return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
             "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,

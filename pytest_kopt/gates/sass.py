@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import HardwareError, NotApplicable
+from ..errors import EmptyKernelError, HardwareError, NotApplicable
 from .build import built
 from .context import Context, Outcome
+from .contract import local_headers
 
 _FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 #: An instruction line: ``/*0040*/  @!P0 IMAD.WIDE R2, R3, R4, R2 ;`` -> opcode ``IMAD.WIDE``.
@@ -53,8 +54,8 @@ def parse_sass(dump: str) -> list[SassFunction]:
 def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 120.0) -> list[SassFunction]:
     """Run ``cuobjdump --dump-sass`` on each artifact (.so or .cubin) and parse it.
 
-    Raises HardwareError when cuobjdump is missing, fails, or prints no function at all (an empty dump is a tool
-    error, never "patterns missing": FIELD.md §3).
+    Raises HardwareError when cuobjdump is missing or fails; returns [] when the artifacts hold no kernel function
+    (the caller decides what that means: never "patterns missing", FIELD.md §3).
     """
     if not cuobjdump:
         raise HardwareError("cuobjdump not found (CUDA toolkit bin/, or triton's bundled copy)", gate="sass",
@@ -72,9 +73,6 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
             raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
                                 details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")
         functions += parse_sass(proc.stdout)
-    if not functions:
-        raise HardwareError(f"cuobjdump printed no SASS function for {', '.join(artifacts)}", gate="sass",
-                            fix="the build holds no machine code (PTX only?): build with code=sm_XX")
     return functions
 
 
@@ -90,17 +88,62 @@ def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:
     return paths
 
 
+#: Mnemonics (before the first '.') that write global memory: stores, reductions, atomics, TMA and bulk copies,
+#: surface stores. A kernel without any of them cannot produce an output.
+GLOBAL_WRITES = {"STG", "ST", "RED", "REDG", "ATOM", "ATOMG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "SUST",
+                 "SURED"}
+_ARCH_GUARD_RE = re.compile(r"^\s*#\s*(?:if|elif|ifdef|ifndef)\b.*__CUDA_ARCH.*$", re.M)
+
+
+def writes_global(f: SassFunction) -> bool:
+    """True when the function has an instruction that writes global memory (:data:`GLOBAL_WRITES`)."""
+    return any(op.split(".")[0] in GLOBAL_WRITES for op in f.opcodes)
+
+
+def _arch_guards(paths: list[Path]) -> list[str]:
+    """``file:line: #if ...`` of every preprocessor condition on ``__CUDA_ARCH__``/``__CUDA_ARCH_FEAT_*``."""
+    out = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in _ARCH_GUARD_RE.finditer(text):
+            out.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0).strip()}")
+    return out
+
+
 def gate_sass(ctx: Context, case: Any = None) -> Outcome:
     """``cuobjdump --dump-sass`` of the build (a Triton build: its cubins), one ``sass/<function>.sass`` per kernel
-    function. NotApplicable for a pure-Python candidate."""
+    function. Fails as EMPTY_KERNEL when a function writes no global memory (its work was compiled out, e.g. under
+    an ``#if __CUDA_ARCH__`` guard the target does not meet). NotApplicable for a pure-Python candidate, and for a
+    ``.cu`` whose ``solve()`` launches no kernel of its own (copies or a library call only: the build holds no
+    kernel function)."""
     if ctx.kind == "python":
         raise NotApplicable("pure-Python candidate: no GPU code to disassemble")
+    sources = [ctx.kernel, *local_headers(ctx.kernel)] if ctx.kind == "cuda" else [ctx.kernel]
     res = built(ctx)
     artifacts = list(res.cubins) if res.cubins else [res.artifact]
     functions = dump_sass(ctx.tool("cuobjdump"), artifacts)
+    if not functions:
+        if ctx.kind == "cuda":
+            raise NotApplicable("the build holds no kernel function: solve() launches no kernel of its own (copies "
+                                "or library calls only), so there is no SASS of its own to check")
+        raise HardwareError(f"cuobjdump printed no SASS function for {', '.join(artifacts)}", gate="sass",
+                            fix="check that the Triton build produced cubins for this arch")
     paths = save_sass(functions, ctx.outdir / "sass")
     total = sum(f.instructions for f in functions)
     figures = {"functions": len(functions), "instructions": total, "sass_arch": functions[0].arch}
+    idle = [f for f in functions if not writes_global(f)]
+    if idle:
+        shown = "; ".join(f"{f.name} ({f.instructions} insns: {', '.join(sorted(f.opcodes)[:6])})" for f in idle)
+        guards = _arch_guards(sources)
+        raise EmptyKernelError(
+            f"{len(idle)} kernel function(s) write no global memory on {functions[0].arch}: {shown}; their work "
+            "was compiled out for this arch", gate="sass", path=ctx.display,
+            details="arch guards in the source:\n" + "\n".join(guards) if guards else None,
+            fix=f"give {functions[0].arch} a code path (the guard above excludes it), or build for the arch the "
+                "guard needs with --kopt-arch")
     names = ", ".join(f"{f.name} ({f.instructions} insns)" for f in functions[:4])
     return Outcome(figures, f"{functions[0].arch}: {names}", tuple(paths))
 

@@ -16,6 +16,7 @@ from .build import gate_compile
 from .context import Context, Outcome
 from .hardware import gate_hardware
 from .ncu import gate_ncu
+from .plan import gate_plan
 from .preflight import gate_preflight
 from .roofline import gate_roofline
 from .sass import gate_sass
@@ -62,7 +63,8 @@ class Gate:
 GATES: tuple[Gate, ...] = (
     Gate("hardware", gate_hardware, strict=True, stop_exit=EXIT_HARDWARE),
     Gate("preflight", gate_preflight, strict=True, stop_exit=EXIT_CONFIG),
-    Gate("compile", gate_compile, needs=("hardware", "preflight"), strict=True),
+    Gate("plan", gate_plan, needs=("preflight",), strict=True, stop_exit=EXIT_CONFIG),
+    Gate("compile", gate_compile, needs=("hardware", "preflight", "plan"), strict=True),
     Gate("correctness", correctness.gate_correctness, needs=("compile",), cases=correctness.cases, serial=True,
          strict=True, cpu_kinds=("triton", "python")),
     Gate("sanitizer", sanitizer.gate_sanitizer, needs=("compile",), cases=sanitizer.cases, serial=True),

@@ -29,15 +29,28 @@ class Comparison:
     mismatch_pct: float
     nonfinite: int
     first_bad: tuple[tuple[int, ...], ...]
+    #: elements that are finite in the output where the reference is NaN or Inf
+    missed_nonfinite: int = 0
+    #: NaN and Inf counts of each side
+    nan_out: int = 0
+    inf_out: int = 0
+    nan_ref: int = 0
+    inf_ref: int = 0
 
     def describe(self, atol: float, rtol: float) -> str:
         """One paragraph for a failure message."""
         total = int(np.prod(self.shape)) if self.shape else 1
+        over = " over the elements finite on both sides" if self.nonfinite or self.missed_nonfinite else ""
         text = (f"output {self.name} {list(self.shape)}: {self.mismatched}/{total} elements "
                 f"({self.mismatch_pct:.4g}%) outside atol={atol:g} + rtol={rtol:g}*|ref|; "
-                f"max abs err {self.max_abs_err:.6g}, max rel err {self.max_rel_err:.6g}")
+                f"max abs err {self.max_abs_err:.6g}, max rel err {self.max_rel_err:.6g}{over}")
         if self.nonfinite:
             text += f"; {self.nonfinite} NaN/Inf where the reference is finite (unwritten or overflowed)"
+        if self.missed_nonfinite:
+            text += (f"; {self.missed_nonfinite} finite where the reference is NaN/Inf (the output must be NaN where "
+                     "the reference is NaN, and only there)")
+        if self.nan_out or self.nan_ref or self.inf_out or self.inf_ref:
+            text += (f"; NaN/Inf: output {self.nan_out}/{self.inf_out}, reference {self.nan_ref}/{self.inf_ref}")
         if self.first_bad:
             text += "; first bad indices " + ", ".join(str(list(i)) for i in self.first_bad)
         return text
@@ -58,7 +71,8 @@ def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: floa
         raise ValueError(f"output {name}: shape {list(out.shape)} but reference {list(ref.shape)}")
     o_all, r_all = out.reshape(-1), ref.reshape(-1)
     max_abs = max_rel = 0.0
-    n_bad = nonfinite = 0
+    n_bad = nonfinite = missed = 0
+    counts = [0, 0, 0, 0]  # NaN out, Inf out, NaN ref, Inf ref
     err_all_finite = True
     bad_idx: list[np.ndarray] = []
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -79,6 +93,11 @@ def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: floa
                 # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
                 bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
                 nonfinite += int(np.count_nonzero(~fo & fr))
+                missed += int(np.count_nonzero(fo & ~fr))
+                for j, (side, fin) in enumerate(((o, fo), (r, fr))):
+                    nan = int(np.count_nonzero(np.isnan(side)))
+                    counts[2 * j] += nan
+                    counts[2 * j + 1] += int(np.count_nonzero(~fin)) - nan
                 finite = np.isfinite(err)
                 err_all_finite = err_all_finite and bool(finite.all())
                 if finite.any():
@@ -100,7 +119,8 @@ def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: floa
         max_abs = float("inf")
     return Comparison(name=name, shape=tuple(out.shape), ok=n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel,
                       mismatched=n_bad, mismatch_pct=100.0 * n_bad / max(1, out.size), nonfinite=nonfinite,
-                      first_bad=first)
+                      first_bad=first, missed_nonfinite=missed, nan_out=counts[0], inf_out=counts[1],
+                      nan_ref=counts[2], inf_ref=counts[3])
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +160,12 @@ def tolerance_scale(low: np.ndarray, ref: np.ndarray, atol: float, rtol: float) 
 
 
 def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[str, tuple[float, float]],
-          check_tolerance: bool = True) -> Verdict:
+          check_tolerance: bool = True, second_poison: Mapping[str, float] | None = None) -> Verdict:
     """Apply the guards in order and return the first failure, else PASSED.
 
-    Order, per output: INCORRECT_SHAPE; CONSTANT_OUTPUT (all elements equal while the reference's are not: catches
+    Order, per output: INCORRECT_SHAPE; UNWRITTEN (an element that still holds the poison after both calls on set A:
+    NaN after the first, ``second_poison[output]`` after the second; caught even where the reference is NaN);
+    CONSTANT_OUTPUT (all elements equal while the reference's are not: catches
     all-zero output that a loose atol would pass); INCORRECT_NUMERICAL (|out - ref| <= atol + rtol*|ref|, NaN/Inf
     fails); NONDETERMINISTIC (the second call on the same inputs fails: uninitialised reads, races); then set B
     (new values in the same buffers) must pass, else STALE_OUTPUT when the same values in new buffers (``candC``)
@@ -154,7 +176,8 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
     """
     details: list[str] = []
     warnings: list[str] = []
-    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0}
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, "nan_out": 0, "inf_out": 0, "nan_ref": 0,
+             "inf_ref": 0}
     status = "PASSED"
     message = ""
 
@@ -172,7 +195,18 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
         first: Comparison = compare(name, c1, r, atol, rtol)
         worst["max_abs_err"] = max(worst["max_abs_err"], first.max_abs_err)
         worst["max_rel_err"] = max(worst["max_rel_err"], first.max_rel_err)
-        worst["mismatched"] += first.mismatched
+        for key in ("mismatched", "nan_out", "inf_out", "nan_ref", "inf_ref"):
+            worst[key] += getattr(first, key)
+        c2 = arrays.get(f"cand2__{name}")
+        if c2 is not None and (second_poison or {}).get(name) is not None and c2.shape == c1.shape:
+            holes = np.isnan(c1) & (c2 == np.float64(second_poison[name]).astype(c2.dtype))  # type: ignore[index]
+            if holes.any():
+                idx = [list(map(int, np.unravel_index(i, c1.shape))) for i in np.flatnonzero(holes)[:5]]
+                fail("UNWRITTEN", f"output {name}: {int(holes.sum())} element(s) left unwritten (the poison is still "
+                     "there after two calls with different poisons)")
+                details.append(f"output {name}: unwritten at {', '.join(map(str, idx))}"
+                               f"{' (the reference is NaN there too)' if np.isnan(r[tuple(idx[0])]) else ''}")
+                continue
         if _constant(c1) and not _constant(r):
             fail("CONSTANT_OUTPUT", f"output {name}: every element is {c1.reshape(-1)[0]!r} but the reference's vary")
             details.append(f"output {name}: constant {c1.reshape(-1)[0]!r} ({first.describe(atol, rtol)})")

@@ -16,13 +16,14 @@ from ..errors import ConfigError
 from ..gates import gpus, hardware
 from ..loop import state as loop_state
 from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
-from .options import SEED_CACHE_KEY, pytest_addoption, read_settings, usage_error
+from .options import SEED_CACHE_KEY, pytest_addoption, pytest_load_initial_conftests, read_settings, usage_error
 from .session import ControllerPlugin
 from .stash import STATE, SessionState
 from .xdist import XdistControllerPlugin, worker_env, worker_trust
 
 __all__ = ["KoptFile", "KoptItem", "pytest_addoption", "pytest_collect_file", "pytest_configure",
-           "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
+           "pytest_load_initial_conftests", "pytest_pycollect_makemodule", "pytest_report_header",
+           "pytest_sessionfinish", "pytest_unconfigure"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -82,6 +82,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(dest, help=help_text, type="bool", default=False)
 
 
+def known_flags() -> list[str]:
+    """Every ``--kopt-*`` flag this plugin defines."""
+    return [f"--kopt-{n}" for n, _, _ in OPTIONS] + [f"--kopt-{n}" for n, _ in FLAGS]
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """A ``--kopt-*`` flag this plugin does not define stops the session with the closest real one (argparse only
+    says "unrecognized arguments")."""
+    import difflib
+
+    flags = known_flags()
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name.startswith("--kopt") and name not in flags:
+            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else "see pytest --help, group \"GPU kernel gates\""
+            raise pytest.UsageError(f"pytest-kopt: unknown option {name}\n  fix: {hint}")
+
+
 def raw(config: pytest.Config, name: str) -> Any:
     """An option's value as given: the command line, else the ini file (``name`` without the ``kopt_`` prefix,
     underscores for dashes)."""

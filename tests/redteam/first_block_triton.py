@@ -1,4 +1,4 @@
-"""Writes only the first row block (program 0). Expected: INCORRECT_NUMERICAL."""
+"""Writes only the first row block (program 0). Expected: UNWRITTEN."""
 import torch
 import triton
 import triton.language as tl

@@ -1,4 +1,4 @@
-"""S9/partial: skips the last row. Expected: INCORRECT_NUMERICAL (poisoned NaN left there)."""
+"""S9/partial: skips the last row. Expected: UNWRITTEN (the poison is still there after two calls)."""
 import torch
 
 def setup(M, N, seed, device="cuda"):

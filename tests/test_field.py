@@ -1,0 +1,389 @@
+"""Field cases from public bug reports and bad inputs: each one a clear verdict at the right gate, with the status,
+the exit code and a message that names the cause and the fix (asserted through the ``--kopt-json`` report)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt.errors import ConfigError
+from pytest_kopt.gates import hardware
+from pytest_kopt.gates.contract import parse_solve_signature
+from pytest_kopt.gates.plan import CONTEXT_BYTES, memory_estimate
+from pytest_kopt.gates.timing import unstable_causes
+from pytest_kopt.settings import parse_dims
+
+needs_nvcc = pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None,
+                                  reason="triton not installed")
+needs_cutlass = pytest.mark.skipif(__import__("importlib.util").util.find_spec("cutlass_library") is None,
+                                   reason="nvidia-cutlass not installed")
+
+SCALE_REF = """\
+atol = 1e-6
+rtol = 1e-6
+def shapes(n):
+    return {"x": ((n,), "float32"), "y": ((n,), "float32")}
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+SCALE_CU = """\
+#include <cuda_runtime.h>
+__global__ void scale(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+extern "C" void solve(const float* x, float* y, int n) {
+    scale<<<(n + 255) / 256, 256>>>(x, y, n);
+}
+"""
+PY_SETUP = """\
+import torch
+def setup(n, seed, device="cuda"):
+    x = {x}
+    y = {y}
+    return {{"inputs": {{"x": x, "y": y}}, "outputs": ["y"]}}
+def run_kernel(x, y):
+    y.copy_(2 * x)
+"""
+
+
+def session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, dict[str, dict], dict]:
+    """A subprocess session; its JSON report's items by node id (without the file part), and the report."""
+    result = pytester.runpytest_subprocess(*args, "--kopt-json", "r.json", "-p", "no:cacheprovider", timeout=600)
+    path = pytester.path / "r.json"
+    assert path.is_file(), result.stdout.str()[-3000:] + result.stderr.str()[-2000:]
+    doc = json.loads(path.read_text())
+    return result, {i["nodeid"].split("::", 1)[1]: i for i in doc["items"]}, doc
+
+
+def failed_at(items: dict[str, dict], gate: str, status: str) -> dict:
+    item = items[gate]
+    assert (item["outcome"], item["status"]) == ("failed", status), item
+    return item
+
+
+# ------------------------------------------------------------------------------------------ silently passed
+
+ARCH_GUARDED = SCALE_CU.replace("    int i = blockIdx.x", "#if __CUDA_ARCH__ >= 1000\n    int i = blockIdx.x").replace(
+    "    if (i < n) y[i] = 2.0f * x[i];\n", "    if (i < n) y[i] = 2.0f * x[i];\n#endif\n")
+
+
+@needs_nvcc
+def test_a_kernel_compiled_out_by_an_arch_guard_fails_sass(pytester: pytest.Pytester) -> None:
+    """A kernel whose body is under ``#if __CUDA_ARCH__ >= 1000``, built for sm_90a, is ``LDC; EXIT``: sass fails
+    as EMPTY_KERNEL naming the function and the guard's line (before, it passed on 16 instructions)."""
+    pytester.makefile(".cu", k=ARCH_GUARDED)
+    pytester.makepyfile(ref=SCALE_REF)
+    result, items, doc = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                 "--kopt-seeds", "1", "-k", "compile or sass")
+    item = failed_at(items, "sass", "EMPTY_KERNEL")
+    assert "_Z5scalePKfPfi" in item["message"] and "compiled out for this arch" in item["message"]
+    result.stdout.fnmatch_lines(["*k.cu:3: #if __CUDA_ARCH__ >= 1000*", "*fix: give sm_90a a code path*"])
+    assert doc["exit_code"] == result.ret == 2
+
+
+@needs_nvcc
+def test_a_solve_without_a_kernel_of_its_own_is_not_applicable_for_sass(pytester: pytest.Pytester) -> None:
+    """solve() that only copies (or calls a library): sass is NOT_APPLICABLE with the reason, not a
+    HARDWARE_UNAVAILABLE "PTX only?" failure."""
+    pytester.makefile(".cu", k='#include <cuda_runtime.h>\nextern "C" void solve(const float* x, float* y, int n) '
+                               '{ cudaMemcpy(y, x, n * 4, cudaMemcpyDeviceToDevice); }\n')
+    pytester.makepyfile(ref=SCALE_REF)
+    result, items, doc = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                 "--kopt-seeds", "1", "-k", "compile or sass")
+    assert (items["sass"]["outcome"], items["sass"]["status"]) == ("skipped", "NOT_APPLICABLE"), items["sass"]
+    assert "launches no kernel of its own" in items["sass"]["message"]
+    assert result.ret == 0
+
+
+COL_REF = SCALE_REF.replace('"x": ((n,), "float32"), "y": ((n,), "float32")',
+                            '"x": ((8, n // 8), "float32"), "y": ((8, n // 8), "float32")')
+
+
+@pytest.mark.parametrize(("ref", "x", "y", "buffer", "message"), [
+    (COL_REF, "torch.empty(n // 8, 8, device=device).t()", "torch.empty(8, n // 8, device=device)", "x",
+     "has strides [1, 8], not [8, 1]"),
+    (SCALE_REF, "torch.empty(n, device=device)", "torch.empty(1, device=device).expand(n)", "y",
+     "share memory (an expand() or a stride of 0)"),
+])
+def test_layout_belongs_to_the_harness(pytester: pytest.Pytester, ref: str, x: str, y: str, buffer: str,
+                                       message: str) -> None:
+    """A setup() buffer in a layout the problem does not give (column-major), or one whose elements share memory
+    (an expand()): the plan gate fails with CONTRACT_ERROR naming the buffer and the fix (before, the first passed on
+    the layout it chose, the second crashed the harness with SIGSEGV)."""
+    pytester.makepyfile(ref=ref, k=PY_SETUP.format(x=x, y=y))
+    result, items, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                 "--kopt-seeds", "1")
+    item = failed_at(items, "plan", "CONTRACT_ERROR")
+    assert message in item["message"] and f"'{buffer}'" in item["message"], item["message"]
+    assert items["correctness[seed=1]"]["blocked_by"] == "plan"
+    assert doc["exit_code"] == result.ret == 4
+
+
+def test_a_problem_that_cannot_fit_is_refused_with_the_estimate(pytester: pytest.Pytester) -> None:
+    """A problem of terabytes: where a gate will allocate it here (a Python candidate's correctness on the CPU), the
+    plan gate refuses it with the figure and the fix; a .cu on a machine without a GPU gets the estimate reported
+    (before, such a run exited 0 with no estimate). The H200 check refuses it against the GPU's free memory."""
+    pytester.makepyfile(ref=SCALE_REF, k=PY_SETUP.format(x="torch.empty(n, device=device)",
+                                                         y="torch.empty(n, device=device)"))
+    result, items, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                 f"n={10**12}", "--kopt-seeds", "1")
+    item = failed_at(items, "plan", "TOO_LARGE")
+    assert "of this machine's memory" in item["message"] and "3725.3 GiB each" in item["message"]
+    assert "smaller --kopt-dims" in result.stdout.str() and items["correctness[seed=1]"]["blocked_by"] == "plan"
+    assert doc["exit_code"] == result.ret == 4
+    pytester.makefile(".cu", k=SCALE_CU.replace("int n", "long long n"))
+    _, items, _ = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", f"n={10**12}",
+                          "--kopt-seeds", "1", "-k", "plan")
+    if not hardware.probe_gpus()["gpus"]:
+        assert items["plan"]["status"] == "PASSED" and items["plan"]["figures"]["set_bytes"] == 8 * 10**12
+        assert "7450.6 GiB per set" in items["plan"]["summary"]
+        assert "per harness process (no GPU to check against)" in items["plan"]["summary"]
+
+
+def test_the_plan_reports_the_estimate(pytester: pytest.Pytester) -> None:
+    """A case that fits: the plan item says how much a set and a harness process take, in its figures."""
+    pytester.makefile(".cu", k=SCALE_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    result, items, _ = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims",
+                               "n=1048576", "--kopt-seeds", "1", "-k", "plan")
+    plan = items["plan"]
+    assert plan["status"] == "PASSED", result.stdout.str()[-2000:]
+    assert plan["figures"]["set_bytes"] == 8 * 2**20 and plan["figures"]["buffers"] == 2
+    assert "8 MiB per set" in plan["summary"]
+
+
+def test_memory_estimate_counts_every_copy() -> None:
+    """The estimate's parts (bytes): 2 sets + the inputs for the candidate, 1 set + 2 x inputs for the reference,
+    the rotating sets + the L2 flush for timing, 8 x outputs on the host."""
+    spec = [{"name": "x", "role": "input", "shape": [1024], "dtype": "float32"},
+            {"name": "y", "role": "output", "shape": [512], "dtype": "float16"}]
+    est = memory_estimate(spec, l2_bytes=1000, rotating_fraction=0.25, free_bytes=10_000)
+    assert (est["set_bytes"], est["input_bytes"], est["output_bytes"]) == (5120, 4096, 1024)
+    assert est["candidate_bytes"] == 2 * 5120 + 4096 + CONTEXT_BYTES
+    assert est["reference_bytes"] == 5120 + 2 * 4096 + CONTEXT_BYTES
+    assert est["timing_bytes"] == 1 * 5120 + 2000 + CONTEXT_BYTES
+    assert est["host_bytes"] == 8 * 1024 and est["device_bytes"] == max(est["candidate_bytes"],
+                                                                       est["timing_bytes"])
+
+
+def test_nan_policy_catches_an_output_left_unwritten_where_the_reference_is_nan(pytester: pytest.Pytester) -> None:
+    """The reference is NaN at the last element; a kernel that never writes it keeps the poison there: UNWRITTEN,
+    where before the NaN poison matched the NaN reference and the item passed. A pass record counts NaNs."""
+    pytester.makepyfile(ref=SCALE_REF.replace("y.copy_(2 * x)", "y.copy_(2 * x); y[-1] = float('nan')"),
+                        hole=PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)")
+                        .replace("y.copy_(2 * x)", "y[:-1].copy_(2 * x[:-1])"),
+                        good=PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)")
+                        .replace("y.copy_(2 * x)", "y.copy_(2 * x); y[-1] = float('nan')"))
+    result, items, _ = session(pytester, "--kopt-baseline", "good.py", "--kopt-candidate", "hole.py", "--kopt-ref",
+                               "ref.py", "--kopt-dims", "n=64", "--kopt-seeds", "1", "-k", "correctness")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    by = {i["nodeid"]: i for i in doc["items"]}
+    good, hole = by["good.py::correctness[seed=1]"], by["hole.py::correctness[seed=1]"]
+    assert good["status"] == "PASSED" and (good["figures"]["nan_out"], good["figures"]["nan_ref"]) == (1, 1)
+    assert hole["status"] == "UNWRITTEN" and "1 element(s) left unwritten" in hole["message"]
+    result.stdout.fnmatch_lines(["*unwritten at [[]63[]] (the reference is NaN there too)*"])
+
+
+@needs_nvcc
+@needs_cutlass
+def test_a_wrong_cutlass_path_warns_and_says_which_headers_were_used(pytester: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUTLASS_PATH=/nonexistent: a KoptCutlassWarning names it and the headers used instead, and the compile item
+    says where the headers came from (before, the wheel's headers were used silently)."""
+    ex = Path(__file__).resolve().parent.parent / "examples" / "gemm_cutlass"
+    for f in ex.iterdir():
+        (pytester.path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setenv("CUTLASS_PATH", "/nonexistent")
+    result, items, _ = session(pytester, "--kopt-baseline", "gemm_cutlass.cu", "--kopt-ref", "ref.py",
+                               "--kopt-dims", "M=128,N=128,K=64", "--kopt-seeds", "1", "-k", "compile", "-W",
+                               "always")
+    assert items["compile"]["status"] == "PASSED", result.stdout.str()[-2000:]
+    assert "CUTLASS headers from" in items["compile"]["summary"]
+    assert items["compile"]["figures"]["cutlass_include"].endswith("include")
+    result.stdout.fnmatch_lines(["*KoptCutlassWarning: CUTLASS_PATH=/nonexistent holds no include/cutlass/cutlass.h*"])
+
+
+def test_solve_chosen_by_ifdef_is_the_branch_nvcc_compiles() -> None:
+    """#ifdef picks solve(): preflight reads the branch the host pass compiles (undefined macros are 0), not the
+    first one it sees."""
+    src = textwrap.dedent("""\
+        #ifdef USE_FAST
+        extern "C" void solve(const float* a, float* b, int n) {}
+        #else
+        extern "C" void solve(const float* x, float* y, int n) {}
+        #endif
+        """)
+    assert [p.name for p in parse_solve_signature(src, "k.cu")] == ["x", "y", "n"]
+    assert [p.name for p in parse_solve_signature("#define USE_FAST\n" + src, "k.cu")] == ["a", "b", "n"]
+
+
+def test_reference_names_that_match_no_buffer_fail_preflight(pytester: pytest.Pytester) -> None:
+    """solve(a, b) and reference(x, y, **kwargs): a preflight CONTRACT_ERROR naming both sets of names (before,
+    **kwargs made preflight pass and a CPU run was green)."""
+    pytester.makefile(".cu", k=SCALE_CU.replace("const float* x, float* y, int n) {\n    scale", "const float* a, "
+                                                "float* b, int n) {\n    scale").replace("(x, y, n);", "(a, b, n);"))
+    pytester.makepyfile(ref="def reference(x, y, **kwargs):\n    y.copy_(2 * x)\n")
+    result, items, doc = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                 "--kopt-seeds", "1")
+    item = failed_at(items, "preflight", "CONTRACT_ERROR")
+    assert "reference() takes x, y" in item["message"] and "solve's buffers: a, b" in item["message"]
+    assert doc["exit_code"] == result.ret == 4
+
+
+@needs_nvcc
+def test_cutlass_included_through_a_local_header_is_detected(pytester: pytest.Pytester) -> None:
+    """A .cu that includes CUTLASS through its own header is a CUTLASS kernel (preflight says so, and the build
+    gets CUTLASS's include folders) instead of failing with "cutlass/...: No such file"."""
+    pytester.makefile(".cuh", wrap="#pragma once\n#include <cutlass/cutlass.h>\n")
+    pytester.makefile(".cu", k='#include "wrap.cuh"\n' + SCALE_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    _, items, _ = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                          "--kopt-seeds", "1", "-k", "preflight or compile")
+    assert items["preflight"]["figures"]["kind"] == "cutlass"
+    if __import__("importlib.util").util.find_spec("cutlass_library") is not None:
+        assert items["compile"]["status"] == "PASSED", items["compile"]
+
+
+# ------------------------------------------------------------------------------------------ wrong gate or verdict
+
+BF16_REF = """\
+import torch
+atol = 0
+rtol = 1e-2
+def shapes(M, K):
+    return {"a": ((M, K), "bfloat16"), "b": ((K,), "bfloat16"), "y": ((M,), "bfloat16")}
+def reference(a, b, y, **_):
+    # accumulated in the inputs' dtype, 64 products at a time: in bf16 each partial sum rounds (percent errors)
+    acc = torch.zeros_like(y)
+    for k in range(0, a.shape[1], 64):
+        acc += a[:, k:k + 64] @ b[k:k + 64]
+    y.copy_(acc)
+"""
+BF16_KERNEL = """\
+import torch
+def setup(M, K, seed, device="cuda"):
+    a = torch.empty(M, K, dtype=torch.bfloat16, device=device)
+    b = torch.empty(K, dtype=torch.bfloat16, device=device)
+    return {"inputs": {"a": a, "b": b, "y": torch.empty(M, dtype=torch.bfloat16, device=device)}, "outputs": ["y"]}
+def run_kernel(a, b, y):
+    y.copy_((a.float() @ b.float()).to(torch.bfloat16))
+"""
+
+
+def test_a_tolerance_the_reference_itself_cannot_meet_is_a_contract_error(pytester: pytest.Pytester) -> None:
+    """A bf16 reference with atol=0, rtol=1e-2 against a kernel that accumulates in fp32, at K=4096: not "fix the
+    kernel" but UNMEETABLE_TOLERANCE (exit 4), with the reference's own error against float64."""
+    pytester.makepyfile(ref=BF16_REF, k=BF16_KERNEL)
+    result, items, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                 "M=64,K=4096", "--kopt-seeds", "1", "-k", "correctness")
+    item = failed_at(items, "correctness[seed=1]", "UNMEETABLE_TOLERANCE")
+    assert "the reference cannot meet its own tolerance: against float64" in item["message"]
+    assert "loosen atol/rtol" in result.stdout.str()
+    assert doc["exit_code"] == result.ret == 4
+
+
+SLOW_TRITON = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def slow(x_ptr, y_ptr, n, REPS: tl.constexpr):
+    i = tl.program_id(0)
+    acc = tl.load(x_ptr + i)
+    for _ in range(REPS):
+        acc = acc * 1.0
+    tl.store(y_ptr + i, 2 * acc)
+
+
+def setup(n, seed, device="cuda"):
+    x = torch.empty(n, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+
+def run_kernel(x, y):
+    slow[(x.numel(),)](x, y, x.numel(), REPS=100000)
+"""
+
+
+@needs_triton
+def test_a_slow_kernel_under_the_interpreter_is_told_so(pytester: pytest.Pytester) -> None:
+    """A Triton kernel too slow for the CPU interpreter hits --kopt-timeout: the fix names the interpreter and
+    smaller dims, not an infinite loop."""
+    pytester.makepyfile(ref=SCALE_REF, k=SLOW_TRITON)
+    result, items, _ = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                               "n=4096", "--kopt-seeds", "1", "--kopt-timeout", "3", "-k", "correctness")
+    failed_at(items, "correctness[seed=1]", "TIMEOUT")
+    result.stdout.fnmatch_lines(["*fix: Triton's interpreter runs the kernel on the CPU*smaller --kopt-dims*"])
+
+
+@pytest.mark.parametrize(("kernel", "dims", "gate", "words"), [
+    (PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)").replace(
+        "def setup(n, seed", "def setup(n, k, seed"), "n=64", "preflight", "setup() needs k, which --kopt-dims does not give"),
+    (PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)"), "n=-1", "preflight",
+     "n=-1: setup() takes sizes"),
+    (PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)").replace(
+        '"outputs": ["y"]', '"outputs": ["z"]'), "n=64", "preflight", "output(s) 'z' that are not among its inputs"),
+    (PY_SETUP.format(x="torch.empty(n, device=device)", y="torch.empty(n, device=device)"), "n=0", "plan",
+     "has no elements"),
+])
+def test_bad_dims_and_setups_fail_before_anything_runs(pytester: pytest.Pytester, kernel: str, dims: str, gate: str,
+                                                       words: str) -> None:
+    """Missing dims for setup(), a negative size, an output that is not an input, an empty problem: each a
+    CONTRACT_ERROR at preflight (or at plan, which sees the buffers) naming the dim or buffer, exit 4 (before, each
+    failed at compile or correctness with a harness traceback)."""
+    pytester.makepyfile(ref=SCALE_REF, k=kernel)
+    result, items, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", dims,
+                                 "--kopt-seeds", "1")
+    item = failed_at(items, gate, "CONTRACT_ERROR")
+    assert words in item["message"], item["message"]
+    assert doc["exit_code"] == result.ret == 4
+
+
+def test_dims_are_ascii_numbers_with_leading_zeros_allowed() -> None:
+    """``M=08`` is the integer 8 (not 8.0), hex stays hex, other scripts' digits are refused."""
+    assert parse_dims("M=08,N=0x10") == {"M": 8, "N": 16} and type(parse_dims("M=08")["M"]) is int
+    with pytest.raises(ConfigError, match="ASCII digits"):
+        parse_dims("M=٦٤")
+
+
+def test_a_mistyped_option_gets_a_did_you_mean(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--kopt-dim", "M=4", timeout=120)
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*unknown option --kopt-dim*", "*did you mean --kopt-dims?*"])
+
+
+@needs_nvcc
+def test_compiler_warnings_show_in_the_compile_item(pytester: pytest.Pytester) -> None:
+    """nvcc's warnings are in the compile item's summary and figures (before, only in the build cache's
+    manifest)."""
+    pytester.makefile(".cu", k=SCALE_CU.replace("    int i =", "    int unused = 3;\n    int i ="))
+    pytester.makepyfile(ref=SCALE_REF)
+    _, items, _ = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                          "--kopt-seeds", "1", "-k", "compile")
+    c = items["compile"]
+    assert c["status"] == "PASSED" and c["figures"]["compiler_warnings"] >= 1
+    assert "k.cu:3: warning" in c["figures"]["first_warning"] and "compiler warning(s)" in c["summary"]
+
+
+# ------------------------------------------------------------------------------------------ a false alarm
+
+def test_unstable_timing_is_diagnosed_before_it_fails() -> None:
+    """What the timed process recorded names the cause: host work inside solve() (launches longer than the stream
+    hold), another process on the GPU, throttled clocks; host work and other processes lead to one more
+    measurement (a longer hold; a short wait)."""
+    busy = {"hold_us": 50.0, "launch_host_us": [20.0] * 80 + [400.0] * 20, "gpu_processes": [{"pid": 4242}],
+            "throttled": [False] * 100}
+    got = unstable_causes(busy)
+    assert len(got["causes"]) == 2 and "20% of the samples" in got["causes"][0] and "pids 4242" in got["causes"][1]
+    assert got["remedy"] == "with a 820 µs hold and after 2 s" and got["hold_us"] == 820.0 and got["wait_s"] == 2.0
+    quiet = unstable_causes({"hold_us": 50.0, "launch_host_us": [20.0] * 100, "gpu_processes": [],
+                             "throttled": [True] * 30 + [False] * 70})
+    assert quiet["remedy"] == "" and quiet["causes"] == ["30 of 100 samples ran at throttled clocks (power/thermal "
+                                                         "slowdown or an SM clock under 75% of its maximum)"]
