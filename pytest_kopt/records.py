@@ -16,7 +16,9 @@ class GateRecord:
     (``passed``, ``failed``, ``skipped``), ``status`` (PASSED, a failure status such as INCORRECT_NUMERICAL,
     SKIPPED or NOT_APPLICABLE), ``exit_code`` (SKILL.md's code of a gate failure; None otherwise), ``blocked_by``
     (the gate whose failure or absence skipped this one), ``duration_s``, ``summary`` (a pass's one line),
-    ``message`` (a failure's or skip's), ``figures`` (the item's scalar results)."""
+    ``message`` (a failure's or skip's), ``figures`` (the item's scalar results); a failure also names ``path`` and
+    ``line`` (the file it is in), ``fix`` (what to change) and ``details`` (which outputs and indices, a log tail;
+    at most 4,000 characters)."""
 
     nodeid: str
     kernel: str
@@ -30,6 +32,10 @@ class GateRecord:
     summary: str | None = None
     message: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+    line: int | None = None
+    fix: str | None = None
+    details: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as the JSON report's item."""

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from . import HarnessError
-from .inputs import Inputs, check_spec, poison
+from .inputs import Inputs, check_spec, poison, returned_outputs
 from .kernels import Candidate
 from .loader import load_module
 from .transfer import save_npz, to_numpy
@@ -27,48 +27,64 @@ def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, An
             found["not_a_tensor"].append(f"{s['name']} is {type(t).__module__}.{type(t).__qualname__}")
         elif t.data_ptr() != ptrs[s["name"]] or list(t.shape) != s["shape"]:
             found["buffer_replaced"].append(s["name"])
-        elif s["role"] == "input" and not torch.equal(t, pristine[s["name"]]):
+        elif s["role"] == "input" and not torch.equal(t, pristine[s["name"]]):  # in-place outputs may change
             n = int((t != pristine[s["name"]]).sum())
             found["input_mutated"].append(f"{s['name']} ({n} elements changed)")
     return found
 
 
+def _host(torch: Any, outs: dict[str, Any], tag: str, arrays: dict[str, Any]) -> None:
+    for name, t in outs.items():
+        arrays[f"{tag}__{name}"] = to_numpy(torch, t)
+
+
+def _spoil(torch: Any, got: dict[str, Any]) -> None:
+    """Poison the memory of tensors a call returned once they are copied to the host, so that a later call's
+    ``torch.empty`` that lands on it (the caching allocator reuses freed blocks) cannot inherit a right answer."""
+    for t in got.values():
+        poison(torch, t)
+
+
 def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     """Correctness, candidate side. Inputs set A: call 1 and call 2 (outputs poisoned with NaN, then with
-    :data:`~pytest_kopt.child.inputs.SECOND_POISON`, so an element left unwritten shows); set B (new values
-    written into the same input buffers, so a result cached by pointer shows): call 3; set B again in new buffers:
-    call 4. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and the spec for the reference
-    process (``calls: 1``: the first call only)."""
+    :data:`~pytest_kopt.child.inputs.SECOND_POISON`, so an element left unwritten shows; in-place outputs get set A's
+    values again); set B (new values written into the same input buffers, so a result cached by pointer shows):
+    call 3; set B again in new buffers: call 4. Returned outputs are taken from each call's return value and their
+    memory poisoned after the copy. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and reports the
+    spec and the returned outputs' names for the reference process (``calls: 1``: the first call only)."""
     import numpy as np
 
     cand = Candidate(req)
     torch, inp = cand.torch, cand.inputs
     ptrs = {n: t.data_ptr() for n, t in inp.tensors.items()}
     pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
+    inout = any(s["role"] == "inout" for s in inp.spec)
     arrays: dict[str, Any] = {}
     t0 = time.perf_counter()
-    cand.run()
+    got = cand.run()
     first_ms = (time.perf_counter() - t0) * 1e3
     found = guards(torch, inp, ptrs, pristine)
     if any(found.values()):
-        return {"spec": inp.spec, "guards": found, "outputs": inp.outputs}
-    for name in inp.outputs:
-        arrays[f"cand1__{name}"] = to_numpy(torch, inp.tensors[name])
+        return {"spec": inp.spec, "guards": found, "outputs": inp.outputs, "returned": sorted(got)}
+    names = sorted(got)
+    _host(torch, cand.results(got), "cand1", arrays)
+    _spoil(torch, got)
     if req.get("calls", 3) >= 2:
+        if inout:  # the first call changed its in-place outputs: the same inputs again
+            inp.fill(req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept)
         inp.poison_outputs(second=True)
-        cand.run()
-        for name in inp.outputs:
-            arrays[f"cand2__{name}"] = to_numpy(torch, inp.tensors[name])
+        got = cand.run()
+        _host(torch, cand.results(got), "cand2", arrays)
+        _spoil(torch, got)
         inp.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
-        cand.run()
-        for name in inp.outputs:
-            arrays[f"candB__{name}"] = to_numpy(torch, inp.tensors[name])
+        got = cand.run()
+        _host(torch, cand.results(got), "candB", arrays)
+        _spoil(torch, got)
         # set B's values again, in freshly allocated buffers: tells "cached by address" from "ignores its inputs"
         cand.inputs = Inputs(torch, inp.spec, inp.scalars, cand.device)
         cand.inputs.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
-        cand.run()
-        for name in inp.outputs:
-            arrays[f"candC__{name}"] = to_numpy(torch, cand.inputs.tensors[name])
+        got = cand.run()
+        _host(torch, cand.results(got), "candC", arrays)
         cand.inputs = inp
     setup_sha = hashlib.sha256()
     for name, t in sorted(cand.kept.items()):
@@ -78,7 +94,44 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     np.savez(req["out"] + ".npz", **arrays)
     return {"save_s": time.perf_counter() - t_save, "spec": inp.spec, "setup_sha": setup_sha.hexdigest(),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
-            "guards": found, "outputs": inp.outputs, "first_call_ms": first_ms, "npz": req["out"] + ".npz"}
+            "guards": found, "outputs": inp.outputs + names, "returned": names, "first_call_ms": first_ms,
+            "npz": req["out"] + ".npz"}
+
+
+def reference_results(torch: Any, ref: Any, inp: Inputs, req: dict[str, Any]) -> dict[str, Any]:
+    """Call ``reference(**kwargs)`` once on ``inp`` and return every output by name: the in-place buffers it wrote
+    and the tensors it returned, named after the candidate's returned outputs (``req["returned"]``) or, when the
+    candidate writes every output in place, after those buffers in order. Raises HarnessError('contract') when
+    the reference raises, returns something else, or leaves an output unwritten."""
+    try:
+        value = ref.reference(**inp.kwargs())
+    except Exception as exc:
+        raise HarnessError("contract", f"{req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
+    if inp.device == "cuda":
+        torch.cuda.synchronize()
+    want = list(req.get("returned") or [])
+    got = returned_outputs(torch, value, want or [n for n in inp.outputs] or ["*"], inp,
+                           f"{req['ref']}: reference()", required=[n for n in want if n != "*"])
+    if "*" in want and not got:
+        raise HarnessError("contract", f"{req['ref']}: reference() returned nothing, but the candidate returns its "
+                           "outputs", fix="return the outputs from reference() too, or write them in place")
+    out = dict(got)
+    for name in inp.outputs:
+        if name in got:
+            continue
+        t = inp.tensors[name]
+        if t.numel() == 0:
+            raise HarnessError("contract", f"output {name!r} has no elements, so nothing can be compared; "
+                               "check --kopt-dims (a zero dim?)")
+        if any(s["name"] == name and s["role"] == "output" for s in inp.spec):
+            sentinel = torch.empty_like(t)
+            poison(torch, sentinel)
+            unwritten = bool(torch.isnan(t).all()) if t.dtype.is_floating_point else bool(torch.equal(t, sentinel))
+            if unwritten:
+                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (still "
+                                   "the poison value); write outputs in place, e.g. C.copy_(A @ B), or return them")
+        out[name] = t
+    return out
 
 
 def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
@@ -101,26 +154,13 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
                      for k in data.files if k.startswith("setup__")}
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
     arrays: dict[str, Any] = {}
+    names: list[str] = []
 
     def call(tag: str) -> None:
-        try:
-            ref.reference(**inp.kwargs())
-        except Exception as exc:
-            raise HarnessError("contract", f"{req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for name in inp.outputs:
-            t = inp.tensors[name]
-            if t.numel() == 0:
-                raise HarnessError("contract", f"output {name!r} has no elements, so nothing can be compared; "
-                                   "check --kopt-dims (a zero dim?)")
-            sentinel = torch.empty_like(t)
-            poison(torch, sentinel)
-            unwritten = bool(torch.isnan(t).all()) if t.dtype.is_floating_point else bool(torch.equal(t, sentinel))
-            if unwritten:
-                raise HarnessError("contract", f"{req['ref']}: reference() left output {name!r} unwritten (still "
-                                   "the poison value); write outputs in place, e.g. C.copy_(A @ B), not C = A @ B")
-            arrays[f"{tag}__{name}"] = to_numpy(torch, t)
+        nonlocal names
+        outs = reference_results(torch, ref, inp, req)
+        names = list(outs)
+        _host(torch, outs, tag, arrays)
 
     inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
     before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
@@ -129,24 +169,26 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])]
     if written:
         raise HarnessError("contract", f"reference() wrote {', '.join(map(repr, written))}, which the candidate "
-                           "lists as input(s): every buffer the reference writes must be among setup()'s outputs")
-    low = [s for s in inp.spec if s["role"] == "input" and s["dtype"] in ("float32", "float64")]
+                           "lists as input(s): every buffer the reference writes must be among setup()'s outputs",
+                           fix="list it among the outputs; if it is an input the operation changes in place (as "
+                               "x.clamp_() does), name it in ref.py: inplace = [" + repr(written[0]) + "]")
+    low = [s for s in inp.spec if s["role"] in ("input", "inout") and s["dtype"] in ("float32", "float64")]
     if low and req.get("low_precision", True):
-        pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in low}
         for dtype in ("bfloat16", "float16"):
+            inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
             changed = False
             for s in low:
                 t = inp.tensors[s["name"]]
-                t.copy_(pristine[s["name"]].to(getattr(torch, dtype)).to(t.dtype))
-                changed = changed or not torch.equal(t, pristine[s["name"]])
+                rounded = t.to(getattr(torch, dtype)).to(t.dtype)
+                changed = changed or not torch.equal(t, rounded)
+                t.copy_(rounded)
             if not changed:
                 continue  # e.g. small integers: exact in this precision, so the check says nothing
-            inp.poison_outputs()
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
     call("refB")
     npz_sha = save_npz(req["out"] + ".npz", arrays)
-    tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in inp.outputs}
+    tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in names}
     return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": tol}
 
 
@@ -173,13 +215,10 @@ def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
         hi.tensors[b["name"]].copy_(native.tensors[b["name"]])
     hi.poison_outputs()
     try:
-        ref.reference(**hi.kwargs())
-    except Exception as exc:
-        raise HarnessError("contract", f"{req['ref']}: reference() does not run in float64 "
-                           f"({type(exc).__name__}: {exc})") from exc
-    if device == "cuda":
-        torch.cuda.synchronize()
-    npz_sha = save_npz(req["out"] + ".npz", {f"hi__{n}": to_numpy(torch, hi.tensors[n]) for n in hi.outputs})
+        outs = reference_results(torch, ref, hi, req)
+    except HarnessError as exc:
+        raise HarnessError("contract", f"{req['ref']}: reference() does not run in float64 ({exc})") from exc
+    npz_sha = save_npz(req["out"] + ".npz", {f"hi__{n}": to_numpy(torch, t) for n, t in outs.items()})
     return {"npz": req["out"] + ".npz", "npz_sha": npz_sha}
 
 
@@ -194,15 +233,14 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])
     with np.load(req["inputs_npz"]) as data:
         for s in inp.spec:
-            if s["role"] == "input":
+            if s["role"] in ("input", "inout"):
                 t = inp.tensors[s["name"]]
                 t.copy_(torch.from_numpy(data[f"in__{s['name']}"]).to(t.dtype))
     inp.poison_outputs()
-    ref.reference(**inp.kwargs())
-    torch.cuda.synchronize()
-    npz_sha = save_npz(req["out"] + ".npz", {f"ref__{n}": to_numpy(torch, inp.tensors[n]) for n in inp.outputs})
+    outs = reference_results(torch, ref, inp, req)
+    npz_sha = save_npz(req["out"] + ".npz", {f"ref__{n}": to_numpy(torch, t) for n, t in outs.items()})
     return {"npz": req["out"] + ".npz", "npz_sha": npz_sha,
-            "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in inp.outputs}}
+            "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}}
 
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:

@@ -105,7 +105,9 @@ class Inputs:
     """The buffers of one problem instance, owned by the harness: every tensor is a fresh plain ``torch.Tensor``
     allocated here (so a candidate's ``setup`` cannot hand in subclasses, proxies or aliased views).
 
-    ``spec`` lists the buffers in call order: ``{name, role (input|output), shape, stride, dtype, source}``;
+    ``spec`` lists the buffers in call order: ``{name, role, shape, stride, dtype, source}``, ``role`` being
+    ``input``, ``output`` (poisoned before every call) or ``inout`` (an output that is also an input, ``inplace`` in
+    ``ref.py``: filled like an input, compared like an output);
     ``source`` is ``drawn`` (filled from the plan), ``make_inputs`` (the reference's generator) or ``setup``
     (integer/bool tensors from a Triton ``setup``, kept as given and shipped to the reference process).
     ``scalars`` holds non-tensor arguments (dims and ``setup``'s plain values)."""
@@ -122,8 +124,8 @@ class Inputs:
 
     @property
     def outputs(self) -> list[str]:
-        """Names of the output buffers."""
-        return [s["name"] for s in self.spec if s["role"] == "output"]
+        """Names of the buffers a call writes (outputs and in-place outputs)."""
+        return [s["name"] for s in self.spec if s["role"] in ("output", "inout")]
 
     def fill(self, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any], given: dict[str, Any]) -> None:
         """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs."""
@@ -144,9 +146,11 @@ class Inputs:
                 fill_drawn(torch, t, plan, gen)
 
     def poison_outputs(self, second: bool = False) -> None:
-        """NaN (or a sentinel; ``second``: the second poison) into every output before a call."""
-        for name in self.outputs:
-            poison(self.torch, self.tensors[name], second)
+        """NaN (or a sentinel; ``second``: the second poison) into every output before a call (not into in-place
+        outputs, which hold the call's input)."""
+        for s in self.spec:
+            if s["role"] == "output":
+                poison(self.torch, self.tensors[s["name"]], second)
 
     def kwargs(self) -> dict[str, Any]:
         """Arguments by name: tensors and scalars."""
@@ -159,7 +163,7 @@ class Inputs:
 
 
 def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims: dict[str, Any],
-                     made: dict[str, Any]) -> list[dict[str, Any]]:
+                     made: dict[str, Any], inplace: list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Buffer spec of a CUDA ``solve``: dtype from the signature, shape from ``make_inputs``, ``shapes()`` or
     upstream's flat fallback (the product of the two largest integer dims) for a buffer neither names."""
     declared = declared_shapes(ref, dims, ref_path)
@@ -177,28 +181,37 @@ def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims
             source = "drawn"
         else:
             shape, source = [flat], "drawn"
-        spec.append({"name": p["name"], "role": p["role"], "shape": list(shape),
+        role = "inout" if p["name"] in inplace and p["role"] == "output" else p["role"]
+        spec.append({"name": p["name"], "role": role, "shape": list(shape),
                      "stride": list(stride) if stride else contiguous_stride(list(shape)), "dtype": p["dtype"],
                      "source": source})
     return spec
 
 
-def spec_from_setup(torch: Any, setup_result: Any, path: str, keep: bool = True
-                    ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Spec, scalars and (``keep``) host copies of the integer tensors from a Triton/Python ``setup()`` result."""
-    if not isinstance(setup_result, dict) or "inputs" not in setup_result or "outputs" not in setup_result:
+def spec_from_setup(torch: Any, setup_result: Any, path: str, keep: bool = True,
+                    inplace: list[str] | tuple[str, ...] = ()
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list[str]]:
+    """Spec, scalars, (``keep``) host copies of the integer tensors, and the names of the outputs the candidate
+    returns, from a Triton/Python ``setup()`` result: ``{"inputs": {name: tensor or value}, "outputs": [names]}``.
+    An output named among the inputs is written in place (an ``inout`` buffer when ``inplace`` names it); one that
+    is not is returned by ``run_kernel``; without ``"outputs"``, every output is returned (``["*"]``: named by the
+    return value itself). Raises HarnessError('contract')."""
+    if not isinstance(setup_result, dict) or "inputs" not in setup_result:
         raise HarnessError("contract", f"{path}: setup() must return {{'inputs': {{...}}, 'outputs': [names]}}")
     inputs = dict(setup_result["inputs"])
-    outputs = list(setup_result["outputs"])
-    if not outputs:
-        raise HarnessError("contract", f"{path}: setup() lists no outputs, so nothing can be checked")
-    for name in outputs:
-        if not isinstance(inputs.get(name), torch.Tensor):
+    outputs = list(setup_result["outputs"]) if "outputs" in setup_result else None
+    if outputs is not None and not outputs:
+        raise HarnessError("contract", f"{path}: setup() lists no outputs, so nothing can be checked",
+                           fix="list the outputs (in place: names among its inputs; returned: other names), or leave "
+                               "out 'outputs' when run_kernel() returns them")
+    for name in outputs or []:
+        if name in inputs and not isinstance(inputs[name], torch.Tensor):
             raise HarnessError("contract", f"{path}: output {name!r} is not a tensor among setup()'s inputs")
+    returned = ["*"] if outputs is None else [n for n in outputs if n not in inputs]
     spec, scalars, kept = [], {}, {}
     for name, v in inputs.items():
         if isinstance(v, torch.Tensor):
-            role = "output" if name in outputs else "input"
+            role = ("inout" if name in inplace else "output") if name in (outputs or []) else "input"
             source = "drawn" if (role == "output" or v.dtype.is_floating_point) else "setup"
             spec.append({"name": name, "role": role, "shape": list(v.shape), "stride": list(v.stride()),
                          "dtype": str(v.dtype).replace("torch.", ""), "source": source})
@@ -206,7 +219,47 @@ def spec_from_setup(torch: Any, setup_result: Any, path: str, keep: bool = True
                 kept[name] = v.detach().cpu().contiguous()
         else:
             scalars[name] = v
-    return spec, scalars, kept
+    return spec, scalars, kept, returned
+
+
+def returned_outputs(torch: Any, value: Any, names: list[str], inp: "Inputs", who: str,
+                     required: list[str] | None = None) -> dict[str, Any]:
+    """A call's return value as ``{output name: tensor}``: a tensor, a tuple/list of tensors (named ``names`` in
+    order, else ``out0``, ``out1``...), a dict by name, or None. A tensor that is one of the call's own in-place
+    outputs (``return y`` after writing ``y``) is no returned output. ``names`` ``["*"]``: the return value names its
+    outputs; ``[]``: every output is in place, and a value that comes back would be ignored (an error, never a
+    silent NaN). ``required`` (default: ``names``) must all come back. Raises HarnessError('contract')."""
+    in_place = {inp.tensors[n].data_ptr() for n in inp.outputs if inp.tensors[n].numel()}
+    named = [n for n in names if n != "*"]
+    if value is None or (isinstance(value, torch.Tensor) and value.numel() and value.data_ptr() in in_place):
+        got: dict[str, Any] = {}
+    elif isinstance(value, dict):
+        got = {str(k): v for k, v in value.items()}
+    elif isinstance(value, (tuple, list)):
+        keys = named if len(named) == len(value) else [f"out{i}" for i in range(len(value))] if len(value) > 1 \
+            else ["out"]
+        got = dict(zip(keys, value))
+    else:
+        got = {named[0] if named else "out": value}
+    got = {k: v for k, v in got.items() if not (isinstance(v, torch.Tensor) and v.numel()
+                                                and v.data_ptr() in in_place)}
+    bad = [k for k, v in got.items() if type(v) is not torch.Tensor]
+    if bad:
+        raise HarnessError("contract", f"{who} returned {', '.join(repr(k) for k in bad)}, which is not a plain "
+                           "torch.Tensor", fix="return tensors (a tensor, a tuple of them, or a dict by name)")
+    if got and not names:
+        raise HarnessError("contract", f"{who} returned a value ({', '.join(got)}), but its outputs "
+                           f"({', '.join(inp.outputs)}) are written in place, so the returned value would be "
+                           "ignored", fix="write the result into the output buffer (y.copy_(result)), or list a "
+                                          "returned output in setup()'s 'outputs' by a name that is not an input")
+    want = named if required is None else required
+    missing = [n for n in want if n not in got]
+    if missing or ("*" in names and required is None and not got):
+        raise HarnessError("contract", f"{who} returned {', '.join(got) or 'nothing'}, but "
+                           f"{', '.join(missing) or 'its outputs'} should come back from it",
+                           fix="return the outputs setup() lists but does not allocate (a tensor, a tuple, or a dict "
+                               "by name), or write them in place")
+    return got
 
 
 def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_path: str) -> None:

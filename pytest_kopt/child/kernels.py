@@ -8,7 +8,7 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import Inputs, spec_from_params, spec_from_setup
+from .inputs import Inputs, returned_outputs, spec_from_params, spec_from_setup
 from .loader import load_module
 
 
@@ -62,11 +62,19 @@ class Candidate:
             except Exception as exc:
                 raise HarnessError("contract", f"{req['ref']}: make_inputs() raised {type(exc).__name__}: "
                                    f"{exc}") from exc
+        inplace = list(req.get("inplace") or [])
+        #: names of the outputs the kernel returns ([] for in place only; ["*"]: named by the return value)
+        self.returned: list[str] = []
         if req["kind"] == "cuda":
             self.kernel: Any = CudaKernel(req["library"], req["params"], self.dims)
-            spec = spec_from_params(self.ref, req["ref"], req["params"], self.dims, made)
+            spec = spec_from_params(self.ref, req["ref"], req["params"], self.dims, made, inplace)
             scalars: dict[str, Any] = {}
         else:
+            if req["kind"] == "triton" and req["mode"] != "triton_build":  # the compile gate tunes (or states) it
+                from . import autotune
+
+                pins = req.get("autotune_pin") or {}
+                autotune.install("pin" if pins else ("first" if self.device == "cpu" else "tune"), pins)
             self.kernel = load_module(req["kernel"], "kopt_candidate")
             kwargs = dict(self.dims)
             kwargs["seed"] = seed
@@ -78,7 +86,7 @@ class Candidate:
             except Exception as exc:
                 raise HarnessError("contract", f"{req['kernel']}: setup() raised {type(exc).__name__}: "
                                    f"{exc}") from exc
-            spec, scalars, self.kept = spec_from_setup(torch, result, req["kernel"])
+            spec, scalars, self.kept, self.returned = spec_from_setup(torch, result, req["kernel"], inplace=inplace)
             for s in spec:
                 if s["name"] in made:
                     s["source"] = "make_inputs"
@@ -89,17 +97,25 @@ class Candidate:
         self.inputs = Inputs(torch, spec, scalars, self.device)
         self.inputs.fill(req["plan"], seed, self.ref, self.dims, self.kept)
 
-    def launch(self) -> None:
-        """Call the candidate once without waiting."""
+    def launch(self) -> Any:
+        """Call the candidate once without waiting; returns what ``run_kernel`` returned (None for a ``.cu``)."""
         if self.req["kind"] == "cuda":
             self.kernel(self.inputs.tensors)
-        else:
-            self.kernel.run_kernel(**self.inputs.kwargs())
+            return None
+        return self.kernel.run_kernel(**self.inputs.kwargs())
 
-    def run(self) -> None:
-        """Call the candidate once and wait; raises HarnessError('runtime') on a CUDA error."""
-        self.launch()
+    def run(self) -> dict[str, Any]:
+        """Call the candidate once and wait; returns its returned outputs by name
+        (:func:`~pytest_kopt.child.inputs.returned_outputs`; {} when it writes in place). Raises
+        HarnessError('runtime') on a CUDA error, HarnessError('contract') on a return value that does not fit
+        ``setup()``'s outputs."""
+        value = self.launch()
         if self.req["kind"] == "cuda":
             self.kernel.check()
         elif self.device == "cuda":
             self.torch.cuda.synchronize()
+        return returned_outputs(self.torch, value, self.returned, self.inputs, f"{self.req['kernel']}: run_kernel()")
+
+    def results(self, got: dict[str, Any]) -> dict[str, Any]:
+        """Every output of the last call by name: the in-place buffers and the returned tensors ``got``."""
+        return {**{n: self.inputs.tensors[n] for n in self.inputs.outputs}, **got}

@@ -38,13 +38,14 @@ def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     try:
         with torch.device("meta"):
             result = kernel.setup(**kwargs)
-        spec, scalars, _ = spec_from_setup(torch, result, req["kernel"], keep=False)
+        spec, scalars, _, returned = spec_from_setup(torch, result, req["kernel"], keep=False,
+                                                     inplace=req.get("inplace") or ())
     except HarnessError:
         raise
     except Exception as exc:  # the candidate's setup needs real memory: planned from ref.shapes() instead
         return {"spec": None, "scalars": {}, "meta_error": f"{type(exc).__name__}: {exc}"[:300]}
     check_layout(spec, req["kernel"])
-    return {"spec": spec, "scalars": _scalars(scalars)}
+    return {"spec": spec, "scalars": _scalars(scalars), "returned": returned}
 
 
 def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:

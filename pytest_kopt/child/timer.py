@@ -191,8 +191,9 @@ class Timer:
         raise NotImplementedError
 
     def refresh_sets(self) -> None:
-        """Before sample ``k``: new values in the set it uses, once every set has been used (outside the window)."""
-        if self.k >= len(self.sets):
+        """Before sample ``k``: new values in the set it uses, once every set has been used (outside the window);
+        before every sample with ``t["refresh_every_call"]`` (a call that changes its in-place outputs)."""
+        if self.k >= len(self.sets) or (self.t.get("refresh_every_call") and self.k):
             self.refresh(self.sets[self.k % len(self.sets)], self.k)
 
     def _stop(self) -> str | None:

@@ -86,22 +86,29 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
         def refresh(s: Inputs, k: int) -> None:
             s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), cand.ref, cand.dims, cand.kept)
 
+        if any(s["role"] == "inout" for s in cand.inputs.spec):
+            t = {**t, "refresh_every_call": True}
         timer = make_timer(torch, sets, launch, refresh, t)
 
         def finish(result: dict[str, Any]) -> dict[str, Any]:
             last = sets[(len(result["event_ms"]) - 1) % len(sets)]
             cand.inputs = last
-            if isinstance(timer, GraphTimer) and timer.graph_method == "cuda_graph":
+            inout = any(s["role"] == "inout" for s in last.spec)
+            if inout:  # the timed calls changed the in-place outputs: fresh values for the check call
+                refresh(last, -1)
+            arrays = {f"in__{s['name']}": to_numpy(torch, last.tensors[s["name"]])
+                      for s in last.spec if s["role"] in ("input", "inout")}
+            got: dict[str, Any] = {}
+            if isinstance(timer, GraphTimer) and timer.graph_method == "cuda_graph" and not cand.returned \
+                    and not inout:
                 # what was timed is the graph: poison the outputs, replay it and check *its* results (a kernel that
                 # skips its work while a capture is under way leaves them NaN)
                 last.poison_outputs()
                 timer.replay_pairs()
             else:
-                cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
-            arrays = {f"in__{s['name']}": to_numpy(torch, last.tensors[s["name"]])
-                      for s in last.spec if s["role"] == "input"}
-            # the check call above rewrote the outputs from the same inputs; a stale timed output shows up too
-            arrays.update({f"cand1__{n}": to_numpy(torch, last.tensors[n]) for n in last.outputs})
+                got = cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
+            # the check call rewrote the outputs from the saved inputs; a stale timed output shows up too
+            arrays.update({f"cand1__{n}": to_numpy(torch, t) for n, t in cand.results(got).items()})
             np.savez(req["out"] + ".npz", **arrays)
             workload = None
             if callable(getattr(cand.ref, "workload_model", None)):
@@ -111,6 +118,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
                     raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised "
                                        f"{type(exc).__name__}: {exc}") from exc
             return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
+                    "returned": sorted(got),
                     "scalars": _scalars(cand.inputs), "gpu": torch.cuda.get_device_name(0),
                     "gpu_uuid": device_uuid(torch)}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import HarnessError
+from pathlib import Path
+
+from . import HarnessError, autotune
 from .kernels import Candidate
 
 #: torch dtype name -> Triton signature type
@@ -19,16 +21,36 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
 
     On a GPU: one real call (Triton's JIT writes the cubin into ``TRITON_CACHE_DIR``). Without one: the launch is
     intercepted to read the kernel's arguments, and ``triton.compile`` builds it ahead of time for
-    ``GPUTarget("cuda", cc, 32)``, which needs no GPU. Returns the kernel names."""
+    ``GPUTarget("cuda", cc, 32)``, which needs no GPU. An ``@triton.autotune`` kernel is tuned by Triton on a GPU
+    (:mod:`~pytest_kopt.child.autotune`, mode ``tune``), and has every config compiled without one (mode ``each``;
+    its first config is the stated one). One cubin per kernel, the chosen config's, goes to ``req["pinned_dir"]``
+    (for the SASS gate). Returns the mode, the kernel names, ``autotune`` (per autotuned kernel: ``config``,
+    ``configs``, ``compiled``) and ``pinned`` (the cubin paths)."""
     import torch
     import triton
     from triton.runtime.jit import JITFunction
 
-    if req["device"] == "cuda":
-        Candidate(req).run()
-        return {"mode": "jit"}
-    captured: list[tuple[Any, tuple, dict]] = []
+    first: dict[str, Any] = {}  # kernel name -> its first compiled kernel
     original = JITFunction.run
+    if req["device"] == "cuda":
+        autotune.install("tune")
+
+        def record(self: Any, *args: Any, **kwargs: Any) -> Any:
+            kernel = original(self, *args, **kwargs)
+            first.setdefault(self.__name__, kernel)
+            return kernel
+
+        JITFunction.run = record  # type: ignore[method-assign]
+        try:
+            Candidate(req).run()
+        finally:
+            JITFunction.run = original  # type: ignore[method-assign]
+        tuned = autotune.chosen()
+        first.update({n: c["kernel"] for n, c in autotune.CHOSEN.items() if c["kernel"] is not None})
+        return {"mode": "jit", "kernels": sorted(first), "autotune": tuned,
+                "pinned": _save_cubins(first, req.get("pinned_dir"))}
+    captured: list[tuple[Any, tuple, dict]] = []
+    autotune.install("each")
 
     def capture(self: Any, *args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> None:
         captured.append((self, args, kwargs))
@@ -39,8 +61,8 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
     if not captured:
-        raise HarnessError("contract", f"{req['kernel']}: run_kernel() launched no @triton.jit kernel "
-                           "(an @triton.autotune kernel must be pinned to one config first)")
+        raise HarnessError("contract", f"{req['kernel']}: run_kernel() launched no @triton.jit kernel",
+                           fix="launch the @triton.jit kernel from run_kernel() (kernel[grid](...))")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -74,8 +96,26 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
                                    "the ahead-of-time compile cannot map")
         src = ASTSource(fn, signature, constexprs=constexprs)
         try:
-            triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+            kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
         except Exception as exc:
             raise HarnessError("compile", f"{fn.__name__}: {type(exc).__name__}: {exc}") from exc
         names.append(fn.__name__)
-    return {"mode": "aot", "kernels": names}
+        first.setdefault(fn.__name__, kernel)
+    tuned = {n: {**c, "compiled": names.count(n)} for n, c in autotune.chosen().items()}
+    return {"mode": "aot", "kernels": sorted(set(names)), "autotune": tuned,
+            "pinned": _save_cubins(first, req.get("pinned_dir"))}
+
+
+def _save_cubins(kernels: dict[str, Any], folder: str | None) -> list[str]:
+    """Write each compiled kernel's cubin to ``<folder>/<name>.cubin``; returns the paths ([] without a folder)."""
+    if not folder:
+        return []
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, kernel in sorted(kernels.items()):
+        cubin = getattr(kernel, "asm", {}).get("cubin") if kernel is not None else None
+        if cubin:
+            path = Path(folder) / f"{name}.cubin"
+            path.write_bytes(cubin)
+            paths.append(str(path))
+    return paths

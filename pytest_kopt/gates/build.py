@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from ..artifacts import read_dict, write_json
+from ..child.autotune import describe
 from ..errors import Blocked, CompileError, ConfigError, ContractError, HardwareError, KoptError, NotApplicable
 from .context import Context, Outcome
 from .contract import local_headers, uses_cutlass
@@ -59,6 +60,12 @@ class BuildResult:
     cubins: tuple[str, ...] = ()
     #: CUTLASS/CuTe include folders the build used (empty for a kernel without CUTLASS)
     include_dirs: tuple[str, ...] = ()
+    #: Triton: one cubin per kernel, of the config every later gate runs (an ``@triton.autotune`` kernel's tuned or
+    #: stated config)
+    pinned: tuple[str, ...] = ()
+    #: Triton: per ``@triton.autotune`` kernel, ``config`` (the pinned config's kwargs), ``configs`` (how many it
+    #: has), ``compiled`` (how many were compiled ahead of time without a GPU)
+    autotune: dict[str, Any] = field(default_factory=dict)
 
     @property
     def warnings(self) -> list[str]:
@@ -231,11 +238,14 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
         m = read_dict(manifest)
         if m is not None and "command" in m:
             cubins = tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin")))
-            if cubins:
-                return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins)
+            pinned = tuple(m.get("pinned") or ())
+            if cubins and all(Path(p).is_file() for p in pinned):
+                return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins,
+                                   pinned=pinned, autotune=dict(m.get("autotune") or {}))
         t0 = time.perf_counter()
         req = {"mode": "triton_build", "kind": "triton", "kernel": str(source), "ref": str(ref), "dims": dims,
-               "seed": seed, "device": device, "arch": arch, "env": {"TRITON_CACHE_DIR": str(cache_dir)}}
+               "seed": seed, "device": device, "arch": arch, "env": {"TRITON_CACHE_DIR": str(cache_dir)},
+               "pinned_dir": str(folder / "pinned")}
         result = run_child(req)
         seconds = time.perf_counter() - t0
         cubins = tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin")))
@@ -243,9 +253,10 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
             raise CompileError("Triton produced no cubin", gate="compile", path=display,
                                details=json.dumps(result)[:2000], fix="make run_kernel() launch the @triton.jit kernel")
         cmd = ["triton", result.get("mode", "?"), arch]
+        pinned, tuned = tuple(result.get("pinned") or ()), dict(result.get("autotune") or {})
         write_json(manifest, {"command": cmd, "log": "", "seconds": seconds, "parts": parts,
-                              "kernels": result.get("kernels")})
-        return BuildResult(str(cache_dir), key, False, seconds, cmd, "", cubins)
+                              "kernels": result.get("kernels"), "pinned": list(pinned), "autotune": tuned})
+        return BuildResult(str(cache_dir), key, False, seconds, cmd, "", cubins, pinned=pinned, autotune=tuned)
 
 
 def build_mark(ctx: Context) -> str:
@@ -346,6 +357,11 @@ def gate_compile(ctx: Context, case: Any = None) -> Outcome:
     if res.include_dirs:
         figures["cutlass_include"] = res.include_dirs[0]
         line += f"; CUTLASS headers from {res.include_dirs[0]}"
+    for name, tuned in sorted(res.autotune.items()):
+        how = (f"tuned over {tuned['configs']} configs" if ctx.gpu else
+               f"{tuned.get('compiled', tuned['configs'])} of {tuned['configs']} configs compiled, the first stated")
+        figures[f"autotune_{name}"] = describe(tuned["config"])
+        line += f"; @triton.autotune {name}: {how}, pinned {describe(tuned['config'])}"
     if res.warnings:
         figures["first_warning"] = res.warnings[0][:300]
         line += f"; {len(res.warnings)} compiler warning(s), the first: {res.warnings[0][:200]}"

@@ -294,6 +294,20 @@ class PyContract:
     #: ``setup()``'s returned literal: (input names, output names, line) when it returns
     #: ``{"inputs": {"x": ...}, "outputs": ["y"]}`` written out; None when it builds the dict otherwise
     setup_literal: tuple[list[str], list[str], int] | None = None
+    #: decorated function name -> the Triton decorators that tune it (``autotune``, ``heuristics``), in order
+    tuned: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _triton_decorators(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """``autotune``/``heuristics`` for each ``@triton.autotune(...)``/``@autotune(...)`` (and heuristics) on
+    ``node``."""
+    out = []
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+        if name in ("autotune", "heuristics"):
+            out.append(name)
+    return out
 
 
 class _NotLiteral:
@@ -335,8 +349,11 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     setup_literal: tuple[list[str], list[str], int] | None = None
     constants: dict[str, object] = {}
     constant_lines: dict[str, int] = {}
+    tuned: dict[str, list[str]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if _triton_decorators(node):
+                tuned[node.name] = _triton_decorators(node)
             a = node.args
             params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
             functions[node.name] = (params, a.kwarg is not None, node.lineno)
@@ -359,7 +376,7 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                    or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton"
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
-                      constant_lines=constant_lines, required=required, setup_literal=setup_literal)
+                      constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned)
 
 
 def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[str], int] | None:
@@ -437,15 +454,11 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
                             gate="preflight", path=str(path), line=line, fix="give non-negative sizes")
     if c.setup_literal is not None:
         ins, outs, ret_line = c.setup_literal
-        stray = [o for o in outs if o not in ins]
-        if stray:
-            raise ContractError(f"setup() lists output(s) {', '.join(map(repr, stray))} that are not among its "
-                                f"inputs ({', '.join(ins)})", gate="preflight", path=str(path), line=ret_line,
-                                fix="every output is a buffer in 'inputs' too, which the kernel writes in place")
         if not outs:
             raise ContractError("setup() lists no outputs, so nothing can be checked", gate="preflight",
                                 path=str(path), line=ret_line,
-                                fix='list the buffers the kernel writes: "outputs": ["y"]')
+                                fix='list the outputs: buffers among the inputs that the kernel writes in place ("outputs": ["y"]), '
+                                    'names run_kernel() returns, or leave out "outputs" when it returns them all')
     return c
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..artifacts import CorrectnessRecord, write_json
 from ..child.inputs import SECOND_POISON
 from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
+from ..child.autotune import describe
 from .build import BuildResult, built
 from .context import Context, Outcome
 from .request import harness_request
@@ -87,11 +88,11 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
     from .verdict import tolerance_warnings
 
     key = digest(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
-                 req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"))
+                 req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"), cand.get("returned"))
 
     def compute() -> tuple[dict[str, Any], bytes]:
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
-                "setup_npz": cand.get("npz"), "env": {}}
+                "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}}
         for attempt in (1, 2):  # a file changed under it is computed once more, then reported
             result = ctx.pool.run(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                                   path=str(ctx.ref), workdir=ctx.work, lock=ctx.device_lock(req["device"]),
@@ -221,6 +222,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                              f"{first['rtol_source']}; {replay})",
                              fix="fix the kernel; the indices above show where it is wrong")
     how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" and ctx.kind == "triton" else device
+    if req.get("autotune_pin"):
+        how += " with the pinned config " + "; ".join(f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())
     return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
                             f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
                             f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")
@@ -237,7 +240,7 @@ def reference_self_check(ctx: Context, req: dict[str, Any], cand: dict[str, Any]
     from .verdict import compare
 
     rreq = {**req, "mode": "reference_fp64", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
-            "setup_npz": cand.get("npz"), "env": {}}
+            "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}}
     try:
         result = ctx.pool.run(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                               path=str(ctx.ref), workdir=ctx.work, lock=ctx.device_lock(req["device"]),

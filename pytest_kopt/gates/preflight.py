@@ -29,6 +29,12 @@ def preflight(ctx: Context) -> list[contract.Param]:
                                      or any(r not in REGIMES for r in regimes)):
         raise ContractError(f"regimes = {regimes!r} is not a list of {', '.join(REGIMES)}", gate="preflight",
                             path=str(ctx.ref), fix='e.g. regimes = ["normal", "uniform", "small_int", "wide"]')
+    inplace = c.constants.get("inplace")
+    if "inplace" in c.constants and (not isinstance(inplace, (list, tuple))
+                                     or not all(isinstance(v, str) for v in inplace)):
+        raise ContractError(f"inplace = {inplace!r} is not a list of buffer names", gate="preflight",
+                            path=str(ctx.ref), line=c.constant_lines.get("inplace"),
+                            fix='name the outputs that are also inputs, e.g. inplace = ["x"]')
     extra = c.constants.get("extra_dims")
     if "extra_dims" in c.constants and (not isinstance(extra, (list, tuple)) or not all(
             isinstance(d, dict) and all(isinstance(v, (int, float)) for v in d.values()) for d in extra)):
@@ -101,7 +107,18 @@ def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
         warnings.warn(KoptDimsWarning(f"{ctx.display}: {note[2:]}"), stacklevel=1)
     if ctx.kind in ("triton", "python"):
         what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
-        return Outcome({"kind": ctx.kind}, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found{note}")
+        k = contract.read_python(ctx.kernel)
+        figures: dict[str, Any] = {"kind": ctx.kind}
+        for fn, decorators in sorted(k.tuned.items()):
+            figures[f"tuned_{fn}"] = "+".join(decorators)
+            if "autotune" in decorators:
+                note += (f"; @triton.autotune {fn}: " + (
+                    "tuned once by Triton in the compile gate, that config pinned for every later gate"
+                    if ctx.gpu else "every config compiled ahead of time, correctness on the first (no GPU to tune "
+                                    "on)"))
+            else:
+                note += f"; @triton.heuristics {fn}: its values computed at each launch, as Triton does"
+        return Outcome(figures, f"{ctx.kind}: setup/run_kernel found ({what}); ref.reference found{note}")
     kind = "cutlass" if contract.uses_cutlass(ctx.kernel) else "cuda"
     sig = ", ".join(f"{'const ' if p.is_const else ''}{p.ctype}{'*' if p.is_pointer else ''} {p.name}" for p in params)
     return Outcome({"kind": kind, "inputs": sum(p.role == "input" for p in params),

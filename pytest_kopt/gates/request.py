@@ -10,17 +10,25 @@ from .inputs import derive_seeds, draw_plan
 from .preflight import preflight
 
 
+def inplace_outputs(ctx: Context) -> list[str]:
+    """The reference's ``inplace`` list: outputs that are also inputs (an operation such as ``x.clamp_()``)."""
+    value = ctx.ref_constant("inplace")
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
 def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildResult,
                     dims: dict[str, Any] | None = None, index: int = 0,
                     timing: dict[str, Any] | None = None) -> dict[str, Any]:
     """A request of ``mode`` for ``ctx``'s kernel built as ``res``, on ``device`` (``cuda`` or ``cpu``), with the
     inputs of validation seed number ``index`` (value ``seed``) at ``dims`` (None: the session's). ``timing``: the
     timing policy, for the timing modes. Triton and Python candidates get their build's ``TRITON_CACHE_DIR``, and
-    ``TRITON_INTERPRET=1`` on the CPU."""
+    ``TRITON_INTERPRET=1`` on the CPU; an ``@triton.autotune`` kernel runs the config its build pinned
+    (``autotune_pin``: kernel name -> config kwargs), never tuning again."""
     dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
     env = candidate_env(ctx, device)
     return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
             "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
-            "arch": ctx.arch, "env": env, "timing": timing}
+            "arch": ctx.arch, "env": env, "timing": timing, "inplace": inplace_outputs(ctx),
+            "autotune_pin": {name: c["config"] for name, c in res.autotune.items()}}

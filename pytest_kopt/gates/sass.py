@@ -123,7 +123,8 @@ def gate_sass(ctx: Context, case: Any = None) -> Outcome:
         raise NotApplicable("pure-Python candidate: no GPU code to disassemble")
     sources = [ctx.kernel, *local_headers(ctx.kernel)] if ctx.kind == "cuda" else [ctx.kernel]
     res = built(ctx)
-    artifacts = list(res.cubins) if res.cubins else [res.artifact]
+    # an @triton.autotune build holds every config's cubin: the SASS checked is the pinned config's
+    artifacts = list(res.pinned) if res.autotune and res.pinned else list(res.cubins) if res.cubins else [res.artifact]
     functions = dump_sass(ctx.tool("cuobjdump"), artifacts)
     if not functions:
         if ctx.kind == "cuda":

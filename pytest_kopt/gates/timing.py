@@ -193,11 +193,12 @@ def race_safe(ctx: Context) -> bool | None:
 def bench_head(ctx: Context, result: dict[str, Any]) -> dict[str, Any]:
     """The fields every ``bench.json`` starts with: the kernel, its dims, arch, the GPU that timed it (name and UUID
     as the timed process reported them, the session's index of it) and SKILL.md's pass flags of the earlier
-    gates."""
+    gates; ``autotune``: per ``@triton.autotune`` kernel, the config the build pinned and every gate ran."""
     return {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "requested_dims": ctx.settings.dims,
             "realized_dims": ctx.settings.dims, "arch": ctx.arch, "gpu": result.get("gpu"),
             "gpu_uuid": result.get("gpu_uuid"), "gpu_index": (ctx.env.get("gpu") or {}).get("index"),
-            "compile_pass": True, "contract_pass": True, "correctness_pass": True}
+            "compile_pass": True, "contract_pass": True, "correctness_pass": True,
+            "autotune": {name: c["config"] for name, c in built(ctx).autotune.items()} if ctx.kind == "triton" else {}}
 
 
 def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any]) -> Any:
@@ -210,7 +211,7 @@ def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any
     check: dict[str, Any] = {}
     try:
         creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
-                "inputs_npz": result["npz"], "env": {}}
+                "returned": result.get("returned"), "inputs_npz": result["npz"], "env": {}}
         check = ctx.pool.run(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                              path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
                              server=ctx.server("reference"))

@@ -40,7 +40,8 @@ class Ledger:
             nodeid=report.nodeid, kernel=str(props.get("kopt_kernel", "")), gate=gate, case=props.get("kopt_case"),
             outcome=report.outcome, status=status, exit_code=props.get("kopt_exit_code"),
             blocked_by=props.get("kopt_blocked_by"), duration_s=round(report.duration, 4),
-            summary=props.get("kopt_summary"), message=message,
+            summary=props.get("kopt_summary"), message=message, path=props.get("kopt_path"),
+            line=props.get("kopt_line"), fix=props.get("kopt_fix"), details=props.get("kopt_details"),
             figures={k: v for k, v in props.items() if not k.startswith("kopt_")}))
 
     def exit_code(self) -> int | None:

@@ -93,7 +93,9 @@ class KoptItem(pytest.Item):
             if not exc.gate:
                 exc.gate = self.gate.name
             self.user_properties += [("kopt_status", exc.status), ("kopt_exit_code", exc.exit_code),
-                                     ("kopt_message", exc.message)]
+                                     ("kopt_message", exc.message), ("kopt_path", exc.path),
+                                     ("kopt_line", exc.line), ("kopt_fix", exc.fix),
+                                     ("kopt_details", (exc.details or "")[-4000:] or None)]
             raise
         self.user_properties.append(("kopt_status", "PASSED"))
         self.user_properties += [(k, v) for k, v in outcome.figures.items() if isinstance(v, (int, float, str, bool))]

@@ -1,0 +1,82 @@
+"""``@triton.autotune`` in a harness process: tune once, then pin.
+
+The autotuner benchmarks every config on the first call of each key; a timed run, an ncu profile or a SASS check
+that includes that tuning measures the configs it threw away (SKILL.md: hard-code the config before profiling).
+So the compile gate's process lets it choose (on a GPU) or states the first config (without one, where it cannot
+time anything), and every later process runs that one config: :func:`install` wraps ``Autotuner.run`` in the
+process, in one of four modes:
+
+- ``tune``: Triton's own tuning; the choice is recorded (the compile gate on a GPU);
+- ``pin``: the recorded config of each kernel, no tuning (every later gate);
+- ``first``: each kernel's first config, no tuning (correctness under Triton's CPU interpreter, whose launches
+  cannot be timed);
+- ``each``: every config launched in turn (the ahead-of-time compile without a GPU, which captures the launches).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: kernel name -> {"config": the config's kwargs, "configs": how many it has, "kernel": the compiled kernel or None}
+CHOSEN: dict[str, dict[str, Any]] = {}
+
+
+def config_kwargs(config: Any) -> dict[str, Any]:
+    """A ``triton.Config``'s meta-parameters and launch options (num_warps, num_stages...) as plain values."""
+    return {k: v for k, v in config.all_kwargs().items() if isinstance(v, (int, float, bool, str))}
+
+
+def describe(kwargs: dict[str, Any]) -> str:
+    """``BLOCK_M=64, num_warps=4`` for a config's kwargs."""
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
+    """Wrap ``triton.runtime.autotuner.Autotuner.run`` for ``mode`` (see the module); ``pins`` maps a kernel's name
+    to the config kwargs to run (``pin``). Returns False when triton has no autotuner to wrap. Raises KeyError in a
+    launch when a pin names no config of the kernel (its configs changed since the compile gate)."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return False
+    original = getattr(Autotuner.run, "__kopt_original__", Autotuner.run)
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = self.base_fn.__name__
+        configs = list(self.configs)
+        if mode == "tune" or (len(configs) < 2 and mode != "each") or (mode == "pin" and name not in (pins or {})):
+            ret = original(self, *args, **kwargs)
+            chosen = self.best_config
+        else:
+            self.nargs = dict(zip(self.arg_names, args))
+            if mode == "pin":
+                want = pins[name]
+                matching = [c for c in configs if config_kwargs(c) == want]
+                if not matching:
+                    raise KeyError(f"{name}: no config of its @triton.autotune is {describe(want)}, the one the "
+                                   "compile gate pinned")
+                run_configs = matching[:1]
+            elif mode == "each":
+                run_configs = list(self.prune_configs(kwargs))
+            else:
+                run_configs = configs[:1]
+            ret = None
+            for config in run_configs:
+                full = {**self.nargs, **kwargs, **config.all_kwargs()}
+                if config.pre_hook is not None:
+                    config.pre_hook(full)
+                ret = self.fn.run(*args, **kwargs, **config.all_kwargs())
+            chosen = run_configs[0]
+            self.best_config = chosen
+            self.nargs = None
+        CHOSEN[name] = {"config": config_kwargs(chosen), "configs": len(configs), "kernel": ret}
+        return ret
+
+    run.__kopt_original__ = original  # type: ignore[attr-defined]
+    Autotuner.run = run  # type: ignore[method-assign]
+    return True
+
+
+def chosen() -> dict[str, dict[str, Any]]:
+    """Per autotuned kernel launched in this process: ``config`` (kwargs) and ``configs`` (how many it has)."""
+    return {name: {"config": c["config"], "configs": c["configs"]} for name, c in CHOSEN.items()}
