@@ -209,3 +209,38 @@ def test_an_autotuned_triton_kernel_compiles_every_config_and_is_checked_on_the_
     assert corr["status"] == "PASSED" and "pinned config scale_kernel: BLOCK=64, num_warps=1" in corr["summary"]
     assert sass["status"] == "PASSED" and sass["figures"]["functions"] == 1, sass
     assert result.ret == 0
+
+
+BF16 = '''\
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+def setup(n, seed, device="cuda"):
+    x = torch.empty(n, device=device, dtype=torch.bfloat16)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+def run_kernel(x, y):
+    scale_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+'''
+
+
+@needs_triton
+def test_a_bf16_triton_kernel_is_not_judged_by_the_interpreter(pytester: pytest.Pytester) -> None:
+    """An honest bf16 Triton kernel on the CPU: correctness is skipped, blocked by hardware with the interpreter's
+    reason, never a RUNTIME_ERROR or INCORRECT_NUMERICAL that says "fix the kernel"; it still compiles and its SASS
+    is checked, and the session exits 0."""
+    pytester.makepyfile(ref="atol = 1e-2\nrtol = 1e-2\ndef reference(x, y, **_):\n    y.copy_(2 * x)\n", k=BF16)
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=1000",
+                            "--kopt-seeds", "1")
+    corr = items["k.py::correctness[seed=1]"]
+    assert (corr["outcome"], corr["status"], corr["blocked_by"]) == ("skipped", "SKIPPED", "hardware"), corr
+    assert "Triton's interpreter does not compute bfloat16 right" in corr["message"]
+    assert items["k.py::compile"]["status"] == items["k.py::sass"]["status"] == "PASSED"
+    assert result.ret == 0

@@ -67,6 +67,7 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     if any(found.values()):
         return {"spec": inp.spec, "guards": found, "outputs": inp.outputs, "returned": sorted(got)}
     names = sorted(got)
+    dtypes = {n: str(t.dtype).replace("torch.", "") for n, t in cand.results(got).items()}
     _host(torch, cand.results(got), "cand1", arrays)
     _spoil(torch, got)
     if req.get("calls", 3) >= 2:
@@ -94,7 +95,7 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     np.savez(req["out"] + ".npz", **arrays)
     return {"save_s": time.perf_counter() - t_save, "spec": inp.spec, "setup_sha": setup_sha.hexdigest(),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
-            "guards": found, "outputs": inp.outputs + names, "returned": names, "first_call_ms": first_ms,
+            "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes, "first_call_ms": first_ms,
             "npz": req["out"] + ".npz"}
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import CorrectnessRecord, write_json
+from ..artifacts import CorrectnessRecord, read_dict, write_json
 from ..child.inputs import SECOND_POISON
 from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
@@ -115,6 +115,23 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
     return {**payload, "npz_bytes": data, "cache_hit": hit}
 
 
+#: dtypes Triton's interpreter (TRITON_INTERPRET=1) does not compute right: triton 3.8 raises
+#: ``'InterpreterBuilder' object has no attribute 'get_bf16'`` on ``2.0 * x`` of a bfloat16 x; an earlier session
+#: reported NumPy arithmetic on the bit patterns (2*x of [-0.54, -2.14, -0.82] giving [-0.0, 2.0, 0.0])
+INTERPRETER_UNSOUND = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+
+
+def interpreter_unsound(ctx: Context, device: str, spec: list[dict[str, Any]] | None,
+                        dtypes: dict[str, str] | None = None) -> None:
+    """Raise Blocked (by hardware: a GPU judges it) when a Triton kernel would be judged by Triton's CPU interpreter
+    on a buffer of a dtype it does not compute right (:data:`INTERPRETER_UNSOUND`): never a false "incorrect"."""
+    found = sorted(({b["dtype"] for b in spec or []} | set((dtypes or {}).values())) & INTERPRETER_UNSOUND)
+    if device == "cpu" and ctx.kind == "triton" and found:
+        raise Blocked("hardware", f"no GPU, and Triton's interpreter does not compute {', '.join(found)} right (it "
+                      "fails on or miscomputes these dtypes), so its outputs would say nothing about the kernel: "
+                      "a kernel with these dtypes is judged on a GPU")
+
+
 def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     """One case: harness-owned inputs drawn from the seed's plan, outputs NaN-poisoned before every call, four
     candidate calls (twice on set A, set B in the same buffers, set B in new buffers), the reference in its own
@@ -123,6 +140,7 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     ContractError; Blocked by hardware (a ``.cu`` without a GPU) or compile."""
     device = ctx.device_for("correctness", cpu_ok=ctx.kind in ("triton", "python"))
     res = built(ctx)
+    interpreter_unsound(ctx, device, (read_dict(ctx.outdir / "plan.json") or {}).get("spec"))
     record: dict[str, Any] = {"case": case, "device": device, "fingerprint": fingerprint(ctx, res, case, device),
                               "passed": False}
     try:
@@ -163,6 +181,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
             raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
                                  path=ctx.display, status=status, fix="write results into the output buffers "
                                  "in place and leave the inputs untouched", details=replay)
+    interpreter_unsound(ctx, device, cand["spec"], cand.get("dtypes"))
     # where a seed's wall time goes (s): the candidate's process (inputs, 4 calls, npz), the reference's (cached
     # across candidates), and the judge here
     phase_s = {"candidate": time.perf_counter() - clock, "candidate_save": cand.get("save_s")}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..artifacts import write_json
 from ..errors import ContractError, NotApplicable, TooLargeError
 from .build import compile_env
 from .context import Context, Outcome
@@ -135,6 +136,8 @@ def gate_plan(ctx: Context, case: Any = None) -> Outcome:
         raise TooLargeError(f"the case needs about {gib(need_host)} of this machine's memory (the outputs of every "
                             f"call, {gib(est['output_bytes'])} each, to judge them) but {gib(host)} are available",
                             gate="plan", path=ctx.display, fix="give smaller --kopt-dims")
+    write_json(ctx.outdir / "plan.json", {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "spec": plan["spec"],
+                                          "note": plan["note"], "estimate": est})
     shown = ", ".join(f"{s['name']} {s['dtype']}{list(s['shape'])} {s['role'][:3]}" for s in plan["spec"][:4])
     where = f"{gib(free)} free on the GPU" if free is not None else "no GPU to check against"
     if not plan["spec"]:
