@@ -77,6 +77,9 @@ class Bench:
     workload: dict[str, float] | None
     pr_baseline: dict[str, Any] | None
     doc: dict[str, Any] = field(repr=False)
+    #: several benchmark shapes: one row per shape (``dims``, ``label``, ``path`` of its own bench.json,
+    #: ``median_ms``, ``timing_valid``); then ``median_ms`` is their geometric mean and ``samples_ms`` empty
+    shapes: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, folder: Path) -> "Bench | None":
@@ -88,7 +91,12 @@ class Bench:
         median = doc.get("median_ms")
         return cls(timing_valid=valid, median_ms=float(median) if valid and median is not None else None,
                    samples_ms=list(doc.get("samples_ms") or []), gpu_uuid=doc.get("gpu_uuid"),
-                   workload=doc.get("workload"), pr_baseline=doc.get("pr_baseline"), doc=doc)
+                   workload=doc.get("workload"), pr_baseline=doc.get("pr_baseline"), doc=doc,
+                   shapes=[r for r in doc.get("shapes") or [] if isinstance(r, dict)])
+
+    def shape_benches(self) -> dict[str, "Bench | None"]:
+        """Each benchmark shape's own bench.json by its label (``M=4096,N=1024``); {} for one shape."""
+        return {str(r.get("label")): Bench.load(Path(str(r.get("path", ""))).parent) for r in self.shapes}
 
     @property
     def valid_samples(self) -> list[float] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .stats import bootstrap_ratio_ci
+from .stats import bootstrap_geomean_ratio_ci, bootstrap_ratio_ci
 
 
 def verdict(baseline_ms: list[float], candidate_ms: list[float], threshold_pct: float) -> dict[str, Any]:
@@ -24,6 +24,23 @@ def verdict(baseline_ms: list[float], candidate_ms: list[float], threshold_pct: 
     if threshold_pct < 0:
         raise ValueError("threshold must be >= 0")
     ratio, lo, hi = bootstrap_ratio_ci(baseline_ms, candidate_ms)
+    return classify(ratio, lo, hi, threshold_pct)
+
+
+def verdict_shapes(shapes: list[tuple[list[float], list[float]]], threshold_pct: float) -> dict[str, Any]:
+    """:func:`verdict` over several benchmark shapes: the speedup is the geometric mean of the per-shape speedups
+    (baseline samples, candidate samples per shape, ms), its CI a bootstrap over every shape's samples
+    (:func:`pytest_kopt.stats.bootstrap_geomean_ratio_ci`), classified as :func:`verdict` does. Raises ValueError
+    on no shapes, an empty sample list or a negative threshold."""
+    if threshold_pct < 0:
+        raise ValueError("threshold must be >= 0")
+    ratio, lo, hi = bootstrap_geomean_ratio_ci(shapes)
+    return {**classify(ratio, lo, hi, threshold_pct), "shapes": len(shapes), "geomean": True}
+
+
+def classify(ratio: float, lo: float, hi: float, threshold_pct: float) -> dict[str, Any]:
+    """SLOWER/FASTER/SAME/AMBIGUOUS of a speedup ``ratio`` with 95% CI [lo, hi] against ``threshold_pct`` (see
+    :func:`verdict`)."""
     t = threshold_pct / 100.0
     if hi < 1 / (1 + t):
         v = "SLOWER"

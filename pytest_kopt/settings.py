@@ -45,7 +45,9 @@ class Settings:
 
     baseline: Path | None = None
     ref: Path | None = None
-    dims: dict[str, int | float] = field(default_factory=dict)
+    dims: dict[str, Any] = field(default_factory=dict)
+    #: every test shape (dims of each, the first is ``dims``): ``--kopt-dims`` repeated, or ref.py's ``dims`` list
+    shapes: tuple[dict[str, Any], ...] = ()
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     atol: float | None = None
     rtol: float | None = None
@@ -198,6 +200,74 @@ def _number(value: Any, what: str) -> int | float:
         raise ConfigError(f"{what}: {s!r} is not a number", fix="give an integer (4096) or a float (1e-5)") from None
 
 
+def ref_shapes(ref: Path, name: str) -> list[dict[str, Any]]:
+    """ref.py's ``dims`` (test shapes) or ``benchmarks`` (timed shapes) literal: a list of dicts of dims, whose
+    values may be numbers, booleans, strings or tuples of numbers (a KernelBench size, a GPU MODE key); [] when it
+    has none. Raises ConfigError naming the file and line when the literal is malformed."""
+    from .gates.contract import read_python
+    from .errors import ContractError
+
+    try:
+        c = read_python(ref)
+    except ContractError:
+        return []  # the preflight item reports a reference that does not parse
+    if name not in c.constants:
+        if c.problem_format == "gpumode":
+            return task_shapes(ref.parent / "task.yml", "tests" if name == "dims" else "benchmarks")
+        return []
+    value = c.constants[name]
+    ok = isinstance(value, (list, tuple)) and value and all(
+        isinstance(d, dict) and d and all(isinstance(k, str) and _NAME_RE.match(k) and _dim_value(v)
+                                          for k, v in d.items()) for d in value)
+    if not ok:
+        raise ConfigError(f"{ref}:{c.constant_lines.get(name)}: {name} = {value!r} is not a list of shapes",
+                          fix=f'write {name} = [{{"M": 1024, "N": 1024}}, {{"M": 4096, "N": 512}}] (a dict of dims '
+                              "per shape: numbers, booleans, strings or tuples of numbers)")
+    return [{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()} for d in value]
+
+
+def task_shapes(path: Path, key: str) -> list[dict[str, Any]]:
+    """A GPU MODE ``task.yml``'s ``tests`` or ``benchmarks``: one dict of ``generate_input`` arguments per shape,
+    its ``seed`` left out (kopt's seeds are used); [] when there is no such file or list. Raises ConfigError when
+    the file is not YAML or pyyaml is missing."""
+    if not path.is_file():
+        return []
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(f"{path}: reading a GPU MODE task.yml needs pyyaml", fix="pip install pyyaml") from None
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix task.yml") from None
+    rows = (doc or {}).get(key) if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        return []
+    out = []
+    for row in rows:
+        if not isinstance(row, dict) or not all(isinstance(k, str) and _dim_value(v) for k, v in row.items()):
+            raise ConfigError(f"{path}: {key} entry {row!r} is not a dict of sizes",
+                              fix=f"write each of {key} as a dict, e.g. - {{size: 1024, seed: 1}}")
+        shape = {k: v for k, v in row.items() if k != "seed"}
+        if shape:
+            out.append(shape)
+    return out
+
+
+def _dim_value(v: Any) -> bool:
+    if isinstance(v, (bool, int, float, str)):
+        return True
+    return isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+
+def dims_label(dims: dict[str, Any]) -> str:
+    """``M=4096,N=1024`` for a shape (a tuple size as ``4x64``): the node-id case of a per-shape item, ``-k``
+    friendly."""
+    def show(v: Any) -> str:
+        return "x".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
+    return ",".join(f"{k}={show(v)}" for k, v in dims.items())
+
+
 def parse_seeds(text: str, source: str = "--kopt-seeds") -> tuple[int, ...]:
     """Parse ``7,19,41`` into a tuple of distinct non-negative ints; raises ConfigError naming ``source``."""
     seeds: list[int] = []
@@ -278,7 +348,7 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     """
     def opt(name: str) -> Any:
         value = get(name)
-        return None if value in (None, "") else value
+        return None if value is None or value == "" or value == [] else value
 
     baseline = opt("baseline")
     ref = opt("ref")
@@ -291,7 +361,21 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     if ref is None:
         raise ConfigError("--kopt-ref is missing", fix="add --kopt-ref path/to/ref.py (it defines reference(**kwargs))")
     ref_path = _path(str(ref), "--kopt-ref", base, (".py",))
-    dims = parse_dims(str(opt("dims") or ""))
+    given_dims = get("dims")
+    if isinstance(given_dims, str):
+        given_dims = [given_dims]
+    texts = [str(t) for t in (given_dims or []) if str(t).strip()]
+    if texts:
+        shapes = [parse_dims(t, "--kopt-dims" if len(texts) == 1 else f"--kopt-dims #{i + 1}")
+                  for i, t in enumerate(texts)]
+    else:
+        shapes = ref_shapes(ref_path, "dims")
+    shapes = [d for i, d in enumerate(shapes) if d not in shapes[:i]]
+    if len({tuple(sorted(d)) for d in shapes}) > 1:
+        names = sorted({tuple(sorted(d)) for d in shapes})
+        raise ConfigError(f"--kopt-dims: the shapes name different dims ({' vs '.join(','.join(n) for n in names)})",
+                          fix="give every shape the same dim names (a shape is one set of values for them)")
+    dims = shapes[0] if shapes else {}
     session_seed: int | None = None
     seed_text = str(opt("seed")) if opt("seed") is not None else None
     if opt("seeds") is not None and seed_text is not None:
@@ -355,7 +439,8 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
     if mode not in NUMERICS_MODES:
         raise ConfigError(f"--kopt-numerics-mode: {mode!r}", fix=f"choose {', '.join(NUMERICS_MODES)}")
     storage = Path(str(opt("storage") or ".benchmarks"))
-    return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims, seeds=seeds,
+    return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims,
+                    shapes=tuple(shapes) or (dims,), seeds=seeds,
                     atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,

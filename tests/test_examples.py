@@ -20,6 +20,7 @@ CASES = {
     "matmul_triton": ("matmul.py", "M=32,N=32,K=32"),
     "gemm_cutlass": ("gemm_cutlass.cu", "M=128,N=96,K=40"),
     "softmax_cuda": ("softmax.cu", "M=16,N=1000"),
+    "matmul_autotune": ("matmul.py", "M=40,N=72,K=48"),
 }
 
 

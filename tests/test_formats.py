@@ -244,3 +244,185 @@ def test_a_bf16_triton_kernel_is_not_judged_by_the_interpreter(pytester: pytest.
     assert "Triton's interpreter does not compute bfloat16 right" in corr["message"]
     assert items["k.py::compile"]["status"] == items["k.py::sass"]["status"] == "PASSED"
     assert result.ret == 0
+
+
+def test_three_shapes_give_per_shape_items(pytester: pytest.Pytester) -> None:
+    """ref.py's ``dims = [...]`` with three shapes and two seeds: six correctness items named by shape and seed,
+    three timing items named by shape (``-k`` friendly), the report's ``shapes`` listing all three and ``dims``
+    the first; every correctness item ran at its own shape (its summary says so)."""
+    pytester.makepyfile(ref='dims = [{"n": 64}, {"n": 1000}, {"n": 4097}]\n' + RET_REF,
+                        k=RET_KERNEL.format(outputs='["y"]', body="    return 2 * x"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-seeds", "1,2")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert doc["shapes"] == [{"n": 64}, {"n": 1000}, {"n": 4097}] and doc["dims"] == {"n": 64}
+    for n in (64, 1000, 4097):
+        for seed in (1, 2):
+            item = items[f"k.py::correctness[n={n},seed={seed}]"]
+            assert item["status"] == "PASSED" and item["summary"].startswith(f"n={n},seed={seed} "), item
+        timing = items[f"k.py::timing[n={n}]"]
+        assert timing["outcome"] == "skipped" and timing["blocked_by"] == "hardware", timing
+    assert "k.py::timing" not in items and result.ret == 0
+
+
+def test_repeated_dims_on_the_command_line_are_shapes_and_must_name_the_same_dims(pytester: pytest.Pytester) -> None:
+    """``--kopt-dims n=64 --kopt-dims n=128``: two shapes; shapes naming different dims are a usage error (exit 4)
+    naming both sets."""
+    pytester.makepyfile(ref=RET_REF, k=RET_KERNEL.format(outputs='["y"]', body="    return 2 * x"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-seeds", "1",
+                            "--kopt-dims", "n=64", "--kopt-dims", "n=128", "-k", "correctness")
+    assert {k for k in items if "correctness" in k} == {"k.py::correctness[n=64,seed=1]",
+                                                          "k.py::correctness[n=128,seed=1]"}
+    assert all(i["status"] == "PASSED" for i in items.values() if "correctness" in i["nodeid"])
+    bad = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                        "--kopt-dims", "m=128", "-p", "no:cacheprovider")
+    assert bad.ret == 4
+    bad.stderr.fnmatch_lines(["*the shapes name different dims (m vs n)*"])
+
+
+def test_a_malformed_benchmarks_list_fails_preflight(pytester: pytest.Pytester) -> None:
+    """``benchmarks = [64, 128]`` (numbers, not dicts of dims): preflight CONTRACT_ERROR at ref.py's line with the
+    form to write, exit 4."""
+    pytester.makepyfile(ref="benchmarks = [64, 128]\n" + RET_REF,
+                        k=RET_KERNEL.format(outputs='["y"]', body="    return 2 * x"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                            "--kopt-seeds", "1")
+    item = items["k.py::preflight"]
+    assert item["status"] == "CONTRACT_ERROR" and item["line"] == 1, item
+    assert "benchmarks = [64, 128] is not a list of shapes" in item["message"] and '"M": 1024' in item["fix"]
+    assert result.ret == 4
+
+
+KB_PROBLEM = '''\
+import torch
+import torch.nn as nn
+
+batch, features_in, features_out = 16, 32, 8
+
+
+class Model(nn.Module):
+    """A linear layer followed by a ReLU."""
+
+    def __init__(self, features_in, features_out):
+        super().__init__()
+        self.fc = nn.Linear(features_in, features_out)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(batch, features_in)]
+
+
+def get_init_inputs():
+    return [features_in, features_out]
+'''
+KB_NEW = '''\
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features_in, features_out):
+        super().__init__()
+        self.fc = nn.Linear(features_in, {width})
+
+    def forward(self, x):
+        return {body}
+'''
+
+
+def test_a_kernelbench_problem_runs_as_is(pytester: pytest.Pytester) -> None:
+    """A KernelBench-format problem (Model with an nn.Linear, get_inputs, get_init_inputs) and three ModelNew
+    candidates, no --kopt-dims: the right one PASSES on both seeds (its weights are Model's, loaded from the same
+    seed), one with the bias dropped is INCORRECT_NUMERICAL, one whose layer has another shape is a
+    CONTRACT_ERROR naming the parameter and both shapes."""
+    pytester.makepyfile(problem=KB_PROBLEM,
+                        new=KB_NEW.format(width="features_out",
+                                          body="torch.clamp_min(x @ self.fc.weight.t() + self.fc.bias, 0)"),
+                        nobias=KB_NEW.format(width="features_out", body="torch.clamp_min(x @ self.fc.weight.t(), 0)"),
+                        wide=KB_NEW.format(width="2 * features_out", body="torch.relu(self.fc(x))"))
+    result, items = session(pytester, "--kopt-baseline", "new.py", "--kopt-candidate", "nobias.py",
+                            "--kopt-candidate", "wide.py", "--kopt-ref", "problem.py", "--kopt-seeds", "1,2")
+    assert "KernelBench (Model/ModelNew) format, run as is" in items["new.py::preflight"]["summary"]
+    for seed in (1, 2):
+        assert items[f"new.py::correctness[seed={seed}]"]["status"] == "PASSED", items[f"new.py::correctness[seed={seed}]"]
+    assert items["nobias.py::correctness[seed=1]"]["status"] == "INCORRECT_NUMERICAL"
+    wide = items["wide.py::correctness[seed=1]"]
+    assert wide["status"] == "CONTRACT_ERROR", wide
+    assert wide["message"].endswith("wide.py: ModelNew's parameters differ from Model's; shapes: fc.weight [16, 32] "
+                                    "vs [8, 32], fc.bias [16] vs [8]"), wide["message"]
+    assert "same weights" in wide["fix"]
+    assert result.ret == 2  # both fail at correctness: the first failing item of the earliest gate decides
+
+
+GPUMODE_REFERENCE = '''\
+import torch
+
+
+def generate_input(size: int, seed: int):
+    gen = torch.Generator(device="{device}").manual_seed(seed)
+    a = torch.randn(size, size, generator=gen, device="{device}")
+    return a, torch.empty(size, size, device="{device}")
+
+
+def ref_kernel(data):
+    a, out = data
+    out.copy_(torch.tril(a) * 2)
+    return out
+'''
+GPUMODE_TASK = """\
+tests:
+  - {size: 8, seed: 101}
+  - {size: 33, seed: 102}
+  - {size: 64, seed: 103}
+benchmarks:
+  - {size: 1024, seed: 201}
+  - {size: 2048, seed: 202}
+"""
+GPUMODE_SUBMISSION = '''\
+import torch
+
+
+def custom_kernel(data):
+    a, out = data
+    {body}
+    return out
+'''
+
+
+def test_a_gpu_mode_problem_runs_on_every_test_shape(pytester: pytest.Pytester) -> None:
+    """A GPU MODE-format problem (reference.py with generate_input/ref_kernel whose data carries the output
+    buffer, task.yml with 3 test and 2 benchmark shapes) and a custom_kernel submission, no --kopt-dims: every
+    seed on every test shape (seeds from kopt, not task.yml), one timing item per benchmark shape; a submission
+    that forgets the factor 2 is INCORRECT_NUMERICAL on each shape."""
+    pytester.makepyfile(reference=GPUMODE_REFERENCE.format(device="cpu"),
+                        submission=GPUMODE_SUBMISSION.format(body="out.copy_(torch.tril(a) + torch.tril(a))"),
+                        wrong=GPUMODE_SUBMISSION.format(body="out.copy_(torch.tril(a))"))
+    (pytester.path / "task.yml").write_text(GPUMODE_TASK)
+    result, items = session(pytester, "--kopt-baseline", "submission.py", "--kopt-candidate", "wrong.py",
+                            "--kopt-ref", "reference.py", "--kopt-seeds", "1")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert doc["shapes"] == [{"size": 8}, {"size": 33}, {"size": 64}]
+    for size in (8, 33, 64):
+        good = items[f"submission.py::correctness[size={size},seed=1]"]
+        assert good["status"] == "PASSED", good
+        assert items[f"wrong.py::correctness[size={size},seed=1]"]["status"] == "INCORRECT_NUMERICAL"
+    assert {k.split("::")[1] for k in items if k.startswith("submission.py::timing")} == {"timing[size=1024]",
+                                                                                       "timing[size=2048]"}
+    assert result.ret == 2
+
+
+def test_a_gpu_mode_problem_that_hard_codes_cuda_is_one_clear_skip(pytester: pytest.Pytester) -> None:
+    """generate_input with device="cuda" on a machine without a GPU: the plan item is skipped, blocked by
+    hardware with the reason (the problem's code asks for CUDA), and so is everything after it; nothing fails."""
+    pytester.makepyfile(reference=GPUMODE_REFERENCE.format(device="cuda"),
+                        submission=GPUMODE_SUBMISSION.format(body="out.copy_(torch.tril(a) * 2)"))
+    (pytester.path / "task.yml").write_text(GPUMODE_TASK)
+    result, items = session(pytester, "--kopt-baseline", "submission.py", "--kopt-ref", "reference.py",
+                            "--kopt-seeds", "1")
+    plan = items["submission.py::plan"]
+    assert (plan["outcome"], plan["blocked_by"]) == ("skipped", "hardware"), plan
+    assert "generate_input(size=8, seed=1) asks for CUDA" in plan["message"], plan
+    assert not [i for i in items.values() if i["outcome"] == "failed"]
+    assert result.ret == 0

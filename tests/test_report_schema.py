@@ -151,7 +151,7 @@ def _mutations() -> dict[str, tuple[str, object]]:
         "wrong schema_version": ("doc", lambda d: d.update(schema_version=2)),
         "wrong tool": ("doc", lambda d: d.update(tool="pytest-kopt2")),
         "missing items": ("doc", lambda d: d.pop("items")),
-        "string dim": ("doc", lambda d: d["dims"].update(M="4096")),
+        "object dim": ("doc", lambda d: d["dims"].update(M={"v": 4096})),
         "float seed": ("doc", lambda d: d.update(seeds=[1.5])),
         "env without gpus": ("doc", lambda d: d["env"].pop("gpus")),
         "string exit code": ("doc", lambda d: d.update(exit_code="0")),

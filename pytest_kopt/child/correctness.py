@@ -10,7 +10,7 @@ from typing import Any
 from . import HarnessError
 from .inputs import Inputs, check_spec, poison, returned_outputs
 from .kernels import Candidate
-from .loader import load_module
+from .formats import GpuModeReference, load_reference
 from .transfer import save_npz, to_numpy
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
@@ -18,8 +18,10 @@ DEFAULT_ATOL = 1e-3
 DEFAULT_RTOL = 1e-3
 
 
-def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, Any]) -> dict[str, list[str]]:
-    """After a call: buffers replaced or no longer plain tensors, and inputs the call modified."""
+def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, Any],
+           written_outputs: set[int] = frozenset()) -> dict[str, list[str]]:
+    """After a call: buffers replaced or no longer plain tensors, and inputs the call modified (except the buffers
+    at ``written_outputs``' addresses: a GPU MODE ``data`` that carries its output buffer, written and returned)."""
     found: dict[str, list[str]] = {"not_a_tensor": [], "buffer_replaced": [], "input_mutated": []}
     for s in inp.spec:
         t = inp.tensors[s["name"]]
@@ -27,7 +29,8 @@ def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, An
             found["not_a_tensor"].append(f"{s['name']} is {type(t).__module__}.{type(t).__qualname__}")
         elif t.data_ptr() != ptrs[s["name"]] or list(t.shape) != s["shape"]:
             found["buffer_replaced"].append(s["name"])
-        elif s["role"] == "input" and not torch.equal(t, pristine[s["name"]]):  # in-place outputs may change
+        elif s["role"] == "input" and t.data_ptr() not in written_outputs \
+                and not torch.equal(t, pristine[s["name"]]):  # in-place outputs may change
             n = int((t != pristine[s["name"]]).sum())
             found["input_mutated"].append(f"{s['name']} ({n} elements changed)")
     return found
@@ -43,6 +46,15 @@ def _spoil(torch: Any, got: dict[str, Any]) -> None:
     ``torch.empty`` that lands on it (the caching allocator reuses freed blocks) cannot inherit a right answer."""
     for t in got.values():
         poison(torch, t)
+
+
+def data_outputs(adapter: Any, got: dict[str, Any]) -> set[int]:
+    """Addresses of returned tensors that may be input buffers written in place: a GPU MODE problem's ``data``
+    carries its output buffer, which ``custom_kernel``/``ref_kernel`` write and return. Empty for other formats,
+    where an input written is INPUT_MUTATED."""
+    if getattr(adapter, "fmt", None) != "gpumode" and not isinstance(adapter, GpuModeReference):
+        return set()
+    return {t.data_ptr() for t in got.values() if getattr(t, "numel", lambda: 0)()}
 
 
 def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +75,7 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     got = cand.run()
     first_ms = (time.perf_counter() - t0) * 1e3
-    found = guards(torch, inp, ptrs, pristine)
+    found = guards(torch, inp, ptrs, pristine, data_outputs(cand.kernel, got))
     if any(found.values()):
         return {"spec": inp.spec, "guards": found, "outputs": inp.outputs, "returned": sorted(got)}
     names = sorted(got)
@@ -143,7 +155,7 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_module(req["ref"], "kopt_reference")
+    ref = load_reference(req["ref"])
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
     device, dims = req["device"], req["dims"]
@@ -156,18 +168,21 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
     arrays: dict[str, Any] = {}
     names: list[str] = []
+    written_ok: set[int] = set()
 
     def call(tag: str) -> None:
         nonlocal names
         outs = reference_results(torch, ref, inp, req)
         names = list(outs)
+        written_ok.update(data_outputs(ref, outs))
         _host(torch, outs, tag, arrays)
 
     inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
     before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
     call("ref")
     # an "input" the reference writes is an output the candidate's setup() did not list (so it was never compared)
-    written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])]
+    written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])
+               and inp.tensors[n].data_ptr() not in written_ok]
     if written:
         raise HarnessError("contract", f"reference() wrote {', '.join(map(repr, written))}, which the candidate "
                            "lists as input(s): every buffer the reference writes must be among setup()'s outputs",
@@ -200,7 +215,7 @@ def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_module(req["ref"], "kopt_reference")
+    ref = load_reference(req["ref"])
     device, dims = req["device"], req["dims"]
     given = {}
     if req.get("setup_npz"):
@@ -228,7 +243,7 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_module(req["ref"], "kopt_reference")
+    ref = load_reference(req["ref"])
     dims = req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])

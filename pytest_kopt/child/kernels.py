@@ -9,7 +9,7 @@ from typing import Any
 
 from . import HarnessError
 from .inputs import Inputs, returned_outputs, spec_from_params, spec_from_setup
-from .loader import load_module
+from .formats import load_candidate, load_reference
 
 
 class CudaKernel:
@@ -52,7 +52,7 @@ class Candidate:
         self.req = req
         self.device = req["device"]
         self.dims = req["dims"]
-        self.ref = load_module(req["ref"], "kopt_reference")
+        self.ref = load_reference(req["ref"])
         self.kept: dict[str, Any] = {}
         seed = int(req["seed"])
         made: dict[str, Any] = {}
@@ -75,7 +75,7 @@ class Candidate:
 
                 pins = req.get("autotune_pin") or {}
                 autotune.install("pin" if pins else ("first" if self.device == "cpu" else "tune"), pins)
-            self.kernel = load_module(req["kernel"], "kopt_candidate")
+            self.kernel = load_candidate(req["kernel"], self.ref)
             kwargs = dict(self.dims)
             kwargs["seed"] = seed
             sig = inspect.signature(self.kernel.setup)
@@ -83,6 +83,8 @@ class Candidate:
                 kwargs["device"] = self.device
             try:
                 result = self.kernel.setup(**kwargs)
+            except HarnessError:
+                raise
             except Exception as exc:
                 raise HarnessError("contract", f"{req['kernel']}: setup() raised {type(exc).__name__}: "
                                    f"{exc}") from exc

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from . import HarnessError
 from .inputs import Inputs, check_spec
 from .kernels import Candidate
-from .loader import load_module
+from .formats import load_reference
 from .timer import GraphTimer, Timer, make_timer
 from .transfer import to_numpy
 
@@ -134,7 +134,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
-        ref = load_module(req["ref"], "kopt_reference")
+        ref = load_reference(req["ref"])
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])
         first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")

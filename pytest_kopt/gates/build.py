@@ -215,7 +215,7 @@ def triton_cache_dir(ctx: Context) -> Path:
     built, so the compile, plan and correctness requests share one warm process), the session's for Python."""
     if ctx.kind != "triton":
         return ctx.cache_dir / "triton"
-    key, _ = triton_key(ctx.kernel, ctx.arch, ctx.settings.dims, "cuda" if ctx.gpu else "cpu",
+    key, _ = triton_key(ctx.kernel, ctx.arch, ctx.build_dims, "cuda" if ctx.gpu else "cpu",
                         ctx.env.get("packages", {}).get("triton"))
     return ctx.cache_dir / "builds" / key / "triton"
 
@@ -265,7 +265,7 @@ def build_mark(ctx: Context) -> str:
     Triton, whose launch shape is part of the build) the dims."""
     headers = b"".join(h.read_bytes() for h in local_headers(ctx.kernel)) if ctx.kind == "cuda" else b""
     return digest(local_sources(ctx.kernel), ctx.kernel.read_bytes(), headers, ctx.arch, ctx.env.get("tools"),
-                  ctx.env.get("packages"), ctx.settings.dims if ctx.kind == "triton" else None)
+                  ctx.env.get("packages"), ctx.build_dims if ctx.kind == "triton" else None)
 
 
 def ensure_built(ctx: Context) -> BuildResult:
@@ -320,7 +320,7 @@ def _build(ctx: Context, root: Path) -> BuildResult:
         return ctx.pool.run(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
                             workdir=ctx.work, server=ctx.server("candidate"))
 
-    return build_triton(ctx.kernel, ctx.ref, ctx.settings.dims, ctx.settings.seeds[0], ctx.arch, root, device,
+    return build_triton(ctx.kernel, ctx.ref, ctx.build_dims, ctx.settings.seeds[0], ctx.arch, root, device,
                         ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display)
 
 

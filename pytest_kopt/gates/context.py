@@ -86,6 +86,38 @@ class Context:
     pool: HarnessPool
     blocks: BlockLog
     trust: Trust
+    #: the session's dims (the primary shape) when this context is one benchmark shape's (:meth:`at`), else None
+    primary_dims: dict[str, Any] | None = None
+
+    def at(self, dims: dict[str, Any]) -> "Context":
+        """This kernel's context at another shape: ``settings.dims`` is ``dims``, the artifacts go to
+        ``<outdir>/shapes/<M=..,N=..>/``, and the build stays the session's (``build_dims``)."""
+        from dataclasses import replace
+
+        return replace(self, settings=replace(self.settings, dims=dict(dims)),
+                       primary_dims=self.primary_dims or self.settings.dims)
+
+    @property
+    def build_dims(self) -> dict[str, Any]:
+        """The dims the kernel is built at (a Triton build's launch shape): the session's, at every shape."""
+        return self.primary_dims if self.primary_dims is not None else self.settings.dims
+
+    @property
+    def shapes(self) -> tuple[dict[str, Any], ...]:
+        """The test shapes: every correctness seed runs on each (the first is ``settings.dims``)."""
+        return self.settings.shapes or (self.settings.dims,)
+
+    @property
+    def benchmarks(self) -> tuple[dict[str, Any], ...]:
+        """The timed shapes: ref.py's ``benchmarks`` list (each over the session's dims), else the test shapes."""
+        from ..errors import ConfigError
+        from ..settings import ref_shapes
+
+        try:
+            listed = ref_shapes(self.ref, "benchmarks")
+        except ConfigError:
+            listed = []  # preflight reports it
+        return tuple({**self.settings.dims, **b} for b in listed) or self.shapes
 
     @property
     def kind(self) -> str:
@@ -95,8 +127,14 @@ class Context:
     @property
     def outdir(self) -> Path:
         """The kernel's artifact folder (see :meth:`pytest_kopt.settings.Settings.artifact_dir`): bench.json,
-        ncu_top.json, the .ncu-rep, sass/, correctness/."""
-        return self.settings.artifact_dir(self.kernel)
+        ncu_top.json, the .ncu-rep, sass/, correctness/; a benchmark shape's context (:meth:`at`): its
+        ``shapes/<M=..,N=..>/`` subfolder."""
+        base = self.settings.artifact_dir(self.kernel)
+        if self.primary_dims is None:
+            return base
+        from ..settings import dims_label
+
+        return base / "shapes" / dims_label(self.settings.dims)
 
     def ref_constant(self, name: str) -> Any:
         """A module-level literal of the reference, None when absent or when the file does not parse (the

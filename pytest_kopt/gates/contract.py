@@ -296,6 +296,32 @@ class PyContract:
     setup_literal: tuple[list[str], list[str], int] | None = None
     #: decorated function name -> the Triton decorators that tune it (``autotune``, ``heuristics``), in order
     tuned: dict[str, list[str]] = field(default_factory=dict)
+    #: module-level class names
+    classes: tuple[str, ...] = ()
+
+    @property
+    def problem_format(self) -> str:
+        """A reference's format: ``kernelbench`` (``class Model`` and ``get_inputs``), ``gpumode``
+        (``generate_input`` and ``ref_kernel``), else ``kopt`` (``reference``)."""
+        if "reference" in self.functions:
+            return "kopt"
+        if "Model" in self.classes and "get_inputs" in self.functions:
+            return "kernelbench"
+        if "ref_kernel" in self.functions and "generate_input" in self.functions:
+            return "gpumode"
+        return "kopt"
+
+    @property
+    def candidate_format(self) -> str:
+        """A candidate's format: ``kopt`` (``run_kernel``), ``kernelbench`` (``class ModelNew``), ``gpumode``
+        (``custom_kernel``)."""
+        if "run_kernel" in self.functions:
+            return "kopt"
+        if "ModelNew" in self.classes:
+            return "kernelbench"
+        if "custom_kernel" in self.functions:
+            return "gpumode"
+        return "kopt"
 
 
 def _triton_decorators(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -350,6 +376,7 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     constants: dict[str, object] = {}
     constant_lines: dict[str, int] = {}
     tuned: dict[str, list[str]] = {}
+    classes = tuple(n.name for n in tree.body if isinstance(n, ast.ClassDef))
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if _triton_decorators(node):
@@ -376,7 +403,8 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                    or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton"
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
-                      constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned)
+                      constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned,
+                      classes=classes)
 
 
 def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[str], int] | None:
@@ -405,6 +433,8 @@ def check_reference(path: Path) -> PyContract:
     Raises ContractError naming the file, the line and the fix.
     """
     c = read_python(path)
+    if c.problem_format != "kopt":
+        return c
     if "reference" not in c.functions:
         raise ContractError("no function `reference` defined", gate="preflight", path=str(path),
                             fix="define def reference(**kwargs): it reads the inputs and writes the outputs in place")
@@ -430,6 +460,8 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
     Raises ContractError when one is missing, or when ``setup`` cannot take a given dim or ``seed``.
     """
     c = read_python(path)
+    if c.candidate_format != "kopt":
+        return c  # ModelNew / custom_kernel: the problem file generates the inputs
     for name, fix in (("setup", "def setup(M, N, seed, device='cuda') -> {'inputs': {...}, 'outputs': [names]}"),
                       ("run_kernel", "def run_kernel(**inputs): launches the @triton.jit kernel")):
         if name not in c.functions:

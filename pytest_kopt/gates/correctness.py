@@ -16,6 +16,7 @@ from ..artifacts import CorrectnessRecord, read_dict, write_json
 from ..child.inputs import SECOND_POISON
 from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
+from ..settings import dims_label
 from .build import BuildResult, built
 from .context import Context, Outcome
 from .request import harness_request
@@ -34,18 +35,26 @@ GUARD_STATUS = {"not_a_tensor": ("NOT_A_TENSOR", "an output or input is no longe
 
 
 def cases(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
-    """(label, case) per item: one per validation seed (``index``, ``seed``, ``dims`` None = the session's), then one
-    per entry of the reference's ``extra_dims`` (boundary shapes) with the first seed."""
-    out: list[dict[str, Any]] = [{"index": i, "seed": s, "dims": None} for i, s in enumerate(ctx.settings.seeds)]
+    """(label, case) per item: one per validation seed (``index``, ``seed``, ``dims`` None = the session's) on each
+    test shape (several shapes: ``dims`` and ``shape`` set, labelled ``M=..,N=..,seed=S``), then one per entry of
+    the reference's ``extra_dims`` (boundary shapes) with the first seed."""
+    out: list[dict[str, Any]] = []
+    several = len(ctx.shapes) > 1
+    for shape in ctx.shapes:
+        for s in ctx.settings.seeds:
+            out.append({"index": len(out), "seed": s, "dims": dict(shape) if several else None, "shape": several})
     for extra in ctx.extra_dims:
         out.append({"index": len(out), "seed": ctx.settings.seeds[0], "dims": {**ctx.settings.dims, **extra}})
     return [(case_label(c), c) for c in out]
 
 
 def case_label(case: Mapping[str, Any]) -> str:
-    """``seed=7`` for a seed case, ``M=1,N=1,K=1`` for a boundary-shape case (its dims)."""
+    """``seed=7`` for a seed case, ``M=1024,N=512,seed=7`` for a seed on one of several test shapes, ``M=1,N=1,K=1``
+    for a boundary-shape case (its dims)."""
+    if case.get("shape"):
+        return f"{dims_label(case['dims'])},seed={case['seed']}"
     if case.get("dims"):
-        return ",".join(f"{k}={v}" for k, v in case["dims"].items())
+        return dims_label(case["dims"])
     return f"seed={case['seed']}"
 
 

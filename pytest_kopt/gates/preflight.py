@@ -6,7 +6,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..errors import ContractError
+from ..errors import ConfigError, ContractError
+from ..settings import ref_shapes
 from . import contract
 from .context import Context, Outcome
 from .inputs import REGIMES
@@ -20,6 +21,11 @@ class KoptDimsWarning(UserWarning):
 _INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint32": 32, "uint64": 64}
 
 
+#: how the reports name each problem format
+FORMAT_NAMES = {"kopt": "kopt (setup/run_kernel, reference)", "kernelbench": "KernelBench (Model/ModelNew)",
+                "gpumode": "GPU MODE (generate_input/ref_kernel/custom_kernel)"}
+
+
 def preflight(ctx: Context) -> list[contract.Param]:
     """The static contract check, shared by every later gate. Returns ``solve``'s parameters ([] for Triton and
     Python candidates). Raises ContractError (exit 4) naming the file, the line and the fix."""
@@ -29,6 +35,12 @@ def preflight(ctx: Context) -> list[contract.Param]:
                                      or any(r not in REGIMES for r in regimes)):
         raise ContractError(f"regimes = {regimes!r} is not a list of {', '.join(REGIMES)}", gate="preflight",
                             path=str(ctx.ref), fix='e.g. regimes = ["normal", "uniform", "small_int", "wide"]')
+    for listed in ("dims", "benchmarks"):
+        try:
+            ref_shapes(ctx.ref, listed)
+        except ConfigError as exc:
+            raise ContractError(exc.message.split(": ", 1)[1], gate="preflight", path=str(ctx.ref),
+                                line=c.constant_lines.get(listed), fix=exc.fix) from None
     inplace = c.constants.get("inplace")
     if "inplace" in c.constants and (not isinstance(inplace, (list, tuple))
                                      or not all(isinstance(v, str) for v in inplace)):
@@ -42,7 +54,21 @@ def preflight(ctx: Context) -> list[contract.Param]:
                             path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
     if ctx.kind in ("triton", "python"):
         k = contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=ctx.kind == "triton")
-        if k.setup_literal is not None:
+        fmt = FORMAT_NAMES[k.candidate_format]
+        if k.candidate_format != "kopt" and k.candidate_format != c.problem_format:
+            raise ContractError(f"{ctx.display} is a {fmt} candidate, but {ctx.ref.name} is a "
+                                f"{FORMAT_NAMES[c.problem_format]} reference", gate="preflight", path=str(ctx.ref),
+                                fix="give the problem of the candidate's format as --kopt-ref (KernelBench: class "
+                                    "Model, get_inputs(); GPU MODE: generate_input(), ref_kernel())")
+        if k.candidate_format == "kopt" and c.problem_format != "kopt":
+            raise ContractError(f"{ctx.ref.name} is a {FORMAT_NAMES[c.problem_format]} problem, but {ctx.display} "
+                                "defines neither " + ("class ModelNew" if c.problem_format == "kernelbench"
+                                                      else "custom_kernel(data)") + " nor setup()/run_kernel()",
+                                gate="preflight", path=ctx.display,
+                                fix="define " + ("class ModelNew(nn.Module) with Model's __init__ and forward"
+                                                 if c.problem_format == "kernelbench" else
+                                                 "def custom_kernel(data): returns the output"))
+        if k.setup_literal is not None and c.problem_format == "kopt":
             given = set(k.setup_literal[0]) | set(ctx.settings.dims)
             unknown = [n for n in c.required.get("reference", []) if n not in given]
             if unknown:
@@ -108,7 +134,9 @@ def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
     if ctx.kind in ("triton", "python"):
         what = "@triton.jit kernel" if ctx.kind == "triton" else "no @triton.jit: pure-Python candidate"
         k = contract.read_python(ctx.kernel)
-        figures: dict[str, Any] = {"kind": ctx.kind}
+        figures: dict[str, Any] = {"kind": ctx.kind, "format": k.candidate_format}
+        if k.candidate_format != "kopt":
+            note += f"; {FORMAT_NAMES[k.candidate_format]} format, run as is"
         for fn, decorators in sorted(k.tuned.items()):
             figures[f"tuned_{fn}"] = "+".join(decorators)
             if "autotune" in decorators:

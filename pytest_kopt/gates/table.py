@@ -20,7 +20,7 @@ from .plan import gate_plan
 from .preflight import gate_preflight
 from .roofline import gate_roofline
 from .sass import gate_sass
-from .timing import gate_timing
+from .timing import gate_timing, timing_cases
 
 Cases = Callable[[Context], list[tuple[str, Any]]]
 
@@ -53,7 +53,7 @@ class Gate:
         """(node-id suffix, case) of each item for ``ctx``'s kernel: ``("", None)`` for a gate without cases."""
         if self.cases is None:
             return [("", None)]
-        return [(f"[{label}]", case) for label, case in self.cases(ctx)]
+        return [(f"[{label}]" if label else "", case) for label, case in self.cases(ctx)]
 
     def on_gpu(self, ctx: Context) -> bool:
         """True when this gate needs a GPU for ``ctx``'s kernel (its items carry the ``gpu`` marker)."""
@@ -68,7 +68,7 @@ GATES: tuple[Gate, ...] = (
     Gate("correctness", correctness.gate_correctness, needs=("compile",), cases=correctness.cases, serial=True,
          strict=True, cpu_kinds=("triton", "python")),
     Gate("sanitizer", sanitizer.gate_sanitizer, needs=("compile",), cases=sanitizer.cases, serial=True),
-    Gate("timing", gate_timing, needs=("correctness",), serial=True, strict=True),
+    Gate("timing", gate_timing, needs=("correctness",), cases=timing_cases, serial=True, strict=True),
     Gate("ncu", gate_ncu, needs=("correctness",), serial=True, strict=True, per_branch=False,
          stop_exit=EXIT_HARDWARE),
     Gate("roofline", gate_roofline, needs=("ncu",), serial=True, strict=True, per_branch=False,

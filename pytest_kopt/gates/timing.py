@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import stats
-from ..artifacts import read_dict, write_json
+from ..artifacts import Bench, read_dict, write_json
 from ..errors import HardwareError, IncorrectError, KernelRuntimeError, KoptError, TimingError
-from .build import ensure_built, built
+from ..settings import dims_label
+from .build import built, ensure_built
 from .context import Context, Outcome
 from .correctness import require_correct
 from .gpus import same_device
@@ -284,15 +285,73 @@ def unstable_causes(result: dict[str, Any]) -> dict[str, Any]:
     return {"causes": causes, "remedy": " and ".join(remedy), "hold_us": hold_us, "wait_s": wait_s}
 
 
+def timing_cases(ctx: Context) -> list[tuple[str, Any]]:
+    """One timing item for one benchmark shape (no case: ``timing``); with several, one per shape
+    (``timing[M=4096,N=1024]``, the case is its dims)."""
+    shapes = ctx.benchmarks
+    if len(shapes) < 2:
+        return [("", None)]
+    return [(dims_label(d), dict(d)) for d in shapes]
+
+
 def gate_timing(ctx: Context, case: Any = None) -> Outcome:
     """Time the kernel and (in its own process) the reference: rotating input sets with fresh values, L2 flushed
     before every call, adaptive stopping on the median's standard error, NVML clocks. Writes ``bench.json`` with
     SKILL.md's fields. Fails with UNSTABLE_TIMING (robust CV > 0.10), SUSPECT (under the roofline floor from the
     measured peaks, or host clock far beyond the event time: work on another stream), or the guard status of the
-    timed-output check (a timed call's output is checked against the reference in another process)."""
+    timed-output check (a timed call's output is checked against the reference in another process).
+
+    ``case``: one of several benchmark shapes (its dims). That shape's ``bench.json`` goes to
+    ``shapes/<M=..,N=..>/``, and the kernel's own ``bench.json`` becomes their summary (:func:`shapes_summary`):
+    ``median_ms`` the geometric mean of the shapes' medians, ``speedup_vs_ref`` the geometric mean of their
+    speedups with a bootstrap CI."""
     device = ctx.device_for("timing")
     res = built(ctx)
     require_correct(ctx, res, device)
+    if case is None:
+        return _time_shape(ctx, res, device)
+    try:
+        outcome = _time_shape(ctx.at(case), res, device)
+    finally:
+        shapes_summary(ctx)
+    return outcome
+
+
+def shapes_summary(ctx: Context) -> dict[str, Any]:
+    """Write (and return) the kernel's ``bench.json`` over its benchmark shapes from each shape's own
+    ``shapes/<label>/bench.json``: ``shapes`` (dims, label, median_ms, speedup_vs_ref, timing_valid, path per
+    shape), ``median_ms`` (geometric mean of the medians, ms; None until every shape has valid timing),
+    ``speedup_vs_ref`` and ``speedup_ci95`` (geometric mean over shapes, bootstrap CI), ``samples_ms`` [] (each
+    shape has its own), ``timing_valid`` (every shape timed and valid)."""
+    rows, pairs, medians = [], [], []
+    for dims in ctx.benchmarks:
+        folder = ctx.at(dims).outdir
+        b = Bench.load(folder)
+        rows.append({"dims": dims, "label": dims_label(dims), "path": str(folder / "bench.json"),
+                     "timing_valid": bool(b and b.timing_valid), "median_ms": b.median_ms if b else None,
+                     "speedup_vs_ref": (b.doc.get("speedup_vs_ref") if b else None)})
+        if b and b.valid_samples:
+            medians.append(b.median_ms)
+            ref = (b.doc.get("reference") or {}).get("samples_ms")
+            if ref:
+                pairs.append((ref, b.valid_samples))
+    valid = all(r["timing_valid"] for r in rows)
+    doc: dict[str, Any] = {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "arch": ctx.arch, "shapes": rows,
+                           "geomean_over": len(rows), "timing_valid": valid, "samples_ms": [],
+                           "median_ms": stats.geomean(medians) if valid and medians else None,
+                           "speedup_vs_ref": None, "speedup_ci95": None}
+    if valid and len(pairs) == len(rows):
+        sp, lo, hi = stats.bootstrap_geomean_ratio_ci(pairs)
+        doc.update(speedup_vs_ref=sp, speedup_ci95=[lo, hi])
+    first = Bench.load(ctx.at(ctx.benchmarks[0]).outdir)
+    if first is not None:  # what the loop and the reports read besides the figures: the first shape's
+        doc.update({k: first.doc.get(k) for k in ("gpu", "gpu_uuid", "gpu_index", "compile_pass", "contract_pass",
+                                                   "correctness_pass", "autotune", "race_safe", "seeds")})
+    write_json(ctx.outdir / "bench.json", doc)
+    return doc
+
+
+def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
     peaks = device_peaks(ctx)
     req = harness_request(ctx, "timing", device, ctx.settings.seeds[0], res, timing=timing_policy(ctx))
     result, ref_result, base_result, verdict = _measure(ctx, req)

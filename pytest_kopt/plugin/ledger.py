@@ -60,7 +60,7 @@ class Ledger:
         """The ``--kopt-json`` document (``registries/report_schema.json``), NaN and inf as null."""
         doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
-               "dims": settings.dims, "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
+               "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
                "items": [r.to_json() for r in self.records], "comparisons": comparisons, "loop": loop}
         return finite(doc)
 

@@ -17,7 +17,8 @@ from ..settings import Settings, build_settings
 OPTIONS = (
     ("baseline", "Kernel to judge: a CUDA/CUTLASS .cu with extern \"C\" solve(), or a Triton .py", "PATH"),
     ("ref", "Reference file defining reference(**kwargs), optional atol/rtol/workload_model/shapes", "PATH"),
-    ("dims", "Kernel dims as M=4096,N=4096,K=4096 or a JSON object", "DIMS"),
+    ("dims", "Kernel dims as M=4096,N=4096,K=4096 or a JSON object; repeat for several shapes (correctness on "
+             "each, timing on each, a geometric-mean speedup); default: ref.py's dims = [...]", "DIMS"),
     ("candidate", "Another kernel to judge in the same session (repeatable)", "PATH"),
     ("seed", "Session seed the correctness seeds derive from: an integer, or 'last' (default: drawn now)", "N"),
     ("seeds", "Explicit correctness seeds, comma-separated (instead of --kopt-seed)", "SEEDS"),
@@ -69,10 +70,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kopt", "GPU kernel gates (pytest-kopt)")
     for name, help_text, metavar in OPTIONS:
         dest = "kopt_" + name.replace("-", "_")
-        if name == "candidate":
+        if name in ("candidate", "dims"):
             group.addoption(f"--kopt-{name}", dest=dest, action="append", default=None, metavar=metavar,
                             help=help_text)
-            parser.addini(dest, help=help_text, type="paths", default=[])
+            parser.addini(dest, help=help_text, type="paths" if name == "candidate" else "linelist", default=[])
             continue
         group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
         parser.addini(dest, help=help_text, default=None)
@@ -108,7 +109,7 @@ def raw(config: pytest.Config, name: str) -> Any:
     underscores for dashes)."""
     dest = "kopt_" + name
     value = config.getoption(dest)
-    if name == "candidate":
+    if name in ("candidate", "dims"):
         return value or [str(p) for p in config.getini(dest)]
     return value if value is not None else config.getini(dest)
 

@@ -94,6 +94,10 @@ class ControllerPlugin:
             same = pr.get("kernel") and Path(pr["kernel"]).resolve() == Path(settings.baseline).resolve()
             paired = pr.get("samples_ms") if same and pr.get("samples_ms") else None
             entry: dict[str, Any] = {"baseline": str(settings.baseline), "candidate": str(cand)}
+            if bench is not None and bench.shapes:
+                entry.update(self._pr_shapes(base, bench))
+                out.append(entry)
+                continue
             if cs is None or (paired is None and base_samples is None):
                 entry.update(verdict="NOT_TIMED", fails=False)
             else:
@@ -101,6 +105,30 @@ class ControllerPlugin:
                              interleaved=paired is not None)
             out.append(entry)
         return out
+
+    def _pr_shapes(self, base: Bench | None, bench: Bench) -> dict[str, Any]:
+        """The PR gate over several benchmark shapes: per shape the baseline's samples (timed in the candidate's
+        rounds, else its own timing gate's) against the candidate's; the verdict on the geometric mean of the
+        speedups (:func:`pytest_kopt.prgate.verdict_shapes`). NOT_TIMED when any shape lacks valid timing."""
+        settings = self.state.settings
+        theirs = base.shape_benches() if base else {}
+        pairs, rows = [], []
+        for label, cb in bench.shape_benches().items():
+            cs = cb.valid_samples if cb else None
+            pr = (cb.pr_baseline or {}) if cb else {}
+            same = pr.get("kernel") and Path(pr["kernel"]).resolve() == Path(settings.baseline).resolve()
+            bs = pr.get("samples_ms") if same and pr.get("samples_ms") else None
+            bb = theirs.get(label)
+            bs = bs or (bb.valid_samples if bb else None)
+            rows.append({"shape": label, "timed": bool(cs and bs)})
+            if cs and bs:
+                pairs.append((bs, cs))
+        if len(pairs) < len(rows) or not pairs:
+            return {"verdict": "NOT_TIMED", "fails": False, "shapes": rows}
+        per = [prgate.verdict(b, c, settings.fail_slower_pct) for b, c in pairs]
+        for row, v in zip(rows, per):
+            row.update(speedup=v["speedup"], ci95=v["ci95"], verdict=v["verdict"])
+        return {**prgate.verdict_shapes(pairs, settings.fail_slower_pct), "per_shape": rows}
 
     def _saved_baselines(self) -> list[dict[str, Any]]:
         """--kopt-save / --kopt-compare through pytest-benchmark's storage, keyed by GPU model."""

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import CompileError, ContractError, KernelRuntimeError
+from ..errors import Blocked, CompileError, ContractError, KernelRuntimeError
 from .tree import kill_tree
 
 #: How a harness process starts: the JSON list after it holds the folders appended to ``sys.path``.
@@ -173,6 +173,8 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     if category == "contract":
         raise ContractError(message, gate=gate, path=path, details=details,
                             fix=fix or "make the reference/setup follow the contract in the README")
+    if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
+        raise Blocked("hardware", f"no GPU, and {message}")
     if category == "compile":
         raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, details=details,
