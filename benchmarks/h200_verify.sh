@@ -9,6 +9,8 @@
 #   pr        the PR gate on (naive, tiled), (tiled, tiled), (tiled, naive) SGEMM at 4096^3
 #   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates)
 #   fidelity  benchmarks/timing_fidelity.py (kopt events and graph, do_bench, ncu)
+#   formats   kernels as people write them: the autotuned Triton matmul (4 configs) through every gate, a GPU MODE
+#             problem (3 test shapes, 2 benchmark shapes), a KernelBench problem, a 3-shape PR gate
 #   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
 set -u
 export PYTHONUNBUFFERED=1
@@ -76,6 +78,38 @@ PY
       left=$(( 580 - ($(date +%s) - T0) ))
       [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
       wall fidelity $? $t0; tail -10 "$OUT/fidelity.log" 2>/dev/null ;;
+    formats)
+      K="-p no:randomly -p no:cacheprovider"
+      timeout 200 python3 -m pytest $K --kopt-baseline examples/matmul_autotune/matmul.py \
+        --kopt-ref examples/matmul_autotune/ref.py --kopt-dims $DIMS --kopt-json "$OUT/autotune.json" > "$OUT/autotune.log" 2>&1
+      echo "autotune rc=$?"; sed -n '/kopt gates/,$p' "$OUT/autotune.log"
+      python3 - <<'PY'
+import glob, json
+for f in glob.glob(".kopt/**/matmul_autotune/matmul.py/bench.json", recursive=True):
+    b = json.load(open(f)); print("bench.json autotune:", b.get("autotune"), "median_ms", b.get("median_ms"))
+for f in glob.glob(".kopt/**/matmul_autotune/matmul.py/ncu_top.json", recursive=True):
+    t = json.load(open(f)); print("ncu_top kernel:", {k: t.get(k) for k in ("kernel", "kernel_name", "launches", "profiled")})
+PY
+      timeout 200 python3 -m pytest $K --kopt-baseline examples/gpumode_tril/submission.py \
+        --kopt-ref examples/gpumode_tril/reference.py --kopt-json "$OUT/gpumode.json" > "$OUT/gpumode.log" 2>&1
+      echo "gpumode rc=$?"; sed -n '/kopt gates/,$p' "$OUT/gpumode.log"
+      python3 -c "import json,glob; [print('gpumode bench.json:', json.dumps({k: json.load(open(f)).get(k) for k in ('median_ms','speedup_vs_ref','speedup_ci95','shapes')})[:900]) for f in glob.glob('.kopt/**/gpumode_tril/submission.py/bench.json', recursive=True)]"
+      timeout 200 python3 -m pytest $K --kopt-baseline examples/kernelbench_linear/model_new.py \
+        --kopt-ref examples/kernelbench_linear/problem.py --kopt-json "$OUT/kernelbench.json" > "$OUT/kernelbench.log" 2>&1
+      echo "kernelbench rc=$?"; sed -n '/kopt gates/,$p' "$OUT/kernelbench.log"
+      rm -rf /tmp/pr3 && mkdir -p /tmp/pr3 && cp examples/matmul_autotune/matmul.py /tmp/pr3/tuned.py
+      python3 - <<'PY'
+src = open("/tmp/pr3/tuned.py").read()
+open("/tmp/pr3/pinned.py", "w").write(src.replace("(64, 64, 32, 4, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),\n                                    (128, 128, 64, 8, 3)", "(64, 64, 32, 4, 3),"))
+ref = open("examples/matmul_autotune/ref.py").read()
+open("/tmp/pr3/ref.py", "w").write('dims = [{"M": 1024, "N": 1024, "K": 1024}, {"M": 2048, "N": 2048, "K": 2048}, {"M": 4096, "N": 4096, "K": 4096}]\n' + ref)
+PY
+      grep -c "Config(" /tmp/pr3/pinned.py
+      (cd /tmp/pr3 && timeout 240 python3 -m pytest $K --kopt-baseline tuned.py --kopt-candidate pinned.py --kopt-ref ref.py \
+        --kopt-seeds 1 --kopt-fail-slower 3 -k "correctness or timing" --kopt-json "$OUT/pr3.json" > "$OUT/pr3.log" 2>&1; echo "pr3 rc=$?")
+      sed -n '/kopt gates/,$p' "$OUT/pr3.log"
+      python3 -c "import json; d=json.load(open('$OUT/pr3.json')); print('pr3 comparisons:', json.dumps(d['comparisons'])[:1500])"
+      wall formats 0 $t0 ;;
     multi)
       nvidia-smi -L | tee "$OUT/multi.log"
       timeout 560 python3 benchmarks/multi_gpu.py --out /tmp/km -n ${KOPT_MULTI_N:-9} --order ${KOPT_MULTI_ORDER:-1,2} >> "$OUT/multi.log" 2>&1
