@@ -43,14 +43,17 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         name = self.base_fn.__name__
-        configs = list(self.configs)
+        configs = self.configs
+        pinned = getattr(self, "__kopt_pinned__", None)  # the timed loop's path: one dict lookup, no matching
+        if pinned is not None and mode != "each":
+            return self.fn.run(*args, **kwargs, **pinned)
         if mode == "tune" or (len(configs) < 2 and mode != "each") or (mode == "pin" and name not in (pins or {})):
             ret = original(self, *args, **kwargs)
             chosen = self.best_config
         else:
             self.nargs = dict(zip(self.arg_names, args))
             if mode == "pin":
-                want = pins[name]
+                want = pins[name]  # type: ignore[index]
                 matching = [c for c in configs if config_kwargs(c) == want]
                 if not matching:
                     raise KeyError(f"{name}: no config of its @triton.autotune is {describe(want)}, the one the "
@@ -59,7 +62,7 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
             elif mode == "each":
                 run_configs = list(self.prune_configs(kwargs))
             else:
-                run_configs = configs[:1]
+                run_configs = list(configs[:1])
             ret = None
             for config in run_configs:
                 full = {**self.nargs, **kwargs, **config.all_kwargs()}
@@ -69,6 +72,8 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
             chosen = run_configs[0]
             self.best_config = chosen
             self.nargs = None
+            if mode in ("pin", "first") and chosen.pre_hook is None:
+                self.__kopt_pinned__ = chosen.all_kwargs()
         CHOSEN[name] = {"config": config_kwargs(chosen), "configs": len(configs), "kernel": ret}
         return ret
 

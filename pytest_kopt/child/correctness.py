@@ -155,7 +155,7 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_reference(req["ref"])
+    ref = load_reference(req["ref"], req.get("seed"))
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
     device, dims = req["device"], req["dims"]
@@ -215,7 +215,7 @@ def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_reference(req["ref"])
+    ref = load_reference(req["ref"], req.get("seed"))
     device, dims = req["device"], req["dims"]
     given = {}
     if req.get("setup_npz"):
@@ -243,7 +243,7 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    ref = load_reference(req["ref"])
+    ref = load_reference(req["ref"], req.get("seed"))
     dims = req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])

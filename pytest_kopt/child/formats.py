@@ -78,11 +78,11 @@ def _positional(kw: dict[str, Any]) -> list[Any]:
 class KernelBenchReference:
     """A KernelBench problem module as a kopt reference."""
 
-    def __init__(self, module: Any, path: str) -> None:
+    def __init__(self, module: Any, path: str, weight_seed: int) -> None:
         self.module, self.path = module, path
         self._model: dict[int, Any] = {}
-        #: the seed of the request's first inputs (set A), which the weights are drawn from in both processes
-        self.weight_seed: int | None = None
+        #: the request's seed (the validation seed of set A), which the weights are drawn from in every process
+        self.weight_seed = int(weight_seed)
 
     def model(self, seed: int, device: Any) -> Any:
         """``Model(*get_init_inputs())`` built under ``torch.manual_seed(seed)`` (once per seed in this process)."""
@@ -102,8 +102,6 @@ class KernelBenchReference:
         """``get_inputs()`` under ``torch.manual_seed(seed)``, named ``in0``, ``in1``..."""
         import torch
 
-        if self.weight_seed is None:
-            self.weight_seed = int(seed)
         torch.manual_seed(int(seed))
         try:
             values = list(self.module.get_inputs())
@@ -114,7 +112,7 @@ class KernelBenchReference:
     def reference(self, **kw: Any) -> Any:
         args = _positional(kw)
         device = next((a.device for a in args if isinstance(a, __import__("torch").Tensor)), "cpu")
-        return self.model(self.weight_seed or 0, device)(*args)
+        return self.model(self.weight_seed, device)(*args)
 
 
 class GpuModeReference:
@@ -161,8 +159,8 @@ class SetupFromInputs:
         import torch
 
         init = list(getattr(self.ref.module, "get_init_inputs", lambda: [])())
-        state = self.ref.model(self.ref.weight_seed if self.ref.weight_seed is not None else seed, "cpu").state_dict()
-        torch.manual_seed(seed)
+        state = self.ref.model(self.ref.weight_seed, "cpu").state_dict()
+        torch.manual_seed(self.ref.weight_seed)
         try:
             new = self.module.ModelNew(*init)
         except Exception as exc:
@@ -188,19 +186,21 @@ class SetupFromInputs:
         return self.module.custom_kernel(join(kw))
 
 
-def adapt_reference(module: Any, path: str) -> Any:
-    """The reference module itself (kopt's format), or its adapter (KernelBench, GPU MODE)."""
+def adapt_reference(module: Any, path: str, seed: int = 0) -> Any:
+    """The reference module itself (kopt's format), or its adapter (KernelBench, GPU MODE); ``seed`` (the request's
+    validation seed) draws a KernelBench model's weights, the same in every process of the request."""
     fmt = problem_format(module)
     if fmt == "kernelbench":
-        return KernelBenchReference(module, path)
+        return KernelBenchReference(module, path, seed)
     if fmt == "gpumode":
         return GpuModeReference(module, path)
     return module
 
 
-def load_reference(path: str) -> Any:
-    """Import ``ref.py`` (:func:`~pytest_kopt.child.loader.load_module`) and adapt a field format."""
-    return adapt_reference(load_module(path, "kopt_reference"), path)
+def load_reference(path: str, seed: Any = 0) -> Any:
+    """Import ``ref.py`` (:func:`~pytest_kopt.child.loader.load_module`) and adapt a field format (``seed``: see
+    :func:`adapt_reference`)."""
+    return adapt_reference(load_module(path, "kopt_reference"), path, int(seed or 0))
 
 
 def load_candidate(path: str, ref: Any) -> Any:

@@ -52,7 +52,7 @@ class Candidate:
         self.req = req
         self.device = req["device"]
         self.dims = req["dims"]
-        self.ref = load_reference(req["ref"])
+        self.ref = load_reference(req["ref"], req.get("seed"))
         self.kept: dict[str, Any] = {}
         seed = int(req["seed"])
         made: dict[str, Any] = {}

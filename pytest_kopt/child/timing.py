@@ -134,7 +134,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
-        ref = load_reference(req["ref"])
+        ref = load_reference(req["ref"], req.get("seed"))
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])
         first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")

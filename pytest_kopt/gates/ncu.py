@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import registry
 from ..stats import fmt_ms
-from ..artifacts import Bench, write_json
+from ..artifacts import write_json
 from ..child.profile import NVTX_RANGE
 from ..errors import Blocked, KernelRuntimeError, ProfilerError
 from .build import built
@@ -23,6 +23,7 @@ from .correctness import require_correct
 from .ncu_csv import NcuLaunch, NcuParseError, metric_value, parse_ncu_csv
 from .request import harness_request
 from .roofline import metric_table, top_metrics
+from .timing import profiled_shape
 
 #: The basic metric bundle (names from Nsight Compute's metric reference; all exist on sm_70+).
 METRICS: dict[str, str] = {
@@ -119,13 +120,13 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     require_correct(ctx, res, device)
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report = ctx.outdir / "kernel.ncu-rep"
-    bench = Bench.load(ctx.outdir)
+    dims, bench = profiled_shape(ctx)
     chosen, reason = choose_set(bench.median_ms if bench else None)
     metrics = registry.load(registry.METRICS)
     attempts: list[dict[str, Any]] = []
     launches = None
     for set_name in ([chosen, "light"] if chosen == "full" else [chosen]):
-        req = harness_request(ctx, "profile", device, ctx.settings.seeds[0], res)
+        req = harness_request(ctx, "profile", device, ctx.settings.seeds[0], res, dims=dims)
         report.unlink(missing_ok=True)
         try:
             with ctx.gpu_lock():

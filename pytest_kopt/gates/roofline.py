@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import registry
-from ..artifacts import Bench, NcuTop, read_dict, write_json
+from ..artifacts import NcuTop, read_dict, write_json
 from ..errors import Blocked
 from .context import Context, Outcome
 from .ncu_csv import NcuLaunch, metric_value
-from .timing import device_peaks
+from .timing import device_peaks, profiled_shape
 
 AXES = ("compute", "memory", "latency")
 #: SKILL.md: a gap under 0.10 is noise and earns no method slot; near_peak needs every gap under 0.15.
@@ -204,10 +204,11 @@ def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
     if top is None:
         ctx.device_for("roofline")  # without a GPU, say so (as the other GPU gates do)
         raise Blocked("ncu", "no ncu_top.json with registry metrics from this session's ncu gate")
-    bench = Bench.load(ctx.outdir)
+    dims, bench = profiled_shape(ctx)
     metrics = registry.load(registry.METRICS)
     doc = roofline(top.metrics, metrics, top.duration_ms, bench.workload if bench else None, device_peaks(ctx))
     doc["kernel"] = top.kernel
+    doc["dims"] = dims or ctx.settings.dims
     path = write_json(ctx.outdir / "roofline.json", doc)
     history: list[dict[str, Any]] = []
     state = read_dict(ctx.settings.run_dir / "state.json") if ctx.settings.run_dir is not None else None

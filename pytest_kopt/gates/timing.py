@@ -317,6 +317,15 @@ def gate_timing(ctx: Context, case: Any = None) -> Outcome:
     return outcome
 
 
+def profiled_shape(ctx: Context) -> tuple[dict[str, Any] | None, Bench | None]:
+    """The shape ncu and the roofline work on, and its timing: with several benchmark shapes the first one (its
+    dims, its own ``shapes/<label>/bench.json``), else (None, the kernel's ``bench.json``)."""
+    if len(ctx.benchmarks) < 2:
+        return None, Bench.load(ctx.outdir)
+    first = dict(ctx.benchmarks[0])
+    return first, Bench.load(ctx.at(first).outdir)
+
+
 def shapes_summary(ctx: Context) -> dict[str, Any]:
     """Write (and return) the kernel's ``bench.json`` over its benchmark shapes from each shape's own
     ``shapes/<label>/bench.json``: ``shapes`` (dims, label, median_ms, speedup_vs_ref, timing_valid, path per
