@@ -64,7 +64,10 @@ def test_champion_attribution_and_buckets() -> None:
     assert attr["c"]["contributed"] is None and attr["d"]["contributed"] is None  # missing -> inconclusive
     assert decisions.classify(True, "pass") == "effective"
     assert decisions.classify(False, "pass") == "ineffective"
-    assert decisions.classify(True, "fail") == "implementation_failed"
+    assert decisions.classify(True, "fail") == "unverified"  # faster without its signature: SKILL.md's "unverified"
+    assert decisions.classify(False, "fail") == "implementation_failed"
+    assert decisions.classify(None, "fail") == "implementation_failed"
+    assert decisions.classify(True, "inconclusive") == "unverified"
     assert decisions.classify(None, "pass") == "unverified"
     assert decisions.classify(True, "not_applicable") == "unverified"
     assert decisions.improved(9.79, 10.0, 2.0) and not decisions.improved(9.81, 10.0, 2.0) and decisions.improved(1.0, None, 2.0)
@@ -83,11 +86,34 @@ def test_sass_verify_matches_whole_opcodes_only() -> None:
     got = verify_methods(["memory.shared_memory_tiling", "memory.vectorized_access", "memory.async_copy",
                             "compute.register_tiling"], [SASS], SIGS)
     assert got == {"memory.shared_memory_tiling": "pass", "memory.vectorized_access": "pass",
-                   "memory.async_copy": "fail", "compute.register_tiling": "not_applicable"}
+                   "memory.async_copy": "fail", "compute.register_tiling": "inconclusive"}
     # a symbol or comment naming an opcode never counts (upstream matched substrings of the whole dump)
     fake = "Function : HMMA_LDGSTS_kernel\n        /*0010*/                   FFMA R0, R1, R2, R0 ;  // HMMA\n"
     assert verify_methods(["compute.tensor_core"], [fake], SIGS) == {"compute.tensor_core": "fail"}
     assert verify_methods(["compute.tensor_core"], [""], SIGS) == {"compute.tensor_core": "tool_error"}
+
+
+def test_every_registered_method_has_a_signature_or_says_why_not() -> None:
+    """Each of the registry's methods has a SASS signature with opcodes, or an inconclusive entry with its reason
+    (before, 5 of 13 had neither and could never become effective); sass_check's evidence names the opcodes
+    looked for, found and missing."""
+    from pytest_kopt.gates.sass import sass_evidence
+
+    ids = [m["id"] for m in registry.load(registry.METHODS)["methods"]]
+    sigs = registry.load(registry.SASS)
+    for m in ids:
+        sig = sigs["signatures"].get(m) or {}
+        assert (sig.get("require_all") or sig.get("require_any")) or len(sigs["inconclusive"].get(m, "")) > 20, m
+    text = ("Function : k\n        /*0010*/                   LDS R0, [R1] ;\n"
+            "        /*0020*/                   FFMA R0, R1, R2, R0 ;\n")
+    ev = sass_evidence(["memory.shared_memory_tiling", "compute.loop_unroll", "latency.warp_shuffle"], [text], sigs)
+    assert ev["memory.shared_memory_tiling"] == {"status": "fail", "require_all": ["LDS", "STS"], "require_any": [],
+                                                 "found": ["LDS"], "missing": ["STS"], "reason": None}
+    assert ev["compute.loop_unroll"]["status"] == "inconclusive" and "ablation" in ev["compute.loop_unroll"]["reason"]
+    assert ev["latency.warp_shuffle"]["missing"] == ["SHFL"]
+    empty = {"signatures": {"x.y": {"require_all": []}}, "inconclusive": {}}
+    assert sass_evidence(["x.y"], [text], empty)["x.y"]["status"] == "inconclusive"  # an empty pattern never passes
+    assert sass_evidence(["x.y"], [], empty)["x.y"]["status"] == "tool_error"
 
 
 def test_state_transitions_and_summary(tmp_path: Path) -> None:
@@ -129,10 +155,12 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     assert "Stopped** at `branch_explore`" in (run / "summary.md").read_text()
 
 
-def test_run_session_on_cpu_stops_when_no_branch_can_be_timed(pytester: pytest.Pytester) -> None:
+def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_timed(pytester: pytest.Pytester) -> None:
     """--kopt-run on a machine without GPU: branches are collected from the run folder and checked for
-    correctness (pure-Python candidates run on the CPU); timing cannot run, so no branch qualifies as champion
-    and the run stops with exit 2 and stop.json, never a fake champion."""
+    correctness (pure-Python candidates run on the CPU); b2 is wrong, b1 cannot be timed here. No champion can be
+    chosen, and that is the machine's doing: exit 3 (hardware), the run stays open (no stop.json), and the JSON's
+    loop section lists both branches with their stage and says what to run next, where a GPU is. Before, this
+    read as "every branch failed" (exit 2) and ended the run for good."""
     shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref.py")
     base = pytester.path / "k.py"
     shutil.copy(REDTEAM / "honest_python.py", base)
@@ -149,13 +177,33 @@ def test_run_session_on_cpu_stops_when_no_branch_can_be_timed(pytester: pytest.P
     status = {i["nodeid"]: i["status"] for i in doc["items"] if i["gate"] == "correctness"}
     assert set(status.values()) == {"PASSED", "INCORRECT_NUMERICAL"}, result.stdout.str()
     assert any("b2/kernel.py" in n and s == "INCORRECT_NUMERICAL" for n, s in status.items())
-    assert result.ret == 2
-    stop = json.loads((run / "stop.json").read_text())
-    assert stop["stop_stage"] == "branch_explore" and loop.load_state(run)["run_status"] == "stopped"
+    assert result.ret == 3 and doc["exit_code"] == 3 and doc["loop"]["exit_code"] == 3
+    by = {b["branch"]: b for b in doc["loop"]["branches"]}
+    assert (by["b1"]["stage"], by["b2"]["stage"], by["b2"]["status"]) == ("hardware", "correctness",
+                                                                          "INCORRECT_NUMERICAL")
+    nxt = doc["loop"]["next"]
+    assert nxt["action"] == "write_and_close" and nxt["iteration"] == 1
+    assert nxt["command"][:4] == ["python3", "-m", "pytest", "--kopt-run"] and nxt["command"][4] == str(run)
+    assert str(it / "branches" / "b2" / "kernel.py") in nxt["write"]
+    assert not (run / "stop.json").exists() and loop.load_state(run)["run_status"] == "iterating"
     # a bad methods.json is a usage error naming the file and the rule
-    (run / "stop.json").unlink()
-    loop.save_state(run, {"open_iter": 1, "run_status": "iterating"})
     (it / "methods.json").write_text(json.dumps(methods("memory.shared_memory_tiling", "memory.vectorized_access")))
-    bad = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider")
+    bad = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "bad.json")
     assert bad.ret == 4
     bad.stderr.fnmatch_lines(["*methods.json is not valid:*", "*axis memory: 2 method slot(s), budget 1 (cap 2)*"])
+    # ... and the JSON report says it too (before, none was written): the methods stage, the rule, the file
+    doc = json.loads((pytester.path / "bad.json").read_text())
+    assert doc["exit_code"] == 4 and doc["items"] == []
+    assert doc["error"]["gate"] == "methods" and doc["error"]["path"] == str(it / "methods.json")
+    assert doc["error"]["problems"] == ["axis memory: 2 method slot(s), budget 1 (cap 2)"]
+    assert doc["loop"]["stage"] == "methods" and doc["loop"]["next"]["command"][3:5] == ["--kopt-run", str(run)]
+    assert loop.load_state(run)["run_status"] == "iterating"  # the run stays open
+    # ids as plain strings (or a bare list) are what agents write: accepted, not an INTERNALERROR
+    for form in ({"methods": ["latency.occupancy_tuning"]}, ["latency.occupancy_tuning"]):
+        (it / "methods.json").write_text(json.dumps(form))
+        ok = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--co", "-q")
+        assert ok.ret == 0, ok.stderr.str()[-1500:]
+    (it / "methods.json").write_text(json.dumps({"methods": [7]}))
+    worse = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider")
+    assert worse.ret == 4
+    worse.stderr.fnmatch_lines(["*methods entry 7 is neither a method id nor an object with an 'id'*"])

@@ -163,18 +163,37 @@ def _has(ops: set[str], pattern: str) -> bool:
 
 
 def verify_methods(methods: list[str], sass_texts: list[str], signatures: Mapping[str, Any]) -> dict[str, str]:
-    """Per claimed method: ``pass`` (its signature's opcodes appear), ``fail`` (they do not), ``not_applicable``
-    (no signature: counts as unverified) or ``tool_error`` (no SASS at all: never pass)."""
-    if not sass_texts or not any(t.strip() for t in sass_texts):
-        return {m: "tool_error" for m in methods}
-    ops = opcodes(sass_texts)
-    out: dict[str, str] = {}
+    """Per claimed method: ``pass`` (its signature's opcodes appear), ``fail`` (they do not), ``inconclusive`` (the
+    registry says why no opcode can show it, or its signature lists no opcode), ``not_applicable`` (no signature:
+    counts as unverified) or ``tool_error`` (no SASS at all: never pass). See :func:`sass_evidence`."""
+    return {m: e["status"] for m, e in sass_evidence(methods, sass_texts, signatures).items()}
+
+
+def sass_evidence(methods: list[str], sass_texts: list[str], signatures: Mapping[str, Any]) -> dict[str, dict]:
+    """Per claimed method, what ``sass_check.json`` records: ``status`` (see :func:`verify_methods`),
+    ``require_all``/``require_any`` (the opcodes the signature looks for, registries/sass_signatures.json),
+    ``found`` and ``missing`` (of those, in the kernel functions' instruction lines only), ``reason`` (why it is
+    inconclusive or not applicable). SKILL.md: empty patterns and unavailable artifacts are never success."""
+    has_sass = bool(sass_texts) and any(t.strip() for t in sass_texts)
+    ops = opcodes(sass_texts) if has_sass else set()
+    out: dict[str, dict] = {}
     for m in methods:
-        sig = signatures["signatures"].get(m)
-        if not sig:
-            out[m] = "not_applicable"
-            continue
-        ok_all = all(_has(ops, p) for p in sig.get("require_all", []))
-        ok_any = not sig.get("require_any") or any(_has(ops, p) for p in sig["require_any"])
-        out[m] = "pass" if ok_all and ok_any else "fail"
+        sig = signatures["signatures"].get(m) or {}
+        need_all, need_any = list(sig.get("require_all", [])), list(sig.get("require_any", []))
+        entry: dict[str, Any] = {"require_all": need_all, "require_any": need_any, "found": [], "missing": [],
+                                 "reason": None}
+        if not has_sass:
+            entry.update(status="tool_error", reason="no SASS of the kernel's own functions to read")
+        elif m in signatures.get("inconclusive", {}):
+            entry.update(status="inconclusive", reason=signatures["inconclusive"][m])
+        elif not sig:
+            entry.update(status="not_applicable", reason="registries/sass_signatures.json has no signature for it")
+        elif not need_all and not need_any:
+            entry.update(status="inconclusive", reason="its signature lists no opcode")
+        else:
+            entry["found"] = [p for p in need_all + need_any if _has(ops, p)]
+            entry["missing"] = [p for p in need_all if not _has(ops, p)] + \
+                ([] if not need_any or any(_has(ops, p) for p in need_any) else need_any)
+            entry["status"] = "pass" if not entry["missing"] else "fail"
+        out[m] = entry
     return out

@@ -203,7 +203,8 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
             if holes.any():
                 idx = [list(map(int, np.unravel_index(i, c1.shape))) for i in np.flatnonzero(holes)[:5]]
                 fail("UNWRITTEN", f"output {name}: {int(holes.sum())} element(s) left unwritten (the poison is still "
-                     "there after two calls with different poisons)")
+                     "there after two calls with different poisons), or accumulated into without being zeroed "
+                     "(y += ... on the poison)")
                 details.append(f"output {name}: unwritten at {', '.join(map(str, idx))}"
                                f"{' (the reference is NaN there too)' if np.isnan(r[tuple(idx[0])]) else ''}")
                 continue

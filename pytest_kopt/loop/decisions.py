@@ -57,10 +57,12 @@ def attribution(champion_ms: float, ablations: Mapping[str, float | None], noise
 
 def classify(contributed: bool | None, sass_status: str) -> str:
     """SKILL.md 3j buckets: effective only when attribution > noise AND SASS verified; implementation_failed on a
-    SASS fail (the claimed instructions are not there); ineffective when attribution is conclusive and <= noise
-    and verification is conclusive; unverified otherwise (ablation or verification inconclusive)."""
+    SASS fail (the claimed instructions are not there) unless the ablation shows the method made the kernel faster
+    (SKILL.md: "signature missing but kernel is faster: nvcc took a different path, mark it unverified"); ineffective
+    when attribution is conclusive and <= noise and verification is conclusive; unverified otherwise (ablation or
+    verification inconclusive)."""
     if sass_status == "fail":
-        return "implementation_failed"
+        return "unverified" if contributed else "implementation_failed"
     if contributed is None or sass_status in ("not_applicable", "tool_error", "inconclusive"):
         return "unverified"
     return "effective" if contributed else "ineffective"

@@ -6,6 +6,28 @@ import re
 from typing import Any, Mapping
 
 
+def normalize_methods(doc: Any) -> dict[str, Any]:
+    """``methods.json`` in its full form ``{"methods": [{"id": ...}, ...], ...}`` from the forms an agent writes: a
+    bare list, ids as strings (``{"methods": ["memory.tma"]}``). Raises ValueError (naming what was found) for
+    anything else: an entry that is neither an id nor an object with an ``id``."""
+    if isinstance(doc, list):
+        doc = {"methods": doc}
+    if not isinstance(doc, dict):
+        raise ValueError(f"methods.json holds a {type(doc).__name__}, not an object with a 'methods' list")
+    listed = doc.get("methods")
+    if not isinstance(listed, list):
+        raise ValueError(f"'methods' is {type(listed).__name__}, not a list of method ids or objects")
+    out = []
+    for m in listed:
+        if isinstance(m, str):
+            out.append({"id": m})
+        elif isinstance(m, dict) and isinstance(m.get("id"), str):
+            out.append(dict(m))
+        else:
+            raise ValueError(f"methods entry {m!r} is neither a method id nor an object with an 'id'")
+    return {**doc, "methods": out}
+
+
 def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget: Mapping[str, int],
                      state: Mapping[str, Any], arch: str) -> list[str]:
     """Check ``methods.json`` (``{"methods": [{"id", "axis"?, "rationale"?, "override_reason"?,

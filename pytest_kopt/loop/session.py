@@ -19,12 +19,12 @@ from ..gates.build import ensure_built
 from ..gates.context import Context
 from ..gates.ncu import gate_ncu
 from ..gates.roofline import gate_roofline
-from ..gates.sass import verify_methods
+from ..gates.sass import sass_evidence
 from ..gates.table import STRICT
 from ..gates.timing import retime_interleaved
 from ..records import GateRecord, blocker, for_kernel, stage
 from . import decisions, state as st
-from .methods import validate_methods
+from .methods import normalize_methods, validate_methods
 from .summary import plot_history, render_summary
 
 #: The strict gates of a branch or ablation in a close (ncu and roofline run for the champion alone).
@@ -57,9 +57,16 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
     roof = Roofline.load(it)
     budget = roof.axis_budget if roof is not None else {}
     arch = (state.get("env") or {}).get("sm_arch") or "sm_90a"
+    try:
+        methods = normalize_methods(methods)
+    except ValueError as exc:
+        raise ConfigError(f"{methods_path}: {exc}", gate="methods", path=str(methods_path),
+                          details=f"- {exc}", fix='write {"methods": [{"id": "memory.shared_memory_tiling", '
+                                                  '"rationale": "..."}]}') from None
     problems = validate_methods(methods, registry.load(registry.METHODS), budget, state, arch)
     if problems:
-        raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems),
+        raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems), gate="methods",
+                          path=str(methods_path), details="\n".join(f"- {p}" for p in problems),
                           fix="follow the axis budget in roofline.json and registries/method_registry.json")
     kernels = [*branches, *ablations.values()]
     return {"baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
@@ -74,7 +81,7 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
     if block is not None:
         where, code = stage(block)
         st.stop_run(run_dir, f"{block.gate} {block.outcome}: {block.message}", where, code)
-        return {"exit_code": code, "message": f"run stopped at {where}: {block.message}"}
+        return {"exit_code": code, "message": f"run stopped at {where}: {block.message}", "next": st.next_step(run_dir)}
     bench = Bench.load(ctx.outdir)
     roof = Roofline.load(ctx.outdir)
     top = NcuTop.load(ctx.outdir)
@@ -83,7 +90,7 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
         st.stop_run(run_dir, f"the baseline's {', '.join(missing) or 'timing'} is missing after its gates passed "
                     "(were some gates deselected with -k?)", "timing", 2)
         return {"exit_code": 2, "message": "run stopped: the baseline's evidence is incomplete; run --kopt-init "
-                                           "without -k"}
+                                           "without -k", "next": st.next_step(run_dir)}
     state = st.load_state(run_dir)
     st.save_state(run_dir, {"baseline_ms": bench.median_ms, "best_metric_ms": bench.median_ms,
                             "best_gpu_uuid": bench.gpu_uuid, "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep"),
@@ -93,7 +100,8 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
     b = roof.axis_budget
     return {"exit_code": 0, "message": f"run {run_dir} seeded: baseline {bench.median_ms:.4f} ms; {it.name} open, "
                                        f"budget c/m/l {b['compute']}/{b['memory']}/{b['latency']}; write "
-                                       f"{it.name}/methods.json, branches/b*/kernel.*, ablations/<method>/kernel.*"}
+                                       f"{it.name}/methods.json, branches/b*/kernel.*, ablations/<method>/kernel.*",
+            "baseline_ms": bench.median_ms, "next": st.next_step(run_dir)}
 
 
 def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, Any]],
@@ -159,7 +167,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
     i = int(state["open_iter"])
     it = run_dir / f"iterv{i}"
     branches, ablations = st.iteration_kernels(run_dir, i)
-    methods = [m["id"] for m in json.loads((it / "methods.json").read_text())["methods"]]
+    methods = [m["id"] for m in normalize_methods(json.loads((it / "methods.json").read_text()))["methods"]]
     results = []
     for index, kernel in enumerate(branches, start=1):
         block = blocker(for_kernel(records, kernel), BRANCH_GATES)
@@ -168,7 +176,9 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
                         "passed": block is None and median is not None,
                         "failed_gate": block.gate if block else None,
+                        "stage": stage(block)[0] if block else None,
                         "status": block.status if block else "PASSED",
+                        "message": block.message if block else None,
                         "gpu_uuid": bench.gpu_uuid if bench is not None else None})
     ab_bench: dict[str, Bench] = {}
     for m, k in ablations.items():
@@ -177,6 +187,12 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
                 and b.median_ms is not None:
             ab_bench[m] = b
     ab_kernels = {m: ablations[m] for m in ab_bench}
+    if not any(r["passed"] for r in results) and any(r["stage"] == "hardware" for r in results):
+        # the GPU (or a tool) is missing: a branch that could not be timed is not a failed branch
+        hw = next(r for r in results if r["stage"] == "hardware")
+        return {"exit_code": 3, "message": f"{it.name}: {hw['branch']} could not run its GPU gates here "
+                                           f"({hw['message']}); the iteration stays open: run --kopt-run again "
+                                           "where the GPU is", "branches": results, "next": st.next_step(run_dir)}
     try:
         decision = same_gpu_decision(it, state, results, ab_kernels, ctx_for)
     except KoptError as exc:
@@ -188,7 +204,8 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
     if champion is None:
         write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": None})
         st.stop_run(run_dir, "all branches failed a strict gate", "branch_explore", 2, results)
-        return {"exit_code": 2, "message": f"{it.name}: every branch failed a strict gate; run stopped"}
+        return {"exit_code": 2, "message": f"{it.name}: every branch failed a strict gate; run stopped",
+                "branches": results, "next": st.next_step(run_dir)}
     cctx = ctx_for(Path(champion["kernel"]))
     try:
         gate_ncu(cctx)
@@ -215,10 +232,11 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
             why[method] = f"ablation built from {base}, champion is {champion['branch']}"
     attr = decisions.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
     texts = [p.read_text() for p in sorted((cctx.outdir / "sass").glob("*.sass"))]
-    sass = verify_methods(methods, texts, registry.load(registry.SASS))
+    evidence = sass_evidence(methods, texts, registry.load(registry.SASS))
+    sass = {m: e["status"] for m, e in evidence.items()}
     bench = read_dict(cctx.outdir / "bench.json") or {}
     state = st.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
-                               sass=sass, champion_roofline=roof, champion_bench=bench,
+                               sass=sass, sass_detail=evidence, champion_roofline=roof, champion_bench=bench,
                                best_ms_now=best_ms_now, decision=decision)
     done = finalize or i >= int(state["iterations_total"]) or bool(roof.get("near_peak"))
     if done:
@@ -233,4 +251,6 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         msg = f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; {nxt.name} open"
     plot_history(state, run_dir)
     write_text(run_dir / "summary.md", render_summary(state, run_dir))
-    return {"exit_code": 0, "message": msg}
+    return {"exit_code": 0, "message": msg, "iteration": i, "branches": results, "champion": champion["branch"],
+            "champion_ms": champion["median_ms"], "attribution": attr, "sass": sass,
+            "failed_branches": [r["branch"] for r in results if not r["passed"]], "next": st.next_step(run_dir)}

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..artifacts import write_json, write_text
+from ..artifacts import read_dict, write_json, write_text
 from .decisions import classify, improved
 from .summary import render_summary
 
@@ -140,10 +140,39 @@ def iteration_kernels(run_dir: Path, i: int) -> tuple[list[Path], dict[str, Path
 
 
 
+def next_step(run_dir: Path) -> dict[str, Any]:
+    """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action`` (``write_and_close``
+    while an iteration is open, ``done`` once completed, ``start_over`` once stopped), the files to ``read`` (the
+    evidence) and to ``write`` (``methods.json``, one kernel per branch, one ablation per selected method with its
+    ``base`` file naming the branch it removes the method from), the axis ``budget``, and the ``command`` to run
+    (argv). Paths are absolute."""
+    state = load_state(run_dir)
+    status = state.get("run_status")
+    if status == "completed":
+        return {"action": "done", "read": [str(run_dir / "summary.md"), str(run_dir / "state.json")],
+                "write": [], "command": None}
+    i = state.get("open_iter")
+    if status == "stopped" or not i:
+        return {"action": "start_over", "reason": state.get("stop_reason"), "read": [str(run_dir / "state.json")],
+                "write": [], "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline",
+                                         str(state.get("baseline_file")), "--kopt-ref", str(state.get("ref_file"))]}
+    it = run_dir / f"iterv{i}"
+    ext = Path(str(state.get("baseline_file") or "kernel.cu")).suffix or ".cu"
+    roof = read_dict(it / "roofline.json") or {}
+    k = int(state.get("branches") or 4)
+    return {"action": "write_and_close", "iteration": int(i), "budget": roof.get("axis_budget"),
+            "read": [str(it / n) for n in ("roofline.json", "ncu_top.json", "analysis.md")] + [str(run_dir / "state.json")],
+            "write": [str(it / "methods.json"), *(str(it / "branches" / f"b{b}" / f"kernel{ext}") for b in range(1, k + 1)),
+                      str(it / "ablations" / "<method id>" / f"kernel{ext}"), str(it / "ablations" / "<method id>" / "base")],
+            "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",
+                        str(run_dir / f"iterv{i}" / "report.json")]}
+
+
 def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], champion: Mapping[str, Any],
                     methods: list[str], attr: Mapping[str, Mapping[str, Any]], sass: Mapping[str, str],
                     champion_roofline: Mapping[str, Any] | None, champion_bench: Mapping[str, Any],
-                    best_ms_now: float | None = None, decision: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    best_ms_now: float | None = None, decision: Mapping[str, Any] | None = None,
+                    sass_detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``branch_results.json``, ``attribution.json``, ``sass_check.json``, ``bench.json`` and the champion's
     ``kernel.<ext>`` into ``iterv{i}/``; update the method buckets, best, history and frontier (SKILL.md 3j).
     ``best_ms_now`` (ms): the best kernel so far re-timed beside the champion on one GPU (a multi-GPU session's
@@ -156,7 +185,8 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
                                             "decision": dict(decision) if decision else None})
     write_json(it / "attribution.json", {"champion_ms": champion["median_ms"], "noise_threshold_pct": noise,
                                          "methods": dict(attr)})
-    write_json(it / "sass_check.json", {"methods": dict(sass)})
+    # status per method, and per method the opcodes looked for, found and missing (or why it cannot be shown)
+    write_json(it / "sass_check.json", {"methods": dict(sass), "evidence": dict(sass_detail or {})})
     write_json(it / "bench.json", dict(champion_bench))
     src = Path(champion["kernel"])
     shutil.copy2(src, it / f"kernel{src.suffix}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,39 @@ def raw(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(dest)
 
 
-def usage_error(exc: ConfigError) -> pytest.UsageError:
-    """A ConfigError as pytest's usage error (exit 4), message and fix."""
+def usage_error(exc: ConfigError, config: pytest.Config | None = None) -> pytest.UsageError:
+    """A ConfigError as pytest's usage error (exit 4), message and fix. With ``config`` and ``--kopt-json PATH``,
+    the report is written too (:func:`config_error_document`), so an agent or CI reading it learns why nothing ran."""
+    if config is not None and not hasattr(config, "workerinput"):
+        path = raw(config, "json")
+        if path not in (None, "", "-"):
+            target = Path(config.invocation_params.dir, str(path))
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(json.dumps(config_error_document(exc, raw(config, "run")), indent=2) + "\n")
+            except OSError:
+                pass  # the usage error below still says what is wrong
     return pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
+
+
+def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, Any]:
+    """The ``--kopt-json`` report of a session stopped before collection: ``exit_code`` 4, no items, ``error``
+    (status, gate, message, fix, path, line, problems); with ``--kopt-run``, a ``loop`` section whose ``stage`` is
+    the gate (``methods`` for a methods.json that breaks a rule) and whose ``next`` says what to do."""
+    from .. import __version__
+    from .ledger import JSON_SCHEMA_VERSION
+
+    error = {"status": exc.status, "gate": exc.gate or "config", "message": exc.message, "fix": exc.fix,
+             "path": exc.path, "line": exc.line,
+             "problems": [ln.strip()[2:] for ln in (exc.details or "").splitlines() if ln.strip().startswith("- ")]}
+    doc: dict[str, Any] = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
+                           "exit_code": 4, "error": error, "items": [], "comparisons": [], "loop": None}
+    if run_dir not in (None, ""):
+        doc["loop"] = {"mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
+                       "message": exc.message,
+                       "next": {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
+                                "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}}
+    return doc
 
 
 def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> str | None:
@@ -159,7 +190,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
         try:
             overrides = session.run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
         except ConfigError as exc:
-            raise usage_error(exc) from None
+            raise usage_error(exc, config) from None
     seed = None
     if (overrides.get("baseline") or raw(config, "baseline")) not in (None, "") and "seeds" not in overrides:
         seed = session_seed(config, raw(config, "seed"), handed)
@@ -172,7 +203,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
     try:
         settings = build_settings(get, Path(config.invocation_params.dir))
     except ConfigError as exc:
-        raise usage_error(exc) from None
+        raise usage_error(exc, config) from None
     if overrides.get("_run_dir"):
         dirs = {str(k): str(k.parent) for k in settings.kernels}
         return dataclasses.replace(settings, run_dir=Path(overrides["_run_dir"]), loop_mode="run",

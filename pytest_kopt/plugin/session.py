@@ -52,10 +52,13 @@ class ControllerPlugin:
             session.exitstatus = code
         # pytest's own "interrupted" (2) and "internal error" (3) share numbers with SKILL.md's codes: decide on the
         # status pytest itself reported, before any mapping
-        if settings.loop_mode is not None and pytest_status in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        if settings.loop_mode is not None and pytest_status in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) \
+                and not self.config.option.collectonly:  # --co runs nothing: there is no step to take
             self.loop_result = self._finish_loop()
-            if self.loop_result["exit_code"] and session.exitstatus in (0, code):
-                session.exitstatus = code if code is not None else self.loop_result["exit_code"]
+            # the process exit of a loop step is the loop's outcome (SKILL.md 0/2/3/4): a failing branch among
+            # passing ones is reported in the JSON's loop.branches, not by the exit code
+            if session.exitstatus in (0, code) and not self.ledger.other_failures():
+                session.exitstatus = int(self.loop_result["exit_code"])
         self.comparisons = self._pr_gate() + self._saved_baselines()
         if any(c.get("fails") for c in self.comparisons) and session.exitstatus == 0:
             session.exitstatus = 2  # SKILL.md's kernel-validation code: the candidate regressed
@@ -182,8 +185,8 @@ class ControllerPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One line per gate item: outcome and its key figures (or the reason it skipped/failed)."""
         code = self.ledger.exit_code()
-        if code is None and self.loop_result is not None and self.loop_result["exit_code"]:
-            code = self.loop_result["exit_code"]
+        if self.loop_result is not None:
+            code = int(self.loop_result["exit_code"])
         summary(terminalreporter, self.config.get_verbosity(), self.ledger.records, self.comparisons,
                 self.loop_result, self.errors, code)
 
