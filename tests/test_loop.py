@@ -51,6 +51,29 @@ def test_validate_methods(doc, budget, arch, problems) -> None:
     assert validate_methods(doc, REG, budget, STATE, arch) == problems
 
 
+def test_methods_validation_applies_skill_md_scan_rules() -> None:
+    """SKILL.md 3c's scan and numerics modes: a method tried in an earlier iteration, or one whose registry trigger
+    the iteration's ncu evidence contradicts, needs override_reason; strict admits bitwise-preserving methods only
+    (register_tiling reorders sums; before, it passed under strict)."""
+    tried = {**STATE, "selected_methods": ["memory.shared_memory_tiling"]}
+    assert validate_methods(methods("memory.shared_memory_tiling"), REG, BUDGET, tried, "sm_90a") == [
+        "memory.shared_memory_tiling: already selected in an earlier iteration; give override_reason"]
+    assert validate_methods(methods("memory.shared_memory_tiling", override_reason="new tile shape"), REG, BUDGET,
+                            tried, "sm_90a") == []
+    # occupancy_tuning triggers on achieved occupancy < 50%: at 85% it is untriggered
+    assert validate_methods(methods("latency.occupancy_tuning"), REG, BUDGET, STATE, "sm_90a",
+                            {"achieved_occupancy_pct": 85.0}) == [
+        "latency.occupancy_tuning: its trigger achieved_occupancy_pct < 50 does not hold here "
+        "(achieved_occupancy_pct = 85); give override_reason or pick a triggered method"]
+    assert validate_methods(methods("latency.occupancy_tuning"), REG, BUDGET, STATE, "sm_90a",
+                            {"achieved_occupancy_pct": 31.0}) == []
+    strict = {**STATE, "numerics_mode": "strict"}
+    assert validate_methods(methods("compute.register_tiling"), REG, BUDGET, strict, "sm_90a") == [
+        "compute.register_tiling: is reordered, and numerics_mode strict admits only bitwise-preserving methods "
+        "(or one marked preconditioned: true with its precondition)"]
+    assert validate_methods(methods("memory.vectorized_access"), REG, BUDGET, strict, "sm_90a") == []
+
+
 def test_champion_attribution_and_buckets() -> None:
     results = [{"branch": "b1", "index": 1, "median_ms": 5.0, "passed": True},
                {"branch": "b2", "index": 2, "median_ms": 4.0, "passed": False},
@@ -198,6 +221,10 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     assert doc["error"]["problems"] == ["axis memory: 2 method slot(s), budget 1 (cap 2)"]
     assert doc["loop"]["stage"] == "methods" and doc["loop"]["next"]["command"][3:5] == ["--kopt-run", str(run)]
     assert loop.load_state(run)["run_status"] == "iterating"  # the run stays open
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = registry.load("report_schema.json")
+    jsonschema.validate(doc, schema)  # the schema documents the error document and the loop section
+    jsonschema.validate(json.loads((pytester.path / "r.json").read_text()), schema)
     # ids as plain strings (or a bare list) are what agents write: accepted, not an INTERNALERROR
     for form in ({"methods": ["latency.occupancy_tuning"]}, ["latency.occupancy_tuning"]):
         (it / "methods.json").write_text(json.dumps(form))

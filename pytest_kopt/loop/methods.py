@@ -28,16 +28,23 @@ def normalize_methods(doc: Any) -> dict[str, Any]:
     return {**doc, "methods": out}
 
 
+_OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
+
+
 def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget: Mapping[str, int],
-                     state: Mapping[str, Any], arch: str) -> list[str]:
+                     state: Mapping[str, Any], arch: str, evidence: Mapping[str, Any] | None = None) -> list[str]:
     """Check ``methods.json`` (``{"methods": [{"id", "axis"?, "rationale"?, "override_reason"?,
     "acknowledge_failure"?}], "skipped_higher": [...]}``) against the registry and the iteration's axis budget.
 
     Rules (SKILL.md 3c): known ids; axis as registered; no duplicates; per axis at most min(2, budget[axis]) and in
     total at most sum(budget), where methods of one same-budget group count once (upstream rejects such pairs by
     mistake); no conflicting pair; the arch meets the method's minimum (and ``a`` suffix where required);
-    ineffective methods need ``override_reason``; implementation-failed ones ``acknowledge_failure: true``.
-    Returns the list of problems (empty when valid)."""
+    ineffective methods need ``override_reason``; implementation-failed ones ``acknowledge_failure: true``; a
+    method selected in an earlier iteration, or whose registry ``trigger`` the iteration's ncu ``evidence``
+    (metric -> value, from ncu_top.json) contradicts, needs ``override_reason`` (SKILL.md 3c's scan: already tried,
+    trigger condition); under ``numerics_mode`` ``strict`` only ``bitwise-preserving`` methods (SKILL.md: "strict
+    admits only bitwise-preserving or explicitly preconditioned methods"; ``preconditioned: true`` is that
+    explicit precondition). Returns the list of problems (empty when valid)."""
     errors: list[str] = []
     by_id = {m["id"]: m for m in registry["methods"]}
     chosen = list(doc.get("methods") or [])
@@ -61,6 +68,19 @@ def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget
             errors.append(f"{spec['id']}: was ineffective before; give override_reason (changed bottleneck)")
         if spec["id"] in state.get("implementation_failed_methods", []) and not m.get("acknowledge_failure"):
             errors.append(f"{spec['id']}: failed to implement before; set acknowledge_failure: true")
+        elif spec["id"] in state.get("selected_methods", []) and not m.get("override_reason") \
+                and spec["id"] not in state.get("ineffective_methods", []):
+            errors.append(f"{spec['id']}: already selected in an earlier iteration; give override_reason")
+        trig = spec.get("trigger") or {}
+        value = (evidence or {}).get(trig.get("metric"))
+        if isinstance(value, (int, float)) and trig.get("op") in _OPS and not m.get("override_reason") \
+                and not _OPS[trig["op"]](value, trig["value"]):
+            errors.append(f"{spec['id']}: its trigger {trig['metric']} {trig['op']} {trig['value']} does not hold "
+                          f"here ({trig['metric']} = {value:g}); give override_reason or pick a triggered method")
+        if state.get("numerics_mode") == "strict" and spec.get("semantic") != "bitwise-preserving" \
+                and not m.get("preconditioned"):
+            errors.append(f"{spec['id']}: is {spec.get('semantic')}, and numerics_mode strict admits only "
+                          "bitwise-preserving methods (or one marked preconditioned: true with its precondition)")
     known = [i for i in ids if i in by_id]
     for a, b in registry["relations"].get("conflicts", []):
         if a in known and b in known:

@@ -63,7 +63,10 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{methods_path}: {exc}", gate="methods", path=str(methods_path),
                           details=f"- {exc}", fix='write {"methods": [{"id": "memory.shared_memory_tiling", '
                                                   '"rationale": "..."}]}') from None
-    problems = validate_methods(methods, registry.load(registry.METHODS), budget, state, arch)
+    top = read_dict(it / "ncu_top.json") or {}
+    launches = top.get("launches") or []
+    evidence = dict(top.get("metrics") or {}) or (dict(launches[0].get("metrics") or {}) if launches else {})
+    problems = validate_methods(methods, registry.load(registry.METHODS), budget, state, arch, evidence)
     if problems:
         raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems), gate="methods",
                           path=str(methods_path), details="\n".join(f"- {p}" for p in problems),
