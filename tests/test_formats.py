@@ -426,3 +426,89 @@ def test_a_gpu_mode_problem_that_hard_codes_cuda_is_one_clear_skip(pytester: pyt
     assert "generate_input(size=8, seed=1) asks for CUDA" in plan["message"], plan
     assert not [i for i in items.values() if i["outcome"] == "failed"]
     assert result.ret == 0
+
+
+ROWS = '''\
+import torch
+def setup(m, n, seed, device="cuda"):
+    return {{"inputs": {{"x": torch.empty(m, n, device=device)}}, "outputs": {outputs}}}
+{deco}
+def run_kernel(x):
+    return {body}
+'''
+
+
+@pytest.mark.parametrize(("ref", "kernel", "status", "words"), [
+    # a name of the candidate's choosing must not pick a looser tolerance (before: PASSED at the default 1e-3)
+    ('atol = {"y": 1e-6}\nrtol = {"y": 1e-6}\ndef reference(x, **_):\n    return x.sin()\n',
+     ROWS.format(outputs='["z"]', deco="", body="x.sin() + 5e-4"), "CONTRACT_ERROR", "output 'z' has no atol"),
+    # ... nor judge one output under another's name and tolerance (before: PASSED under var's 0.1)
+    ('outputs = ["mean", "var"]\natol = {"mean": 1e-6, "var": 0.1}\nrtol = {"mean": 1e-6, "var": 0.1}\n'
+     'def reference(x, **_):\n    return x.mean(-1), x.var(-1)\n',
+     ROWS.format(outputs='["var", "mean"]', deco="", body="x.mean(-1) + 0.05, x.var(-1)"), "INCORRECT_NUMERICAL",
+     "output differs"),
+    # a tuple in the same order as ref.py's outputs is right (before: named in sorted order, INCORRECT)
+    ('outputs = ["var", "mean"]\ndef reference(x, **_):\n    return x.var(-1), x.mean(-1)\n',
+     ROWS.format(outputs='["var", "mean"]', deco="", body="x.var(-1), x.mean(-1)"), "PASSED", ""),
+    # a returned view of the input is right (before: its memory, the input's, was poisoned: NONDETERMINISTIC)
+    ("def reference(x, **_):\n    return x.t()\n", ROWS.format(outputs='["y"]', deco="", body="x.t()"), "PASSED", ""),
+    # a result made under inference_mode is right (before: RUNTIME_ERROR from the harness's own poisoning)
+    ("def reference(x, **_):\n    return torch.relu(x)\nimport torch\n",
+     ROWS.format(outputs='["y"]', deco="@torch.inference_mode()", body="torch.relu(x)"), "PASSED", ""),
+    # outputs named differently are one clear contract error (before: "the candidate's process returned no ...")
+    ('def reference(x, **_):\n    return {"y": x * 2, "z": x * 3}\n',
+     ROWS.format(outputs='["y"]', deco="", body="x * 2"), "CONTRACT_ERROR",
+     "the candidate's outputs are y but the reference's are y, z"),
+])
+def test_returned_outputs_are_named_by_the_reference(pytester: pytest.Pytester, ref: str, kernel: str, status: str,
+                                                     words: str) -> None:
+    """The red team's cases: the reference names its outputs (dict keys, ref.py's outputs = [...], else out0...),
+    per-output tolerances must name every output, and the harness's poisoning of returned memory leaves inputs and
+    inference tensors alone."""
+    pytester.makepyfile(ref=ref, k=kernel)
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "m=8,n=16",
+                            "--kopt-seeds", "1", "-k", "correctness or plan")
+    item = items["k.py::correctness[seed=1]"]
+    assert item["status"] == status and words in (item["message"] or ""), item
+
+
+def test_an_empty_second_shape_is_a_contract_error(pytester: pytest.Pytester) -> None:
+    """``--kopt-dims n=4 --kopt-dims n=0``: the n=0 items are CONTRACT_ERROR (no elements), as a single n=0 is at
+    plan; before, a wrong kernel PASSED there with nothing compared."""
+    pytester.makepyfile(ref=RET_REF, k=RET_KERNEL.format(outputs='["y"]', body="    return x.cos()"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=4",
+                            "--kopt-dims", "n=0", "--kopt-seeds", "1", "-k", "correctness")
+    assert items["k.py::correctness[n=4,seed=1]"]["status"] == "INCORRECT_NUMERICAL"
+    empty = items["k.py::correctness[n=0,seed=1]"]
+    assert empty["status"] == "CONTRACT_ERROR" and "has no elements" in empty["message"], empty
+
+
+def test_gpu_mode_nested_data_and_a_zeroed_output_buffer(pytester: pytest.Pytester) -> None:
+    """GPU MODE data as (x, {"w": w}, {"scale": 2.0}) with a zeroed output buffer that the kernel writes only in
+    part (its lower triangle, relying on the zeros): rebuilt for every call and regenerated before the second, so
+    the honest kernel PASSES (before: CONTRACT_ERROR blaming the reference, then NONDETERMINISTIC)."""
+    pytester.makepyfile(reference='''\
+import torch
+def generate_input(size: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(size, size, generator=g), torch.randn(size, generator=g)
+    return x, {"w": w}, {"scale": 2.0}, torch.zeros(size, size)
+def ref_kernel(data):
+    x, p, c, out = data
+    out.copy_(torch.tril(x * p["w"]) * c["scale"])
+    return out
+''', submission='''\
+import torch
+def custom_kernel(data):
+    x, p, c, out = data
+    n = x.shape[0]
+    rows, cols = torch.tril_indices(n, n)
+    out[rows, cols] = (x * p["w"])[rows, cols] * c["scale"]
+    return out
+''')
+    (pytester.path / "task.yml").write_text("tests:\n  - {size: 16, seed: 1}\n  - {size: 33, seed: 2}\n")
+    result, items = session(pytester, "--kopt-baseline", "submission.py", "--kopt-ref", "reference.py",
+                            "--kopt-seeds", "1", "-k", "correctness")
+    for size in (16, 33):
+        item = items[f"submission.py::correctness[size={size},seed=1]"]
+        assert item["status"] == "PASSED", item

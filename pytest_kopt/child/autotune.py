@@ -45,7 +45,8 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
         name = self.base_fn.__name__
         configs = self.configs
         pinned = getattr(self, "__kopt_pinned__", None)  # the timed loop's path: one dict lookup, no matching
-        if pinned is not None and mode != "each":
+        if pinned is not None and mode != "each" and not getattr(self, "early_config_prune", None) \
+                and not getattr(self, "perf_model", None):
             return self.fn.run(*args, **kwargs, **pinned)
         if mode == "tune" or (len(configs) < 2 and mode != "each") or (mode == "pin" and name not in (pins or {})):
             ret = original(self, *args, **kwargs)
@@ -58,11 +59,17 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
                 if not matching:
                     raise KeyError(f"{name}: no config of its @triton.autotune is {describe(want)}, the one the "
                                    "compile gate pinned")
-                run_configs = matching[:1]
+                # a config the kernel's own pruning rules out for this call's arguments (another shape) is not
+                # run: its first admitted config is, as Triton would pick among those
+                pruned = list(self.prune_configs(kwargs)) if (getattr(self, "early_config_prune", None)
+                                                               or getattr(self, "perf_model", None)) else configs
+                run_configs = [c for c in matching if c in pruned][:1] or pruned[:1]
             elif mode == "each":
                 run_configs = list(self.prune_configs(kwargs))
             else:
-                run_configs = list(configs[:1])
+                pruned = list(self.prune_configs(kwargs)) if (getattr(self, "early_config_prune", None)
+                                                               or getattr(self, "perf_model", None)) else configs
+                run_configs = list(pruned[:1])
             ret = None
             for config in run_configs:
                 full = {**self.nargs, **kwargs, **config.all_kwargs()}

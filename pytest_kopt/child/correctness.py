@@ -41,11 +41,17 @@ def _host(torch: Any, outs: dict[str, Any], tag: str, arrays: dict[str, Any]) ->
         arrays[f"{tag}__{name}"] = to_numpy(torch, t)
 
 
-def _spoil(torch: Any, got: dict[str, Any]) -> None:
+def _spoil(torch: Any, got: dict[str, Any], inp: Inputs | None = None) -> None:
     """Poison the memory of tensors a call returned once they are copied to the host, so that a later call's
-    ``torch.empty`` that lands on it (the caching allocator reuses freed blocks) cannot inherit a right answer."""
+    ``torch.empty`` that lands on it (the caching allocator reuses freed blocks) cannot inherit a right answer.
+    A returned view of an input buffer (``return x.t()``) is left alone: its memory is the input's; a tensor that
+    cannot be written here (made under ``torch.inference_mode``) is poisoned inside that mode."""
+    shared = {t.untyped_storage().data_ptr() for t in (inp.tensors.values() if inp else ()) if t.numel()}
     for t in got.values():
-        poison(torch, t)
+        if not t.numel() or t.untyped_storage().data_ptr() in shared:
+            continue
+        with torch.inference_mode() if t.is_inference() else torch.no_grad():
+            poison(torch, t.detach() if not t.is_inference() else t)
 
 
 def data_outputs(adapter: Any, got: dict[str, Any]) -> set[int]:
@@ -81,18 +87,20 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     names = sorted(got)
     dtypes = {n: str(t.dtype).replace("torch.", "") for n, t in cand.results(got).items()}
     _host(torch, cand.results(got), "cand1", arrays)
-    _spoil(torch, got)
+    _spoil(torch, got, inp)
     if req.get("calls", 3) >= 2:
-        if inout:  # the first call changed its in-place outputs: the same inputs again
+        if inout or getattr(cand.kernel, "fmt", None) == "gpumode":
+            # the first call changed its in-place outputs (a GPU MODE data's output buffer, which its
+            # generate_input may give zeroed): the same inputs again
             inp.fill(req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept)
         inp.poison_outputs(second=True)
         got = cand.run()
         _host(torch, cand.results(got), "cand2", arrays)
-        _spoil(torch, got)
+        _spoil(torch, got, inp)
         inp.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
         got = cand.run()
         _host(torch, cand.results(got), "candB", arrays)
-        _spoil(torch, got)
+        _spoil(torch, got, inp)
         # set B's values again, in freshly allocated buffers: tells "cached by address" from "ignores its inputs"
         cand.inputs = Inputs(torch, inp.spec, inp.scalars, cand.device)
         cand.inputs.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
@@ -122,10 +130,23 @@ def reference_results(torch: Any, ref: Any, inp: Inputs, req: dict[str, Any]) ->
         raise HarnessError("contract", f"{req['ref']}: reference() raised {type(exc).__name__}: {exc}") from exc
     if inp.device == "cuda":
         torch.cuda.synchronize()
-    want = list(req.get("returned") or [])
-    got = returned_outputs(torch, value, want or [n for n in inp.outputs] or ["*"], inp,
-                           f"{req['ref']}: reference()", required=[n for n in want if n != "*"])
-    if "*" in want and not got:
+    want = [n for n in (req.get("returned") or []) if n != "*"]
+    declared = getattr(ref, "outputs", None)
+    declared = [str(n) for n in declared] if isinstance(declared, (list, tuple)) else []
+    # the reference names its own outputs (never the candidate: a name chosen there could pick a looser
+    # tolerance): a dict by its keys, a tuple by ref.py's outputs = [...] (else out0, out1, ...), one tensor by
+    # outputs[0], else by the one name the candidate returns
+    own = list(inp.outputs) if not want else []  # a candidate writing in place: its buffers, in order
+    if isinstance(value, (tuple, list)):
+        names = declared if len(declared) == len(value) else own if len(own) == len(value) \
+            else [f"out{i}" for i in range(len(value))]
+    elif isinstance(value, torch.Tensor):
+        names = declared[:1] or (want if len(want) == 1 else own if len(own) == 1 else ["out"])
+    else:
+        names = list(inp.outputs) or ["*"]
+    got = returned_outputs(torch, value, names if not isinstance(value, dict) else ["*"], inp,
+                           f"{req['ref']}: reference()", required=[])
+    if req.get("returned") and not got:
         raise HarnessError("contract", f"{req['ref']}: reference() returned nothing, but the candidate returns its "
                            "outputs", fix="return the outputs from reference() too, or write them in place")
     out = dict(got)
@@ -261,8 +282,15 @@ def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
     """(atol, rtol) of output ``name``: the command line, else the reference's (a number, or a dict keyed by output
-    name), else 1e-3 / 1e-3 (upstream's defaults); with where each came from."""
+    name), else 1e-3 / 1e-3 (upstream's defaults); with where each came from. Raises HarnessError('contract') when
+    the reference gives per-output tolerances and none for ``name`` (an output named otherwise would escape them)."""
     out: dict[str, Any] = {}
+    for key, cli in (("atol", atol_cli), ("rtol", rtol_cli)):
+        v = getattr(ref, key, None)
+        if cli is None and isinstance(v, dict) and name not in v:
+            raise HarnessError("contract", f"output {name!r} has no {key} in ref.py's {key} = {v!r}",
+                               fix=f"key the tolerances by the outputs' names ({', '.join(map(repr, v))}): name the "
+                                   "outputs alike in setup()'s outputs and ref.py's outputs = [...], or give one number")
     for key, cli, default in (("atol", atol_cli, DEFAULT_ATOL), ("rtol", rtol_cli, DEFAULT_RTOL)):
         if cli is not None:
             out[key], out[f"{key}_source"] = float(cli), f"--kopt-{key}"

@@ -42,33 +42,54 @@ def _gpu_only(exc: BaseException, what: str) -> HarnessError:
     error naming ``what``."""
     import torch
 
-    text = f"{type(exc).__name__}: {exc}"
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     if not torch.cuda.is_available() and (any(s in text for s in NO_CUDA) or "cuda" in text.lower()):
         return HarnessError("needs_gpu", f"{what} asks for CUDA (device=\"cuda\" in the problem's code), and this "
                             f"machine has no GPU: {text[:200]}")
     return HarnessError("contract", f"{what} raised {text[:500]}")
 
 
-def split(data: Any, torch: Any) -> dict[str, Any]:
-    """GPU MODE ``data`` as named buffers: ``data`` (a tensor), ``t0``... (tuple/list), ``d_<key>`` (dict)."""
-    if isinstance(data, torch.Tensor):
-        return {"data": data}
+def split(data: Any, torch: Any, prefix: str = "") -> dict[str, Any]:
+    """GPU MODE ``data`` as named buffers and values: ``data`` (a tensor), ``t0``... (tuple/list items), ``d_<key>``
+    (dict entries), nested with dots (``t1.d_w``: the ``w`` of the dict that is the tuple's second item)."""
+    if isinstance(data, torch.Tensor) or isinstance(data, (int, float, str, bool)) or data is None:
+        return {prefix[:-1] if prefix else "data": data}
     if isinstance(data, (tuple, list)):
-        return {f"t{i}": v for i, v in enumerate(data)}
+        out: dict[str, Any] = {}
+        for i, v in enumerate(data):
+            out.update(split(v, torch, f"{prefix}t{i}."))
+        return out
     if isinstance(data, dict):
-        return {f"d_{k}": v for k, v in data.items()}
-    raise HarnessError("contract", f"generate_input() returned a {type(data).__name__}; kopt takes a tensor, a "
-                       "tuple/list or a dict of tensors and numbers")
+        out = {}
+        for k, v in data.items():
+            out.update(split(v, torch, f"{prefix}d_{k}."))
+        return out
+    raise HarnessError("contract", f"generate_input() returned a {type(data).__name__}; kopt takes tensors, numbers "
+                       "and tuples, lists or dicts of them")
 
 
 def join(kw: dict[str, Any]) -> Any:
     """The inverse of :func:`split` over a call's keyword arguments (dims and other names are ignored)."""
     if "data" in kw:
         return kw["data"]
-    items = sorted((int(k[1:]), v) for k, v in kw.items() if k[:1] == "t" and k[1:].isdigit())
-    if items:
-        return tuple(v for _, v in items)
-    return {k[2:]: v for k, v in kw.items() if k.startswith("d_")}
+    tree: dict[str, Any] = {}
+    for key, value in kw.items():
+        parts = key.split(".")
+        if not all(p[:1] == "t" and p[1:].isdigit() or p.startswith("d_") for p in parts):
+            continue
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+
+    def build(node: dict[str, Any]) -> Any:
+        items = {k: build(v) if isinstance(v, dict) and v and all(
+            c[:1] == "t" and c[1:].isdigit() or c.startswith("d_") for c in v) else v for k, v in node.items()}
+        if items and all(k[:1] == "t" and k[1:].isdigit() for k in items):
+            return tuple(v for _, v in sorted((int(k[1:]), v) for k, v in items.items()))
+        return {k[2:]: v for k, v in items.items()}
+
+    return build(tree)
 
 
 def _positional(kw: dict[str, Any]) -> list[Any]:
@@ -83,6 +104,13 @@ class KernelBenchReference:
         self._model: dict[int, Any] = {}
         #: the request's seed (the validation seed of set A), which the weights are drawn from in every process
         self.weight_seed = int(weight_seed)
+
+    def sizes(self, dims: dict[str, Any]) -> None:
+        """Dims named like the problem's module globals (``batch_size=64``) replace them: KernelBench writes its sizes
+        as globals, which ``get_inputs``/``get_init_inputs`` read."""
+        for k, v in dims.items():
+            if hasattr(self.module, k) and not callable(getattr(self.module, k)):
+                setattr(self.module, k, v)
 
     def model(self, seed: int, device: Any) -> Any:
         """``Model(*get_init_inputs())`` built under ``torch.manual_seed(seed)`` (once per seed in this process)."""
@@ -102,6 +130,7 @@ class KernelBenchReference:
         """``get_inputs()`` under ``torch.manual_seed(seed)``, named ``in0``, ``in1``..."""
         import torch
 
+        self.sizes(dims)
         torch.manual_seed(int(seed))
         try:
             values = list(self.module.get_inputs())
@@ -110,6 +139,7 @@ class KernelBenchReference:
         return {f"in{i}": v for i, v in enumerate(values)}
 
     def reference(self, **kw: Any) -> Any:
+        self.sizes({k: v for k, v in kw.items() if not (k[:2] == "in" and k[2:].isdigit())})
         args = _positional(kw)
         device = next((a.device for a in args if isinstance(a, __import__("torch").Tensor)), "cpu")
         return self.model(self.weight_seed, device)(*args)

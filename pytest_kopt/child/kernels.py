@@ -8,7 +8,7 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import Inputs, returned_outputs, spec_from_params, spec_from_setup
+from .inputs import Inputs, check_layout, returned_outputs, spec_from_params, spec_from_setup
 from .formats import load_candidate, load_reference
 
 
@@ -96,6 +96,7 @@ class Candidate:
                 if isinstance(t, torch.Tensor) and t.device.type != torch.device(self.device).type:
                     raise HarnessError("contract", f"{req['kernel']}: setup() put {name!r} on {t.device}, expected "
                                        f"{self.device}; add a `device` parameter to setup() and create tensors on it")
+        check_layout(spec, req["kernel"] if req["kind"] != "cuda" else req["ref"])  # every shape, not the plan's only
         self.inputs = Inputs(torch, spec, scalars, self.device)
         self.inputs.fill(req["plan"], seed, self.ref, self.dims, self.kept)
 

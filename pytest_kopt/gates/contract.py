@@ -523,6 +523,8 @@ def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contra
     for c in contracts:
         for params, _kwargs, _line in c.functions.values():
             named.update(params)
+        if c.problem_format == "kernelbench":  # its sizes are module globals, which dims of the same name set
+            named.update(c.constants)
     return [d for d in dims if d not in named]
 
 

@@ -116,7 +116,9 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
                 Path(result["npz"]).unlink(missing_ok=True)
         tols = {n: (t["atol"], t["rtol"]) for n, t in result["tolerances"].items()}
         with np.load(io.BytesIO(data)) as z:
-            warns = tolerance_warnings(list(tols), LazyArrays(z), tols)
+            # only for tolerances someone chose: the defaults would warn on every first kernel
+            chosen = [n for n, t in result["tolerances"].items() if "default" not in (t["atol_source"], t["rtol_source"])]
+            warns = tolerance_warnings(chosen, LazyArrays(z), tols) if chosen else []
         return {"tolerances": result["tolerances"], "tolerance_warnings": warns}, data
 
     payload, data, hit = ctx.trust.cached(ctx.cache_dir / "refs", key, compute, gate="correctness",
@@ -203,6 +205,13 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
         # which outputs are judged is the reference process's answer, never the candidate's (its process could
         # report no outputs at all); every call's array of each must be there
         outputs = list(ref["tolerances"])
+        theirs = set(cand.get("outputs") or [])
+        if theirs and set(outputs) != theirs:  # named differently: say so, never judge one output as another
+            raise ContractError(f"seed={seed}: the candidate's outputs are {', '.join(sorted(theirs))} but the "
+                                f"reference's are {', '.join(outputs)}", gate="correctness", path=ctx.display,
+                                details=replay, fix="name the outputs alike: setup()'s \"outputs\" (or the keys "
+                                "of the dict run_kernel returns) and ref.py's outputs = [...] (or the keys of the "
+                                "dict reference returns); a returned tuple without names is out0, out1, ...")
         with np.load(cand["npz"]) as c, np.load(io.BytesIO(ref["npz_bytes"])) as r:
             missing = [f"{p}__{o}" for o in outputs for p in ("cand1", "cand2", "candB", "candC")
                        if f"{p}__{o}" not in c.files]
@@ -248,7 +257,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                              path=ctx.display, status=v.status,
                              details="\n".join(v.details) + f"\n(tolerances from {first['atol_source']}/"
                              f"{first['rtol_source']}; {replay})",
-                             fix="fix the kernel; the indices above show where it is wrong")
+                             fix="fix the kernel; details shows where it is wrong (the outputs and first bad indices)")
     how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" and ctx.kind == "triton" else device
     if req.get("autotune_pin"):
         how += " with the pinned config " + "; ".join(f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())

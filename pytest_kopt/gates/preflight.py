@@ -136,7 +136,10 @@ def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
         k = contract.read_python(ctx.kernel)
         figures: dict[str, Any] = {"kind": ctx.kind, "format": k.candidate_format}
         if k.candidate_format != "kopt":
-            note += f"; {FORMAT_NAMES[k.candidate_format]} format, run as is"
+            found = {"kernelbench": "ModelNew found; the problem's Model, get_inputs, get_init_inputs",
+                     "gpumode": "custom_kernel found; the problem's generate_input, ref_kernel"}[k.candidate_format]
+            return Outcome(figures, f"{FORMAT_NAMES[k.candidate_format]} format, run as is: {found} "
+                                    f"({what}){note}")
         for fn, decorators in sorted(k.tuned.items()):
             figures[f"tuned_{fn}"] = "+".join(decorators)
             if "autotune" in decorators:
