@@ -425,6 +425,9 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                                "gpu_uuid": result.get("gpu_uuid")}  # as the timed process reported it
     if throttled is not None:
         figures["throttled_samples"] = sum(throttled)
+    cupti = result.get("cupti") or {}
+    if cupti.get("median_us") is not None:
+        figures["cupti_median_ms"] = cupti["median_us"] / 1e3
     if wm.get("flops") is not None:
         figures["gflops"] = wm["flops"] / (k.median_ms * 1e-3) / 1e9
     if wm.get("bytes_min") is not None:
@@ -456,7 +459,10 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                                "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
                                "graph_hold": result.get("graph_hold"),
                                "interleaved_with_reference": not ctx.settings.fresh_process},
-             "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0]}
+             "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0],
+             # the kernels' own execution span from CUPTI activity records (child/timer.kernel_times), beside the
+             # event time above, which also holds launch gaps and the flush's tail
+             "kernel_time": {"method": "cupti", **cupti} if cupti else None}
     if first_attempt is not None:  # an unstable first measurement, its causes and what was done about them
         bench["first_attempt"] = first_attempt
     if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
@@ -484,6 +490,12 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                   f"{'; '.join(first_attempt['causes'])}), measured again {first_attempt['remeasured']}")
     if throttled:
         extra += f", {sum(throttled)} throttled samples"
+    if cupti.get("median_us") is not None:
+        extra += f"; kernel-only (CUPTI) {stats.fmt_ms(cupti['median_us'] / 1e3)}"
+        if len(cupti.get("kernels_per_call") or []) > 1:
+            extra += f" (the call launches {cupti['kernels_per_call']} kernels from call to call)"
+    elif cupti.get("error"):
+        extra += f"; no CUPTI time ({cupti['error'][:80]})"
     ms = stats.fmt_ms
     return Outcome(figures, f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] "
                             f"(robust CV {k.robust_cv:.3f}, {stability}, n={k.n}, {result['stop_reason']}), "
