@@ -81,6 +81,10 @@ def write_iteration(run: Path, i: int, plan: dict) -> list[str]:
             d.mkdir(parents=True, exist_ok=True)
             (d / "kernel.cu").write_text(src)
             (d / "base").write_text(base + "\n")
+    # a speed benchmark with a fixed plan: where the iteration's ncu evidence does not trigger a planned method,
+    # the override says so (methods validation requires one, as it does of an agent)
+    methods = [{**m, "override_reason": "loop_gemm.py: a fixed plan, timed whatever the trigger says"}
+               for m in methods]
     (it / "methods.json").write_text(json.dumps({"methods": methods}, indent=1))
     return [m["id"] for m in methods]
 
