@@ -36,7 +36,7 @@ for s in $sections; do
       echo "softmax rc=$?"; sed -n '/kopt gates/,$p' "$OUT/main_softmax.log"
       wall main $rc $t0 ;;
     tests)
-      timeout 300 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
+      timeout 480 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
       wall tests $? $t0; tail -12 "$OUT/gpu-tests.log" ;;
     loop)
       timeout 420 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1

@@ -55,8 +55,8 @@ def test_outputs_returned_by_the_kernel_and_the_reference_are_compared(pytester:
     wrong = items["wrong.py::correctness[seed=1]"]
     assert (wrong["outcome"], wrong["status"]) == ("failed", "INCORRECT_NUMERICAL"), wrong
     assert wrong["details"].startswith("output y [64]:"), wrong["details"]
-    assert (wrong["path"], wrong["fix"]) == ("wrong.py", "fix the kernel; the indices above show "
-                                                                            "where it is wrong"), wrong
+    assert (wrong["path"], wrong["fix"]) == ("wrong.py", "fix the kernel; details shows where it is wrong (the "
+                                                         "outputs and first bad indices)"), wrong
     assert result.ret == 2
 
 
