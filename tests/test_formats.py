@@ -529,3 +529,17 @@ def test_timing_reports_the_kernels_own_time_beside_the_events(pytester: pytest.
     assert kt["method"] == "cupti" and kt["kernels_per_call"] == [1] and kt["empty_calls"] == 0, kt
     assert 0 < kt["median_us"] <= bench["median_ms"] * 1e3 * 1.02, (kt, bench["median_ms"])
     assert "kernel-only (CUPTI)" in timing["summary"]
+
+
+def test_kernelbench_sizes_are_set_by_dims_named_like_its_globals(pytester: pytest.Pytester) -> None:
+    """A KernelBench problem's sizes are module globals (here a batch far too large for a CPU run): --kopt-dims
+    batch_size=4 sets them for get_inputs and get_init_inputs in every process, and no "typo?" warning names them
+    (before, the dims were ignored and warned about, and the run timed out)."""
+    big = KB_PROBLEM.replace("batch, features_in, features_out = 16, 32, 8",
+                             "batch_size, features_in, features_out = 10_000_000, 32, 8")
+    pytester.makepyfile(problem=big.replace("torch.randn(batch, features_in)", "torch.randn(batch_size, features_in)"),
+                        new=KB_NEW.format(width="features_out", body="torch.relu(self.fc(x))"))
+    result, items = session(pytester, "--kopt-baseline", "new.py", "--kopt-ref", "problem.py", "--kopt-dims",
+                            "batch_size=4", "--kopt-seeds", "1", "-k", "correctness or preflight")
+    assert items["new.py::correctness[seed=1]"]["status"] == "PASSED"
+    assert "typo" not in (items["new.py::preflight"]["summary"] or "")

@@ -298,6 +298,8 @@ class PyContract:
     tuned: dict[str, list[str]] = field(default_factory=dict)
     #: module-level class names
     classes: tuple[str, ...] = ()
+    #: every name a module-level assignment binds (``a, b = 1, 2`` included): a KernelBench problem's sizes
+    assigned: tuple[str, ...] = ()
 
     @property
     def problem_format(self) -> str:
@@ -377,6 +379,9 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     constant_lines: dict[str, int] = {}
     tuned: dict[str, list[str]] = {}
     classes = tuple(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+    assigned = tuple(t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                     for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                     for t in ast.walk(target) if isinstance(t, ast.Name))
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if _triton_decorators(node):
@@ -404,7 +409,7 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
                       constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned,
-                      classes=classes)
+                      classes=classes, assigned=assigned)
 
 
 def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[str], int] | None:
@@ -524,7 +529,7 @@ def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contra
         for params, _kwargs, _line in c.functions.values():
             named.update(params)
         if c.problem_format == "kernelbench":  # its sizes are module globals, which dims of the same name set
-            named.update(c.constants)
+            named.update(c.assigned)
     return [d for d in dims if d not in named]
 
 
