@@ -34,8 +34,11 @@ class KoptError(Exception):
         fix: str | None = None,
         details: str | None = None,
         status: str | None = None,
+        figures: dict | None = None,
     ) -> None:
         super().__init__(message)
+        #: scalar figures of the failure (max_abs_err, mismatched, seed, ...), reported like a pass's
+        self.figures = dict(figures or {})
         if status is not None:
             self.status = status
         self.message = message

@@ -543,3 +543,20 @@ def test_kernelbench_sizes_are_set_by_dims_named_like_its_globals(pytester: pyte
                             "batch_size=4", "--kopt-seeds", "1", "-k", "correctness or preflight")
     assert items["new.py::correctness[seed=1]"]["status"] == "PASSED"
     assert "typo" not in (items["new.py::preflight"]["summary"] or "")
+
+
+def test_inplace_naming_no_output_is_a_contract_error(pytester: pytest.Pytester) -> None:
+    """``inplace = ["z"]`` where the candidate has no output z: a CONTRACT_ERROR naming z and the buffers (before,
+    "reference() left output 'x' unwritten"), and a failed correctness item carries its figures and record path."""
+    pytester.makepyfile(ref=INPLACE_REF.replace('["x"]', '["z"]'), k=INPLACE_KERNEL.format(body="x.clamp_(min=0)"),
+                        wrong=INPLACE_KERNEL.format(body="x.clamp_(max=0)"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                            "--kopt-seeds", "1", "-k", "correctness")
+    item = items["k.py::correctness[seed=1]"]
+    assert item["status"] == "CONTRACT_ERROR" and "names 'z', which is no output of the candidate's" in item["message"]
+    pytester.makepyfile(ref=INPLACE_REF)
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-candidate", "wrong.py", "--kopt-ref",
+                            "ref.py", "--kopt-dims", "n=64", "--kopt-seeds", "1", "-k", "correctness")
+    wrong = items["wrong.py::correctness[seed=1]"]
+    assert wrong["status"] == "INCORRECT_NUMERICAL" and wrong["figures"]["mismatched"] > 0, wrong
+    assert wrong["figures"]["seed"] == 1 and wrong["figures"]["record"].endswith("correctness/seed=1.json")

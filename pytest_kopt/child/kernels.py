@@ -97,6 +97,14 @@ class Candidate:
                     raise HarnessError("contract", f"{req['kernel']}: setup() put {name!r} on {t.device}, expected "
                                        f"{self.device}; add a `device` parameter to setup() and create tensors on it")
         check_layout(spec, req["kernel"] if req["kind"] != "cuda" else req["ref"])  # every shape, not the plan's only
+        stray = [n for n in inplace if not any(b["name"] == n and b["role"] == "inout" for b in spec)]
+        if stray:
+            raise HarnessError("contract", f"{req['ref']}: inplace = {inplace!r} names {', '.join(map(repr, stray))}, "
+                               "which is no output of the candidate's (its buffers: "
+                               f"{', '.join(b['name'] + ' ' + b['role'] for b in spec)})",
+                               fix="name in inplace the outputs that are also inputs: for a Triton/Python setup(), a "
+                                   "name both among its inputs and in its \"outputs\"; for a .cu, a non-const "
+                                   "pointer of solve()")
         self.inputs = Inputs(torch, spec, scalars, self.device)
         self.inputs.fill(req["plan"], seed, self.ref, self.dims, self.kept)
 

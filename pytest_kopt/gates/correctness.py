@@ -257,7 +257,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                              path=ctx.display, status=v.status,
                              details="\n".join(v.details) + f"\n(tolerances from {first['atol_source']}/"
                              f"{first['rtol_source']}; {replay})",
-                             fix="fix the kernel; details shows where it is wrong (the outputs and first bad indices)")
+                             fix="fix the kernel; details shows where it is wrong (the outputs and first bad indices)",
+                             figures={**figures, "record": str(ctx.outdir / "correctness" / f"{case_label(case)}.json")})
     how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" and ctx.kind == "triton" else device
     if req.get("autotune_pin"):
         how += " with the pinned config " + "; ".join(f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())

@@ -96,6 +96,7 @@ class KoptItem(pytest.Item):
                                      ("kopt_message", exc.message), ("kopt_path", exc.path),
                                      ("kopt_line", exc.line), ("kopt_fix", exc.fix),
                                      ("kopt_details", (exc.details or "")[-4000:] or None)]
+            self.user_properties += [(k, v) for k, v in exc.figures.items() if isinstance(v, (int, float, str, bool))]
             raise
         self.user_properties.append(("kopt_status", "PASSED"))
         self.user_properties += [(k, v) for k, v in outcome.figures.items() if isinstance(v, (int, float, str, bool))]
