@@ -234,3 +234,21 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     worse = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider")
     assert worse.ret == 4
     worse.stderr.fnmatch_lines(["*methods entry 7 is neither a method id nor an object with an 'id'*"])
+
+
+def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> None:
+    """A stopped run's next step starts over with everything the first --kopt-init had: the dims (as JSON),
+    iterations, branches, noise and numerics mode (before: only the kernel and reference, so it failed on the
+    missing dims)."""
+    base = tmp_path / "k.cu"
+    base.write_text("")
+    run = loop.new_run_dir(base)
+    loop.init_state(run, base, tmp_path / "ref.py", {"M": 256, "N": 256}, iterations=2, branches=3, ncu_num=5,
+                    noise_pct=1.5, numerics_mode="strict", seeds=[3], env={"sm_arch": "sm_90a"})
+    loop.stop_run(run, "no GPU", "hardware", 3)
+    nxt = loop.next_step(run)
+    assert nxt["action"] == "start_over" and str(run / "stop.json") in nxt["read"]
+    cmd = nxt["command"]
+    assert cmd[cmd.index("--kopt-dims") + 1] == '{"M": 256, "N": 256}'
+    assert [cmd[cmd.index(o) + 1] for o in ("--kopt-iterations", "--kopt-branches", "--kopt-noise",
+                                             "--kopt-numerics-mode")] == ["2", "3", "1.5", "strict"]

@@ -153,9 +153,14 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                 "write": [], "command": None}
     i = state.get("open_iter")
     if status == "stopped" or not i:
-        return {"action": "start_over", "reason": state.get("stop_reason"), "read": [str(run_dir / "state.json")],
-                "write": [], "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline",
-                                         str(state.get("baseline_file")), "--kopt-ref", str(state.get("ref_file"))]}
+        return {"action": "start_over", "reason": state.get("stop_reason"),
+                "read": [str(run_dir / "state.json"), str(run_dir / "stop.json")], "write": [],
+                "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline", str(state.get("baseline_file")),
+                            "--kopt-ref", str(state.get("ref_file")), "--kopt-dims", json.dumps(state.get("dims") or {}),
+                            "--kopt-iterations", str(state.get("iterations_total") or 3),
+                            "--kopt-branches", str(state.get("branches") or 4),
+                            "--kopt-noise", str(state.get("noise_threshold_pct") or 2),
+                            "--kopt-numerics-mode", str(state.get("numerics_mode") or "reference")]}
     it = run_dir / f"iterv{i}"
     ext = Path(str(state.get("baseline_file") or "kernel.cu")).suffix or ".cu"
     roof = read_dict(it / "roofline.json") or {}

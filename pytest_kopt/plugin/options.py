@@ -143,10 +143,17 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     doc: dict[str, Any] = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                            "exit_code": 4, "error": error, "items": [], "comparisons": [], "loop": None}
     if run_dir not in (None, ""):
+        nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
+                               "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}
+        try:  # a run that is no longer open: what its state says to do (start over, or read the summary)
+            from ..loop import state as st
+
+            if not st.load_state(Path(run_dir)).get("open_iter"):
+                nxt = st.next_step(Path(run_dir))
+        except (OSError, ValueError, KeyError):
+            pass
         doc["loop"] = {"mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
-                       "message": exc.message,
-                       "next": {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                                "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}}
+                       "message": exc.message, "next": nxt}
     return doc
 
 
@@ -204,6 +211,14 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
         settings = build_settings(get, Path(config.invocation_params.dir))
     except ConfigError as exc:
         raise usage_error(exc, config) from None
+    if handed.get("kopt_outdir") and settings.active:
+        outdir = Path(handed["kopt_outdir"])
+        if not outdir.parent.is_dir():
+            raise usage_error(ConfigError(
+                f"--kopt-outdir {outdir}: this worker's host does not see the controller's folder {outdir.parent}, "
+                "so the artifacts it writes (bench.json, ncu reports, correctness records) would be lost",
+                fix="give --kopt-outdir a folder on a filesystem every host of --tx shares (the same absolute path)"))
+        settings = dataclasses.replace(settings, outdir=outdir)
     if overrides.get("_run_dir"):
         dirs = {str(k): str(k.parent) for k in settings.kernels}
         return dataclasses.replace(settings, run_dir=Path(overrides["_run_dir"]), loop_mode="run",

@@ -64,6 +64,9 @@ class XdistControllerPlugin:
             node.workerinput["kopt_run_dir"] = str(settings.run_dir)
         if settings.session_seed is not None:
             node.workerinput["kopt_session_seed"] = str(settings.session_seed)
+        # the artifacts go where the report says they are: the controller's --kopt-outdir, also on another host
+        # (which then needs a filesystem shared with this one; a worker that cannot see it says so)
+        node.workerinput["kopt_outdir"] = str(settings.outdir)
 
 
 def worker_env(handed: dict[str, Any]) -> dict[str, Any]:
