@@ -106,7 +106,8 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
     """Workers are spread by live count, so a worker xdist restarts after a crash (a new id, gw4) takes the GPU its
     predecessor left, and a worker on another host (an ssh gateway) is told to detect its own GPUs."""
     env = gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0])
-    state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None), env=env)  # type: ignore[arg-type]
+    state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/shared/.kopt")),
+                         env=env)  # type: ignore[arg-type]
     ctl = kopt_xdist.XdistControllerPlugin(SimpleNamespace(), state)  # type: ignore[arg-type]
     nodes = [_node(f"gw{i}") for i in range(4)]
     for n in nodes:
@@ -119,6 +120,8 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
     remote = _node("gw5", popen=None)
     ctl.pytest_configure_node(remote)
     assert remote.workerinput.get("kopt_detect_here") is True and "kopt_gpu" not in remote.workerinput
+    # every worker, on this host or another, writes into the controller's outdir
+    assert {n.workerinput["kopt_outdir"] for n in [*nodes, again, remote]} == {"/shared/.kopt"}
 
 
 def test_a_worker_takes_the_gpu_the_controller_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
