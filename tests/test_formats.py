@@ -76,8 +76,10 @@ def test_several_returned_outputs_without_an_outputs_list_are_named_by_position(
 def test_a_kernel_that_returns_nothing_is_told_what_to_return(pytester: pytest.Pytester) -> None:
     """setup() promises a returned ``y`` and run_kernel returns None: a CONTRACT_ERROR naming y and the fix (before,
     a returned output could not be declared at all), exit 4."""
+    # a return only on a path not taken: preflight cannot see it, the call's None is named
     result, items = correctness(pytester, RET_REF,
-                                base=RET_KERNEL.format(outputs='["y"]', body="    y = 2 * x"))
+                                base=RET_KERNEL.format(outputs='["y"]', body="    if x.numel() < 0:\n        return x\n"
+                                                                              "    y = 2 * x"))
     item = items["base.py::correctness[seed=1]"]
     assert (item["outcome"], item["status"]) == ("failed", "CONTRACT_ERROR"), item
     assert "returned nothing, but y should come back" in item["message"], item["message"]
@@ -560,3 +562,15 @@ def test_inplace_naming_no_output_is_a_contract_error(pytester: pytest.Pytester)
     wrong = items["wrong.py::correctness[seed=1]"]
     assert wrong["status"] == "INCORRECT_NUMERICAL" and wrong["figures"]["mismatched"] > 0, wrong
     assert wrong["figures"]["seed"] == 1 and wrong["figures"]["record"].endswith("correctness/seed=1.json")
+
+
+def test_a_run_kernel_that_cannot_return_its_output_fails_preflight(pytester: pytest.Pytester) -> None:
+    """setup() promises a returned y and run_kernel has no return with a value: preflight CONTRACT_ERROR at
+    run_kernel's line, once, before any seed runs (before: the same error on every seed at correctness)."""
+    pytester.makepyfile(ref=RET_REF, k=RET_KERNEL.format(outputs='["y"]', body="    y = 2 * x"))
+    result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                            "--kopt-seeds", "1")
+    pre = items["k.py::preflight"]
+    assert pre["status"] == "CONTRACT_ERROR" and pre["line"] == 5, pre
+    assert "run_kernel() has no return with a value" in pre["message"] and pre["fix"].startswith("return y")
+    assert items["k.py::correctness[seed=1]"]["blocked_by"] == "preflight" and result.ret == 4

@@ -300,6 +300,8 @@ class PyContract:
     classes: tuple[str, ...] = ()
     #: every name a module-level assignment binds (``a, b = 1, 2`` included): a KernelBench problem's sizes
     assigned: tuple[str, ...] = ()
+    #: module-level functions with a ``return <value>`` in their own body (not in a nested function)
+    returns_value: frozenset[str] = frozenset()
 
     @property
     def problem_format(self) -> str:
@@ -379,6 +381,8 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     constant_lines: dict[str, int] = {}
     tuned: dict[str, list[str]] = {}
     classes = tuple(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+    returns_value = frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              and _returns_value(n))
     assigned = tuple(t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                      for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
                      for t in ast.walk(target) if isinstance(t, ast.Name))
@@ -409,7 +413,19 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
                       constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned,
-                      classes=classes, assigned=assigned)
+                      classes=classes, assigned=assigned, returns_value=returns_value)
+
+
+def _returns_value(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """True when ``fn``'s own body (nested functions and classes aside) has a ``return`` with a value."""
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return) and node.value is not None:
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[str], list[str], int] | None:
@@ -491,6 +507,13 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
                             gate="preflight", path=str(path), line=line, fix="give non-negative sizes")
     if c.setup_literal is not None:
         ins, outs, ret_line = c.setup_literal
+        returned = [o for o in outs if o not in ins]
+        if returned and "run_kernel" not in c.returns_value:
+            raise ContractError(f"setup() lists {', '.join(map(repr, returned))} among its outputs but not among its "
+                                "inputs, so run_kernel() must return it, and run_kernel() has no return with a value",
+                                gate="preflight", path=str(path), line=c.functions["run_kernel"][2],
+                                fix=f"return {returned[0] if len(returned) == 1 else 'them'} from run_kernel() "
+                                    f"(or allocate {returned[0]} in setup() and write it in place)")
         if not outs:
             raise ContractError("setup() lists no outputs, so nothing can be checked", gate="preflight",
                                 path=str(path), line=ret_line,
