@@ -168,18 +168,22 @@ def test_inplace_must_be_a_list_of_names(pytester: pytest.Pytester) -> None:
 
 needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None,
                                   reason="triton not installed")
-AUTOTUNED = '''\
+#: a Triton kernel writing y = 2 * x, BLOCK elements per program; the Triton tests decorate and call it
+SCALE_TRITON = '''\
 import torch
 import triton
 import triton.language as tl
 
-@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((64, 1), (128, 2), (256, 4), (512, 4))],
-                 key=["n"])
-@triton.jit
+{decorator}@triton.jit
 def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(y_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+'''
+AUTOTUNED = SCALE_TRITON.format(decorator='''\
+@triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((64, 1), (128, 2), (256, 4), (512, 4))],
+                 key=["n"])
+''') + '''
 
 def setup(n, seed, device="cuda"):
     return {"inputs": {"x": torch.empty(n, device=device)}, "outputs": ["y"]}
@@ -213,16 +217,7 @@ def test_an_autotuned_triton_kernel_compiles_every_config_and_is_checked_on_the_
     assert result.ret == 0
 
 
-BF16 = '''\
-import torch
-import triton
-import triton.language as tl
-
-@triton.jit
-def scale_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(y_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+BF16 = SCALE_TRITON.format(decorator="") + '''
 
 def setup(n, seed, device="cuda"):
     x = torch.empty(n, device=device, dtype=torch.bfloat16)

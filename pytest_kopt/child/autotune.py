@@ -31,6 +31,11 @@ def describe(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in kwargs.items())
 
 
+def _prunes(tuner: Any) -> bool:
+    """True when the autotuner rules configs out per call (``prune_configs_by``: an early prune or a perf model)."""
+    return bool(getattr(tuner, "early_config_prune", None) or getattr(tuner, "perf_model", None))
+
+
 def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
     """Wrap ``triton.runtime.autotuner.Autotuner.run`` for ``mode`` (see the module); ``pins`` maps a kernel's name
     to the config kwargs to run (``pin``). Returns False when triton has no autotuner to wrap. Raises KeyError in a
@@ -45,8 +50,7 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
         name = self.base_fn.__name__
         configs = self.configs
         pinned = getattr(self, "__kopt_pinned__", None)  # the timed loop's path: one dict lookup, no matching
-        if pinned is not None and mode != "each" and not getattr(self, "early_config_prune", None) \
-                and not getattr(self, "perf_model", None):
+        if pinned is not None and mode != "each" and not _prunes(self):
             return self.fn.run(*args, **kwargs, **pinned)
         if mode == "tune" or (len(configs) < 2 and mode != "each") or (mode == "pin" and name not in (pins or {})):
             ret = original(self, *args, **kwargs)
@@ -61,14 +65,12 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
                                    "compile gate pinned")
                 # a config the kernel's own pruning rules out for this call's arguments (another shape) is not
                 # run: its first admitted config is, as Triton would pick among those
-                pruned = list(self.prune_configs(kwargs)) if (getattr(self, "early_config_prune", None)
-                                                               or getattr(self, "perf_model", None)) else configs
+                pruned = list(self.prune_configs(kwargs)) if _prunes(self) else configs
                 run_configs = [c for c in matching if c in pruned][:1] or pruned[:1]
             elif mode == "each":
                 run_configs = list(self.prune_configs(kwargs))
             else:
-                pruned = list(self.prune_configs(kwargs)) if (getattr(self, "early_config_prune", None)
-                                                               or getattr(self, "perf_model", None)) else configs
+                pruned = list(self.prune_configs(kwargs)) if _prunes(self) else configs
                 run_configs = list(pruned[:1])
             ret = None
             for config in run_configs:

@@ -50,8 +50,8 @@ def _spoil(torch: Any, got: dict[str, Any], inp: Inputs | None = None) -> None:
     for t in got.values():
         if not t.numel() or t.untyped_storage().data_ptr() in shared:
             continue
-        with torch.inference_mode() if t.is_inference() else torch.no_grad():
-            poison(torch, t.detach() if not t.is_inference() else t)
+        with torch.inference_mode(t.is_inference()):  # an inference tensor is written inside that mode only
+            poison(torch, t if t.is_inference() else t.detach())
 
 
 def data_outputs(adapter: Any, got: dict[str, Any]) -> set[int]:

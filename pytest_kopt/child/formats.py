@@ -140,8 +140,10 @@ class KernelBenchReference:
 
     def reference(self, **kw: Any) -> Any:
         self.sizes({k: v for k, v in kw.items() if not (k[:2] == "in" and k[2:].isdigit())})
+        import torch
+
         args = _positional(kw)
-        device = next((a.device for a in args if isinstance(a, __import__("torch").Tensor)), "cpu")
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), "cpu")
         return self.model(self.weight_seed, device)(*args)
 
 
