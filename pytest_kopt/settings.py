@@ -89,6 +89,9 @@ class Settings:
     iterations: int = 3
     branches: int = 4
     ncu_num: int = 5
+    #: ``--kopt-run``: the run's ncu metric bundle (``state.json`` ``ncu_set``, chosen by the baseline's profile);
+    #: every later profile uses it (SKILL.md 3g). None: the adaptive choice of :func:`pytest_kopt.gates.ncu.choose_set`.
+    ncu_set: str | None = None
     noise_pct: float = 2.0
     numerics_mode: str = "reference"
 

@@ -150,7 +150,7 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     loop.save_state(run, {"baseline_ms": 10.0, "best_metric_ms": 10.0})
     roof = {"delta_compute": 0.5, "delta_memory": 0.9, "delta_latency": 0.2, "bound": "memory",
             "axis_budget": {"compute": 1, "memory": 2, "latency": 0}, "near_peak": False}
-    it = loop.open_iteration(run, 1, profile_dir=tmp_path, roofline=roof, branches=2, ncu_top={"top": {}})
+    it = loop.open_iteration(run, 1, ncu_rep=None, roofline=roof, branches=2, ncu_top={"top": {}})
     assert sorted(p.name for p in (it / "branches").iterdir()) == ["b1", "b2"]
     assert loop.load_state(run)["open_iter"] == 1
     k1, k2 = it / "branches" / "b1" / "kernel.cu", it / "branches" / "b2" / "kernel.cu"
@@ -191,7 +191,7 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     loop.init_state(run, base, pytester.path / "ref.py", {"M": 4, "N": 16}, iterations=2, branches=2, ncu_num=5,
                     noise_pct=2.0, numerics_mode="reference", seeds=[3], env={"sm_arch": "sm_90a"})
     roof = {"axis_budget": {"compute": 1, "memory": 1, "latency": 1}, "near_peak": False}
-    it = loop.open_iteration(run, 1, profile_dir=pytester.path, roofline=roof, branches=2, ncu_top={})
+    it = loop.open_iteration(run, 1, ncu_rep=None, roofline=roof, branches=2, ncu_top={})
     shutil.copy(REDTEAM / "honest_python.py", it / "branches" / "b1" / "kernel.py")
     shutil.copy(REDTEAM / "passthrough.py", it / "branches" / "b2" / "kernel.py")
     (it / "methods.json").write_text(json.dumps(methods("latency.occupancy_tuning")))

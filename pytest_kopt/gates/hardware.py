@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ from .context import Context, Outcome
 from .gpus import arch_of, session_view
 
 ENV_SCHEMA_VERSION = 1
+#: The probe's error when the driver library itself is absent (no retry can change that).
+NO_DRIVER = "no NVIDIA driver"
+#: Seconds between GPU probes of a loop session (SKILL.md step 0: discovery retried at most three times).
+RETRY_PAUSE_S = 2.0
 
 # Runs in a child: creates a context on every visible GPU (cuInit -> cuCtxCreate), prints one JSON line.
 _PROBE = r"""
@@ -147,10 +152,12 @@ def detect(attempts: int = 1) -> dict[str, Any]:
     probe: dict[str, Any] = {}
     hw_attempts = []
     for i in range(max(1, attempts)):
+        if i:
+            time.sleep(RETRY_PAUSE_S)
         probe = probe_gpus()
         hw_attempts.append({"attempt": i + 1, "gpus": len(probe["gpus"]), "error": probe["error"]})
-        if probe["gpus"]:
-            break
+        if probe["gpus"] or (probe["error"] or "").startswith(NO_DRIVER):
+            break  # found, or no driver at all: another probe cannot change that
     tools = {}
     for name in ("nvcc", "ncu", "cuobjdump"):
         path = find_tool(name)

@@ -109,7 +109,7 @@ def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
 def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     """Profile one call of the kernel (NVTX range only) with ncu, adaptive set (SKILL.md 3a: full below 10 ms of
     this session's timed median, light above; a full replay that times out or fails is retried once with the light
-    set); keep ``kernel.ncu-rep``, write ``ncu_top.json`` (set, reason, attempts, per-axis top ``--kopt-ncu-num``
+    set), or the loop run's own set when ``settings.ncu_set`` pins it (no fallback then); keep ``kernel.ncu-rep``, write ``ncu_top.json`` (set, reason, attempts, per-axis top ``--kopt-ncu-num``
     metrics, every registry metric). Skips when counters cannot be read (ERR_NVGPUCTRPERM); ProfilerError (exit 3)
     otherwise."""
     device = ctx.device_for("ncu")
@@ -121,11 +121,15 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report = ctx.outdir / "kernel.ncu-rep"
     dims, bench = profiled_shape(ctx)
-    chosen, reason = choose_set(bench.median_ms if bench else None)
+    pinned = ctx.settings.ncu_set
+    if pinned:
+        chosen, reason = pinned, "the run's bundle (state.json ncu_set; SKILL.md 3g: kept identical across the run)"
+    else:
+        chosen, reason = choose_set(bench.median_ms if bench else None)
     metrics = registry.load(registry.METRICS)
     attempts: list[dict[str, Any]] = []
     launches = None
-    for set_name in ([chosen, "light"] if chosen == "full" else [chosen]):
+    for set_name in ([chosen, "light"] if chosen == "full" and not pinned else [chosen]):
         req = harness_request(ctx, "profile", device, ctx.settings.seeds[0], res, dims=dims)
         report.unlink(missing_ok=True)
         try:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .. import registry
 from ..artifacts import Bench, NcuTop, Roofline, read_dict, write_json, write_text
 from ..errors import Blocked, ConfigError, KoptError
 from ..gates.build import ensure_built
 from ..gates.context import Context
-from ..gates.ncu import gate_ncu
+from ..gates.ncu import COUNTER_PERMISSION, gate_ncu
 from ..gates.roofline import gate_roofline
 from ..gates.sass import sass_evidence
 from ..gates.table import STRICT
@@ -72,7 +72,14 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
                           path=str(methods_path), details="\n".join(f"- {p}" for p in problems),
                           fix="follow the axis budget in roofline.json and registries/method_registry.json")
     kernels = [*branches, *ablations.values()]
-    return {"baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
+    pending = state.get("ablation_step")
+    if pending and int(pending.get("iter", 0)) == int(i):
+        # the second step of a close judges only the champion's ablations (the branches were judged in the first);
+        # with none written, the champion itself, so that the session has a kernel and the step concludes
+        ids = {m["id"] for m in methods["methods"]}
+        kernels = [k for m, k in ablations.items() if m in ids and m in pending.get("needed", [])
+                   and ablation_base(k.parent) == pending["champion"]] or [Path(pending["champion_kernel"])]
+    return {"ncu_set": state.get("ncu_set"), "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
             "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
             "_run_dir": str(run_dir)}
 
@@ -83,6 +90,11 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
     block = blocker(for_kernel(records, ctx.kernel), STRICT)
     if block is not None:
         where, code = stage(block)
+        if block.gate == "ncu" and COUNTER_PERMISSION in (block.message or ""):
+            state = st.load_state(run_dir)
+            env = {**state.get("env", {}), "can_read_counters": False}
+            write_json(run_dir / "env.json", env)
+            st.save_state(run_dir, {"env": env})
         st.stop_run(run_dir, f"{block.gate} {block.outcome}: {block.message}", where, code)
         return {"exit_code": code, "message": f"run stopped at {where}: {block.message}", "next": st.next_step(run_dir)}
     bench = Bench.load(ctx.outdir)
@@ -95,11 +107,20 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
         return {"exit_code": 2, "message": "run stopped: the baseline's evidence is incomplete; run --kopt-init "
                                            "without -k", "next": st.next_step(run_dir)}
     state = st.load_state(run_dir)
+    env = {**state.get("env", {}), "can_read_counters": True}  # the baseline's ncu profile read them
+    write_json(run_dir / "env.json", env)
     st.save_state(run_dir, {"baseline_ms": bench.median_ms, "best_metric_ms": bench.median_ms,
                             "best_gpu_uuid": bench.gpu_uuid, "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep"),
-                            "ncu_set": top.set})
-    it = st.open_iteration(run_dir, 1, profile_dir=ctx.outdir, roofline=roof.doc, branches=int(state["branches"]),
-                           ncu_top=top.doc)
+                            "ncu_set": top.set, "env": env})
+    if roof.doc.get("near_peak"):
+        # SKILL.md: early stop when every gap is known, a workload model is present and all are under 0.15
+        state = st.save_state(run_dir, {"run_status": "completed", "open_iter": None, "completion": "near_peak"})
+        write_text(run_dir / "summary.md", render_summary(state, run_dir))
+        return {"exit_code": 0, "message": f"run {run_dir} completed at the baseline: {bench.median_ms:.4f} ms is "
+                                           "near the roofline (every gap under 0.15); nothing to optimize",
+                "baseline_ms": bench.median_ms, "next": st.next_step(run_dir)}
+    it = st.open_iteration(run_dir, 1, ncu_rep=ctx.outdir / "kernel.ncu-rep", roofline=roof.doc,
+                           branches=int(state["branches"]), ncu_top=top.doc, evidence_of=state["best_file"])
     b = roof.axis_budget
     return {"exit_code": 0, "message": f"run {run_dir} seeded: baseline {bench.median_ms:.4f} ms; {it.name} open, "
                                        f"budget c/m/l {b['compute']}/{b['memory']}/{b['latency']}; write "
@@ -163,46 +184,96 @@ def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, A
     return decision
 
 
-def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[GateRecord],
-               finalize: bool) -> dict[str, Any]:
-    """Close the open iteration from this session's results. Returns ``{"exit_code", "message"}``."""
-    state = st.load_state(run_dir)
-    i = int(state["open_iter"])
-    it = run_dir / f"iterv{i}"
-    branches, ablations = st.iteration_kernels(run_dir, i)
-    methods = [m["id"] for m in normalize_methods(json.loads((it / "methods.json").read_text()))["methods"]]
+def branch_results(branches: list[Path], records: list[GateRecord],
+                   ctx_for: Callable[[Path], Context]) -> list[dict[str, Any]]:
+    """Each branch's outcome in this session (``branch``, ``index``, ``kernel``, ``median_ms`` in ms, ``passed``,
+    ``failed_gate``, ``stage``, ``status``, ``message``, ``gpu_uuid``), in ``b1..bK`` order."""
     results = []
     for index, kernel in enumerate(branches, start=1):
         block = blocker(for_kernel(records, kernel), BRANCH_GATES)
         bench = Bench.load(ctx_for(kernel).outdir) if block is None else None
         median = bench.median_ms if bench is not None else None
+        dist = (bench.doc.get("distribution") or {}) if bench is not None else {}
         results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
+                        "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")] if median is not None else None,
                         "passed": block is None and median is not None,
                         "failed_gate": block.gate if block else None,
                         "stage": stage(block)[0] if block else None,
                         "status": block.status if block else "PASSED",
                         "message": block.message if block else None,
                         "gpu_uuid": bench.gpu_uuid if bench is not None else None})
-    ab_bench: dict[str, Bench] = {}
+    return results
+
+
+def ablation_base(folder: Path) -> str:
+    """The branch an ablation folder derives from: its ``base`` file's text, ``b1`` when there is none."""
+    base_file = folder / "base"
+    return base_file.read_text().strip() if base_file.is_file() else "b1"
+
+
+def ablation_results(ablations: dict[str, Path], methods: list[str], records: list[GateRecord],
+                     ctx_for: Callable[[Path], Context]) -> dict[str, dict[str, Any]]:
+    """Each claimed method's ablation as judged in this session: ``{"kernel", "base", "passed", "median_ms",
+    "gpu_uuid", "status", "message"}``. Ablations of methods not claimed, or not judged in this session, are left
+    out."""
+    out: dict[str, dict[str, Any]] = {}
     for m, k in ablations.items():
-        b = Bench.load(ctx_for(k).outdir)
-        if m in methods and blocker(for_kernel(records, k), BRANCH_GATES) is None and b is not None \
-                and b.median_ms is not None:
-            ab_bench[m] = b
-    ab_kernels = {m: ablations[m] for m in ab_bench}
+        recs = for_kernel(records, k)
+        if m not in methods or not recs:
+            continue
+        block = blocker(recs, BRANCH_GATES)
+        b = Bench.load(ctx_for(k).outdir) if block is None else None
+        ok = b is not None and b.median_ms is not None
+        dist = (b.doc.get("distribution") or {}) if ok and b is not None else {}
+        out[m] = {"kernel": str(k), "base": ablation_base(k.parent), "passed": ok,
+                  "median_ms": b.median_ms if ok and b is not None else None,
+                  "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")] if ok else None,
+                  "gpu_uuid": b.gpu_uuid if ok and b is not None else None,
+                  "status": block.status if block else ("PASSED" if ok else "NOT_TIMED"),
+                  "message": block.message if block else None}
+    return out
+
+
+def ablation_request(champion: str, methods: list[str], judged: dict[str, dict[str, Any]]) -> list[str]:
+    """The claimed methods whose ablation of ``champion`` is still needed: not written, or written from another
+    branch (``base``). A failed ablation of the champion counts as given (its attribution is inconclusive, and
+    the agent is told why)."""
+    return [m for m in methods if m not in judged or judged[m]["base"] != champion]
+
+
+def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[GateRecord],
+               finalize: bool) -> dict[str, Any]:
+    """Close the open iteration from this session's results. Returns ``{"exit_code", "message", ...}``.
+
+    A close has one step when the agent wrote, before the close, an ablation of the eventual champion for every
+    claimed method (``ablations/<method>/base`` names the champion), and two otherwise: the first judges the
+    branches, picks and profiles the champion and asks, through ``next`` (action ``write_ablations``), for the
+    champion's ablations at named paths; the second (the same ``--kopt-run`` command) judges only those and
+    concludes. Attribution is then conclusive for whichever branch wins."""
+    state = st.load_state(run_dir)
+    i = int(state["open_iter"])
+    it = run_dir / f"iterv{i}"
+    branches, ablations = st.iteration_kernels(run_dir, i)
+    methods = [m["id"] for m in normalize_methods(json.loads((it / "methods.json").read_text()))["methods"]]
+    pending = state.get("ablation_step")
+    if pending and int(pending.get("iter", 0)) == i:
+        return _ablation_step(run_dir, state, i, it, pending, methods, ablations, records, ctx_for, finalize)
+    results = branch_results(branches, records, ctx_for)
+    judged = ablation_results(ablations, methods, records, ctx_for)
     if not any(r["passed"] for r in results) and any(r["stage"] == "hardware" for r in results):
         # the GPU (or a tool) is missing: a branch that could not be timed is not a failed branch
         hw = next(r for r in results if r["stage"] == "hardware")
         return {"exit_code": 3, "message": f"{it.name}: {hw['branch']} could not run its GPU gates here "
                                            f"({hw['message']}); the iteration stays open: run --kopt-run again "
                                            "where the GPU is", "branches": results, "next": st.next_step(run_dir)}
+    ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
     try:
         decision = same_gpu_decision(it, state, results, ab_kernels, ctx_for)
     except KoptError as exc:
         st.stop_run(run_dir, f"re-timing the finalists on one GPU failed: {exc.message}", "timing", exc.exit_code)
         return {"exit_code": exc.exit_code, "message": f"{it.name}: the finalists could not be re-timed on one GPU: "
                                                       f"{exc.message}"}
-    ab_gate_ms = {m: ab_bench[m].median_ms if m in ab_bench else None for m in methods}
+    ab_gate_ms = {m: judged[m]["median_ms"] if m in judged else None for m in methods}
     champion, ab_ms, best_ms_now = decisions.decided(results, ab_gate_ms, decision)
     if champion is None:
         write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": None})
@@ -210,50 +281,137 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         return {"exit_code": 2, "message": f"{it.name}: every branch failed a strict gate; run stopped",
                 "branches": results, "next": st.next_step(run_dir)}
     cctx = ctx_for(Path(champion["kernel"]))
+    failed = _profile_champion(run_dir, it, cctx, state, champion["branch"])
+    if failed is not None:
+        return failed
+    needed = ablation_request(champion["branch"], methods, judged)
+    if needed:
+        ready = {m: a for m, a in judged.items() if m not in needed}
+        st.save_state(run_dir, {"ablation_step": {
+            "iter": i, "champion": champion["branch"], "champion_kernel": champion["kernel"],
+            "champion_ms": champion["median_ms"], "champion_gpu_uuid": champion.get("gpu_uuid"),
+            "needed": needed, "ready": ready, "best_ms_now": best_ms_now, "results": results,
+            "decision": decision}})
+        write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"],
+                                                "decision": decision, "awaiting_ablations": needed})
+        stale = {m: judged[m]["base"] for m in needed if m in judged}
+        return {"exit_code": 0, "iteration": i, "branches": results, "champion": champion["branch"],
+                "champion_ms": champion["median_ms"], "ablations": judged, "ablations_needed": needed,
+                "stale_ablations": stale,
+                "failed_branches": [r["branch"] for r in results if not r["passed"]],
+                "message": f"{it.name}: champion {champion['branch']} {champion['median_ms']:.4f} ms; write its "
+                           f"ablation for {', '.join(needed)} (base {champion['branch']}) and run the same command "
+                           "again to conclude the iteration", "next": st.next_step(run_dir)}
+    return _conclude(run_dir, i, it, results, champion, methods, ab_ms, {}, decision, best_ms_now, cctx, judged,
+                     finalize)
+
+
+def _profile_champion(run_dir: Path, it: Path, cctx: Context, state: dict[str, Any],
+                      branch: str) -> dict[str, Any] | None:
+    """ncu and roofline of the champion with the run's ncu bundle (SKILL.md 3g: kept identical to the first
+    profile); copies ``kernel.ncu-rep``, ``kernel_ncu_top.json`` and ``kernel_roofline.json`` into the iteration.
+    Returns None, or the loop result of a stop (exit 3) when the profile failed or used another bundle."""
     try:
         gate_ncu(cctx)
         gate_roofline(cctx)
     except (KoptError, Blocked) as exc:
         text = exc.message if isinstance(exc, KoptError) else str(exc)
         st.stop_run(run_dir, f"champion profile failed: {text}", "ncu", 3)
-        return {"exit_code": 3, "message": f"{it.name}: champion {champion['branch']} could not be profiled: {text}"}
-    shutil.copy2(cctx.outdir / "kernel.ncu-rep", it / "kernel.ncu-rep")
+        return {"exit_code": 3, "message": f"{it.name}: champion {branch} could not be profiled: {text}",
+                "next": st.next_step(run_dir)}
     top = read_dict(cctx.outdir / "ncu_top.json") or {}
-    roof = read_dict(cctx.outdir / "roofline.json") or {}
+    if state.get("ncu_set") and top.get("set") != state["ncu_set"]:
+        text = (f"the champion was profiled with the {top.get('set')} ncu set, the run with {state['ncu_set']} "
+                "(SKILL.md 3g: one bundle for the whole run)")
+        st.stop_run(run_dir, f"champion profile failed: {text}", "ncu", 3)
+        return {"exit_code": 3, "message": f"{it.name}: {text}", "next": st.next_step(run_dir)}
+    shutil.copy2(cctx.outdir / "kernel.ncu-rep", it / "kernel.ncu-rep")
     write_json(it / "kernel_ncu_top.json", top)  # never over the best-input profile's ncu_top.json
-    write_json(it / "kernel_roofline.json", roof)
-    why: dict[str, str] = {}
-    for method in methods:
-        kernel = ablations.get(method)
-        if kernel is None:
-            ab_ms[method] = None
-            why[method] = "no ablation kernel written"
-            continue
-        base_file = kernel.parent / "base"
-        base = base_file.read_text().strip() if base_file.is_file() else "b1"
-        if base != champion["branch"]:
-            why[method] = f"ablation built from {base}, champion is {champion['branch']}"
+    write_json(it / "kernel_roofline.json", read_dict(cctx.outdir / "roofline.json") or {})
+    return None
+
+
+def _ablation_step(run_dir: Path, state: dict[str, Any], i: int, it: Path, pending: dict[str, Any],
+                   methods: list[str], ablations: dict[str, Path], records: list[GateRecord],
+                   ctx_for: Callable[[Path], Context], finalize: bool) -> dict[str, Any]:
+    """The second step of a close: the champion's ablations judged in this session, attribution against the
+    champion's time from the first step (re-timed beside them on one GPU when a difference between GPUs could
+    flip an attribution), then the iteration concluded."""
+    champ = str(pending["champion"])
+    results = list(pending["results"])
+    champion = next(r for r in results if r["branch"] == champ)
+    judged = {**pending.get("ready", {}), **{m: a for m, a in ablation_results(ablations, methods, records,
+                                                                                ctx_for).items()
+                                              if a["base"] == champ}}
+    why = {m: (f"ablation built from {ablation_base(ablations[m].parent)}, champion is {champ}" if m in ablations
+               else f"no ablation of {champ} written") for m in methods if m not in judged}
+    ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
+    cres = [{**champion, "finalist": True}]
+    try:
+        decision = same_gpu_decision(it, state, cres, ab_kernels, ctx_for)
+    except KoptError as exc:
+        st.stop_run(run_dir, f"re-timing the ablations on one GPU failed: {exc.message}", "timing", exc.exit_code)
+        return {"exit_code": exc.exit_code, "message": f"{it.name}: {exc.message}"}
+    if decision is not None:
+        champion = {**champion, "median_ms": cres[0]["median_ms"]}
+    retimed = (decision or {}).get("retimed_ms", {})
+    ab_ms = {m: retimed.get(f"ablations/{m}", judged[m]["median_ms"]) if m in judged else None for m in methods}
+    st.save_state(run_dir, {"ablation_step": None})
+    return _conclude(run_dir, i, it, results, champion, methods, ab_ms, why, decision or pending.get("decision"),
+                     retimed.get("best", pending.get("best_ms_now")), ctx_for(Path(champion["kernel"])), judged,
+                     finalize)
+
+
+def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], champion: Mapping[str, Any],
+              methods: list[str], ab_ms: dict[str, float | None], why: dict[str, str],
+              decision: Mapping[str, Any] | None, best_ms_now: float | None, cctx: Context,
+              judged: dict[str, dict[str, Any]], finalize: bool) -> dict[str, Any]:
+    """Attribution, SASS verification, buckets, the next iteration (on the best kernel's evidence) or the run's
+    completion, plots and summary."""
+    state = st.load_state(run_dir)
+    for m in methods:
+        a = judged.get(m)
+        if a is None:
+            why.setdefault(m, "no ablation kernel written")
+        elif a["base"] != champion["branch"]:
+            why.setdefault(m, f"ablation built from {a['base']}, champion is {champion['branch']}")
+        elif not a["passed"]:
+            why.setdefault(m, f"the ablation failed {a['status']}: {a['message']}")
     attr = decisions.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
     texts = [p.read_text() for p in sorted((cctx.outdir / "sass").glob("*.sass"))]
     evidence = sass_evidence(methods, texts, registry.load(registry.SASS))
     sass = {m: e["status"] for m, e in evidence.items()}
     bench = read_dict(cctx.outdir / "bench.json") or {}
+    roof = read_dict(it / "kernel_roofline.json") or {}
     state = st.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
                                sass=sass, sass_detail=evidence, champion_roofline=roof, champion_bench=bench,
                                best_ms_now=best_ms_now, decision=decision)
-    done = finalize or i >= int(state["iterations_total"]) or bool(roof.get("near_peak"))
+    improved = bool(state["history"][-1]["improved"])
+    # SKILL.md 3a: the next iteration profiles the current best; a champion that did not improve leaves the best,
+    # and so its evidence (this iteration's best-input profile), as it was
+    if improved:
+        ev_roof, ev_top, rep = roof, read_dict(it / "kernel_ncu_top.json") or {}, it / "kernel.ncu-rep"
+    else:
+        ev_roof, ev_top = read_dict(it / "roofline.json") or {}, read_dict(it / "ncu_top.json") or {}
+        rep = it / "best_input.ncu-rep"
+    near = bool(ev_roof.get("near_peak"))
+    done = finalize or i >= int(state["iterations_total"]) or near
     if done:
-        reason = "finalized" if finalize else ("near_peak" if roof.get("near_peak") else "iterations done")
+        reason = "finalized" if finalize else ("near_peak" if near else "iterations done")
         state = st.save_state(run_dir, {"run_status": "completed", "open_iter": None, "completion": reason})
         msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; run completed "
                f"({reason})")
     else:
-        nxt = st.open_iteration(run_dir, i + 1, profile_dir=cctx.outdir, roofline=roof,
-                                branches=int(state["branches"]), ncu_top=top)
+        nxt = st.open_iteration(run_dir, i + 1, ncu_rep=rep, roofline=ev_roof, branches=int(state["branches"]),
+                                ncu_top=ev_top, evidence_of=str(state["best_file"]))
         state = st.load_state(run_dir)
-        msg = f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; {nxt.name} open"
+        msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms"
+               f"{'' if improved else ' (no improvement: the best stays ' + Path(state['best_file']).name + ')'}; "
+               f"{nxt.name} open")
     plot_history(state, run_dir)
     write_text(run_dir / "summary.md", render_summary(state, run_dir))
     return {"exit_code": 0, "message": msg, "iteration": i, "branches": results, "champion": champion["branch"],
-            "champion_ms": champion["median_ms"], "attribution": attr, "sass": sass,
+            "champion_ms": champion["median_ms"], "improved": improved, "ablations": judged, "attribution": attr,
+            "sass": sass,
+            "buckets": state["history"][-1]["verdicts"],
             "failed_branches": [r["branch"] for r in results if not r["passed"]], "next": st.next_step(run_dir)}

@@ -81,21 +81,25 @@ def stop_run(run_dir: Path, reason: str, stage: str, exit_code: int, details: An
     return stop
 
 
-def open_iteration(run_dir: Path, i: int, *, profile_dir: Path, roofline: Mapping[str, Any], branches: int,
-                   ncu_top: Mapping[str, Any]) -> Path:
+def open_iteration(run_dir: Path, i: int, *, ncu_rep: Path | None, roofline: Mapping[str, Any], branches: int,
+                   ncu_top: Mapping[str, Any], evidence_of: str | None = None) -> Path:
     """Publish ``iterv{i}/`` once its pre-generation gates passed: the profile of the current best
-    (``best_input.ncu-rep``, ``ncu_top.json``), ``roofline.json``, empty ``branches/b1..bK/`` and ``ablations/``."""
+    (``best_input.ncu-rep`` copied from ``ncu_rep``, ``ncu_top.json``), ``roofline.json``, an ``analysis.md``
+    template, empty ``branches/b1..bK/`` and ``ablations/``. ``evidence_of`` names the kernel the evidence is of
+    (recorded in ``ncu_top.json`` as ``evidence_of``; SKILL.md 3a: the current best)."""
     it = run_dir / f"iterv{i}"
     (it / "ablations").mkdir(parents=True, exist_ok=True)
     for k in range(1, branches + 1):
         (it / "branches" / f"b{k}").mkdir(parents=True, exist_ok=True)
-    rep = profile_dir / "kernel.ncu-rep"
-    if rep.is_file():
-        shutil.copy2(rep, it / "best_input.ncu-rep")
-    write_json(it / "ncu_top.json", dict(ncu_top))
+    if ncu_rep is not None and ncu_rep.is_file():
+        shutil.copy2(ncu_rep, it / "best_input.ncu-rep")
+    top = dict(ncu_top)
+    if evidence_of:
+        top["evidence_of"] = evidence_of
+    write_json(it / "ncu_top.json", top)
     write_json(it / "roofline.json", dict(roofline))
     if not (it / "analysis.md").exists():
-        write_text(it / "analysis.md", analysis_template(i, roofline, ncu_top))
+        write_text(it / "analysis.md", analysis_template(i, roofline, ncu_top, branches))
     state = load_state(run_dir)
     save_state(run_dir, {"open_iter": i, "run_status": "iterating",
                          "roofline_history": [*state["roofline_history"], {"iter": i, **{
@@ -105,7 +109,7 @@ def open_iteration(run_dir: Path, i: int, *, profile_dir: Path, roofline: Mappin
     return it
 
 
-def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str, Any]) -> str:
+def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str, Any], branches: int = 2) -> str:
     """``iterv{i}/analysis.md`` as the agent finds it: the evidence (gaps, budget, top metrics) and the sections
     to fill (SKILL.md 3c: selected methods with their evidence, skipped higher-priority methods and why)."""
     b = roofline.get("axis_budget") or {}
@@ -118,7 +122,8 @@ def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str,
         lines.append(f"- top {axis} metrics: {shown or '—'}")
     lines += ["", "## Selected methods (ids from registries/method_registry.json; also in methods.json)", "",
               "- ", "", "## Skipped higher-priority methods and why", "", "- ", "",
-              "## Branch plan (same methods, different hyperparameters)", "", "- b1: ", "- b2: ", ""]
+              "## Branch plan (same methods, different hyperparameters)", "",
+              *(f"- b{k}: " for k in range(1, branches + 1)), ""]
     return "\n".join(lines)
 
 
@@ -141,11 +146,15 @@ def iteration_kernels(run_dir: Path, i: int) -> tuple[list[Path], dict[str, Path
 
 
 def next_step(run_dir: Path) -> dict[str, Any]:
-    """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action`` (``write_and_close``
-    while an iteration is open, ``done`` once completed, ``start_over`` once stopped), the files to ``read`` (the
-    evidence) and to ``write`` (``methods.json``, one kernel per branch, one ablation per selected method with its
-    ``base`` file naming the branch it removes the method from), the axis ``budget``, and the ``command`` to run
-    (argv). Paths are absolute."""
+    """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
+    ``read`` (the evidence) and to ``write``, and the ``command`` to run (argv). Paths are absolute. Actions:
+
+    - ``write_and_close`` while an iteration is open: ``methods.json``, one kernel per branch, optionally an
+      ablation per selected method (``ablations/<method>/kernel.*`` with a ``base`` file naming its branch); with
+      the axis ``budget``;
+    - ``write_ablations`` after the first step of a close: the ``champion`` and, in ``ablations``, per method the
+      ``kernel`` and ``base`` paths to write (``base`` holds the champion's name); the same command concludes;
+    - ``done`` once completed, ``start_over`` once stopped (the ``--kopt-init`` command that seeds a new run)."""
     state = load_state(run_dir)
     status = state.get("run_status")
     if status == "completed":
@@ -163,14 +172,58 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                             "--kopt-numerics-mode", str(state.get("numerics_mode") or "reference")]}
     it = run_dir / f"iterv{i}"
     ext = Path(str(state.get("baseline_file") or "kernel.cu")).suffix or ".cu"
+    command = ["python3", "-m", "pytest", "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",
+               str(run_dir / f"iterv{i}" / "report.json")]
+    pending = state.get("ablation_step")
+    if pending and int(pending.get("iter", 0)) == int(i):
+        champ = str(pending["champion"])
+        abl = [{"method": m, "kernel": str(it / "ablations" / m / f"kernel{ext}"),
+                "base": str(it / "ablations" / m / "base")} for m in pending.get("needed", [])]
+        return {"action": "write_ablations", "iteration": int(i), "champion": champ,
+                "champion_kernel": str(pending.get("champion_kernel")), "ablations": abl,
+                "read": [str(it / "branch_results.json"), str(pending.get("champion_kernel")),
+                         str(it / "kernel_ncu_top.json"), str(it / "kernel_roofline.json")],
+                "write": [p for a in abl for p in (a["kernel"], a["base"])], "command": command}
     roof = read_dict(it / "roofline.json") or {}
     k = int(state.get("branches") or 4)
+    top = read_dict(it / "ncu_top.json") or {}
     return {"action": "write_and_close", "iteration": int(i), "budget": roof.get("axis_budget"),
+            "bound": roof.get("bound"), "evidence_of": top.get("evidence_of"),
+            "top": {axis: [{"name": r.get("name"), "value": r.get("value"), "unit": r.get("unit")} for r in rows]
+                    for axis, rows in (top.get("top") or {}).items()},
+            "ablations": "optional here: written now with a base naming the eventual champion, the close takes one "
+                         "step; otherwise the close asks for the champion's (action write_ablations)",
             "read": [str(it / n) for n in ("roofline.json", "ncu_top.json", "analysis.md")] + [str(run_dir / "state.json")],
             "write": [str(it / "methods.json"), *(str(it / "branches" / f"b{b}" / f"kernel{ext}") for b in range(1, k + 1)),
                       str(it / "ablations" / "<method id>" / f"kernel{ext}"), str(it / "ablations" / "<method id>" / "base")],
-            "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",
-                        str(run_dir / f"iterv{i}" / "report.json")]}
+            "command": command}
+
+
+def run_view(run_dir: Path) -> dict[str, Any]:
+    """The run as the ``--kopt-json`` report's ``loop`` section shows it beside the step's own result: ``phase``
+    (``iterating``, ``ablations`` while a close waits for the champion's ablations, ``completed``, ``stopped``),
+    ``open_iter``, ``baseline_ms``, ``best_ms`` and ``best_file`` (the best kernel so far), ``verified_iterations``
+    and the method ``buckets`` (SKILL.md 3j: ``effective``, ``ineffective``, ``implementation_failed``,
+    ``unverified``, each a list of method ids, with each method's latest ``reasons``). {} when there is no state."""
+    try:
+        state = load_state(run_dir)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    status = state.get("run_status")
+    phase = "ablations" if status == "iterating" and state.get("ablation_step") else status
+    reasons: dict[str, str] = {}
+    for h in state.get("history", []):
+        for m, a in (h.get("attribution") or {}).items():
+            pct = a.get("attribution_pct")
+            sass = (h.get("sass") or {}).get(m)
+            reasons[m] = (f"iterv{h['iter']}: {(h.get('verdicts') or {}).get(m)}; attribution "
+                          f"{'inconclusive (' + str(a.get('reason')) + ')' if pct is None else f'{pct:.1f}%'}; "
+                          f"SASS {sass}")
+    buckets = {b: list(state.get(f"{b}_methods", [])) for b in
+               ("effective", "ineffective", "implementation_failed", "unverified")}
+    return {"phase": phase, "open_iter": state.get("open_iter"), "baseline_ms": state.get("baseline_ms"),
+            "best_ms": state.get("best_metric_ms"), "best_file": state.get("best_file"),
+            "verified_iterations": state.get("verified_iterations", 0), "buckets": buckets, "reasons": reasons}
 
 
 def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], champion: Mapping[str, Any],

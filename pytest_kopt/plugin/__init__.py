@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
     else:
-        state.env = _controller_env(config, settings.gpus)
+        state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1)
         if settings.loop_mode == "init":
             _init_run(state)
         cache = getattr(config, "cache", None)
@@ -62,11 +62,12 @@ def pytest_configure(config: pytest.Config) -> None:
         state.restore_visible = (True, before)
 
 
-def _controller_env(config: pytest.Config, spec: str | None) -> dict[str, Any]:
+def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1) -> dict[str, Any]:
     """Detect the hardware and choose the session's GPUs (``--kopt-gpus``). When the session pins GPUs (several
     used, or the option given), this process is pinned to the first one: the loop's decisions (re-timing, the
-    champion's profile) run there. Raises UsageError for a bad ``--kopt-gpus``."""
-    env = hardware.detect()
+    champion's profile) run there. A loop session probes up to ``attempts`` times (SKILL.md step 0: at most 3).
+    Raises UsageError for a bad ``--kopt-gpus``."""
+    env = hardware.detect(attempts)
     try:
         chosen = gpus.select(env, spec)
     except ConfigError as exc:

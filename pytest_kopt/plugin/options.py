@@ -222,7 +222,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
     if overrides.get("_run_dir"):
         dirs = {str(k): str(k.parent) for k in settings.kernels}
         return dataclasses.replace(settings, run_dir=Path(overrides["_run_dir"]), loop_mode="run",
-                                   artifact_dirs=dirs)
+                                   artifact_dirs=dirs, ncu_set=overrides.get("ncu_set"))
     if not settings.init or not settings.active:
         return settings
     assert settings.baseline is not None

@@ -14,6 +14,7 @@ import pytest
 from .. import prgate
 from ..artifacts import Bench
 from ..loop import session as loop_session
+from ..loop import state as loop_state
 from .ledger import Ledger
 from .options import FAILED_SEED_CACHE_KEY
 from .stash import SessionState
@@ -63,8 +64,8 @@ class ControllerPlugin:
         if any(c.get("fails") for c in self.comparisons) and session.exitstatus == 0:
             session.exitstatus = 2  # SKILL.md's kernel-validation code: the candidate regressed
         if settings.json_path:
-            loop = {**self.loop_result, "run_dir": str(settings.run_dir), "mode": settings.loop_mode} \
-                if self.loop_result else None
+            loop = {**loop_state.run_view(settings.run_dir), **self.loop_result, "run_dir": str(settings.run_dir),
+                    "mode": settings.loop_mode} if self.loop_result and settings.run_dir else None
             doc = self.ledger.document(exit_code=int(session.exitstatus), settings=settings, env=self.state.env,
                                        comparisons=self.comparisons, loop=loop)
             if settings.json_path == "-":
