@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
 # Logs in $OUT (one file per section). Usage (device machine, repository root):
-#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [saved] [pr] [speed] [fidelity]  (no argument: all, in order)
+#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [saved] [pr] [speed] [fidelity] [formats] [multi] [field]
+#   (no argument: main to fidelity, in order)
 #   main      the README's main command on the naive SGEMM, and the Triton softmax example (JSON reports in $OUT)
 #   tests     GPU tests (pytest tests -m gpu -n 4)
 #   loop      the loop-speed scenario: benchmarks/loop_gemm.py -n 4 --iterations 1 (naive SGEMM 4096^3)
@@ -12,6 +13,9 @@
 #   formats   kernels as people write them: the autotuned Triton matmul (4 configs) through every gate, a GPU MODE
 #             problem (3 test shapes, 2 benchmark shapes), a KernelBench problem, a 3-shape PR gate
 #   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
+#   field     issue #19 on the GPU (benchmarks/field_cases/, ~90 s): an arch-guarded kernel through every gate, the
+#             plan's memory estimate at n=10^12, and a host-heavy solve() timed on a quiet GPU and then while two
+#             other pytest-kopt sessions (naive SGEMM 4096^3) run on it; one verdict line per item in field.log
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
@@ -116,6 +120,108 @@ PY
       rc=$?; for f in init close_1gpu close_2gpu; do cp /tmp/km/multi/$f.log "$OUT/multi-$f.log" 2>/dev/null; done
       cp /tmp/km/multi/run_*_2gpu/iterv1/decision.json "$OUT/multi-decision.json" 2>/dev/null
       wall multi $rc $t0; tail -16 "$OUT/multi.log" ;;
+    field)
+      FC=benchmarks/field_cases; FW=/tmp/kfield; rm -rf $FW && mkdir -p $FW/bgtmp && : > "$OUT/field.log"
+      FK="-p no:randomly -p no:cacheprovider"
+      fl() { local l=$(( 145 - $(date +%s) + t0 )); echo $(( l < $1 ? (l > 5 ? l : 5) : $1 )); }  # the section in ~150 s
+      # one line per item of the named gates: case | node id | outcome | status | session exit (pytest rc) | message
+      # (a pass: its summary) | fix; for timing also bench.json's figures and the diagnosis of an unstable first try
+      verdicts() {
+        python3 - "$@" <<'PY' | tee -a "$OUT/field.log"
+import glob, json, sys
+case, path, rc, gates = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+try:
+    doc = json.load(open(path))
+except (OSError, ValueError) as exc:
+    sys.exit(print(f"{case} | no JSON report ({type(exc).__name__}) | rc {rc}"))
+for it in doc["items"]:
+    if it["gate"] in gates:
+        text = (it.get("message") or it.get("summary") or "").replace("\n", " ")
+        fix = f" | fix: {it['fix'][:150]}" if it.get("fix") else ""
+        print(f"{case} | {it['nodeid']} | {it['outcome']} | {it['status']} | exit {doc['exit_code']} (rc {rc}) | "
+              f"{text[:200]}{fix}")
+        if it["gate"] == "timing" and "why:" in text:
+            print(f"{case} |   why: {text.split('why:', 1)[1].strip()}")
+        if it["gate"] == "plan" and it["figures"].get("device_bytes"):
+            print(f"{case} |   estimate: {it['figures']['device_bytes'] / 2**30:.1f} GiB per harness process, "
+                  f"GPU free {it['figures'].get('gpu_free_bytes')}")
+for f in glob.glob(f"{doc['outdir']}/**/bench.json", recursive=True) if "timing" in gates else []:
+    b = json.load(open(f))
+    n = (b.get("distribution") or {}).get("n")
+    print(f"{case} |   bench.json: median {b.get('median_ms')} ms, robust CV {b.get('robust_cv')}, n={n}, "
+          f"{b.get('stability')}, valid {b.get('timing_valid')}, stop {b.get('stop_reason')}, hold "
+          f"{(b.get('timing_method') or {}).get('hold_us')} us, throttled {sum(b.get('throttled') or [])}")
+    if b.get("first_attempt"):
+        a = b["first_attempt"]
+        print(f"{case} |   first attempt: robust CV {a['robust_cv']:.3f} over {a['samples']} samples, median "
+              f"{a['median_ms']} ms; remeasured: {a['remeasured'] or 'no'}; causes: {'; '.join(a['causes']) or 'none found'}")
+PY
+      }
+      kopt_case() {  # $1: case, $2: timeout (s), then pytest's arguments; the command goes to field.log, its output to field-<case>.log
+        local c=$1 to=$2 args; shift 2; printf -v args '%q ' "$@"
+        echo "$c \$ python3 -m pytest $FK $args--kopt-outdir $FW/$c --kopt-json $FW/$c.json" | tee -a "$OUT/field.log"
+        timeout $(fl $to) python3 -m pytest $FK "$@" --kopt-outdir $FW/$c --kopt-json $FW/$c.json > "$OUT/field-$c.log" 2>&1
+      }
+      # 1. the whole kernel body under #if __CUDA_ARCH__ >= 1000: on sm_90a correctness UNWRITTEN, sass EMPTY_KERNEL
+      kopt_case guard 35 --kopt-baseline $FC/guarded.cu --kopt-ref $FC/ref.py --kopt-dims n=1048576 --kopt-seeds 1
+      verdicts guard $FW/guard.json $? correctness,timing,sass
+      # 2. n=10^12 (4 TB of input): the plan refuses it as TOO_LARGE against the GPU's free memory, exit 4
+      kopt_case huge 20 --kopt-baseline $FC/huge.cu --kopt-ref $FC/ref.py --kopt-dims n=1000000000000 --kopt-seeds 1
+      verdicts huge $FW/huge.json $? plan,compile,correctness
+      # 3. a ~30 us softmax whose solve() copies a row back and loops over it on the host: once on a quiet GPU, then
+      # while two other sessions time the naive SGEMM. Their TMPDIR is their own: sessions that share a temp dir
+      # share the GPU lock and take turns, as one user's sessions do; another user's or container's do not.
+      echo quiet > $FW/phase
+      ( while [ ! -e $FW/stop_smi ]; do
+          echo "$(cat $FW/phase) util=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -1)" \
+               "pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr -s ' \n' ',')"
+          sleep 0.5
+        done > $FW/smi.log 2>/dev/null ) &
+      smi_pid=$!
+      hostsync() {  # $1: case name, $2: timeout (s)
+        kopt_case $1 $2 --kopt-baseline $FC/hostsync.cu --kopt-ref $FC/hostsync_ref.py --kopt-dims M=65536,N=200 \
+          --kopt-seeds 1 -k "not ncu and not roofline"
+        verdicts $1 $FW/$1.json $? correctness,timing
+      }
+      hostsync host_quiet 45
+      sgemm_loop() {  # $1: name, $2: deadline; naive-SGEMM sessions (correctness + timing) one after another until $FW/stop
+        while [ ! -e $FW/stop ] && [ $(date +%s) -lt $2 ]; do
+          TMPDIR=$FW/bgtmp timeout 60 python3 -m pytest $FK --kopt-baseline examples/gemm/gemm.cu \
+            --kopt-ref examples/gemm/ref.py --kopt-dims $DIMS --kopt-seeds 1 -k "correctness or timing" -q \
+            --kopt-outdir $FW/$1 >> $FW/$1.log 2>&1 &
+          echo $! > $FW/$1.pid; wait $!; echo -n "$? " >> $FW/$1.rcs
+        done
+      }
+      echo "background (2 loops, 3 s apart) \$ TMPDIR=$FW/bgtmp python3 -m pytest $FK --kopt-baseline examples/gemm/gemm.cu" \
+        "--kopt-ref examples/gemm/ref.py --kopt-dims $DIMS --kopt-seeds 1 -k 'correctness or timing'" | tee -a "$OUT/field.log"
+      echo loaded > $FW/phase
+      sgemm_loop bg1 $(( $(date +%s) + 80 )) & bg1=$!
+      sleep 3; sgemm_loop bg2 $(( $(date +%s) + 80 )) & bg2=$!
+      sleep 4
+      hostsync host_loaded 50
+      touch $FW/stop $FW/stop_smi
+      for b in bg1 bg2; do kill -INT $(cat $FW/$b.pid) 2>/dev/null; done  # timeout hands it to its process group
+      for i in $(seq 16); do kill -0 $bg1 2>/dev/null || kill -0 $bg2 2>/dev/null || break; sleep 0.5; done
+      { kill -0 $bg1 || kill -0 $bg2; } 2>/dev/null && for b in bg1 bg2; do kill -TERM $(cat $FW/$b.pid) 2>/dev/null; done
+      wait $bg1 $bg2 $smi_pid 2>/dev/null
+      echo "background sessions' exit codes: bg1 $(cat $FW/bg1.rcs 2>/dev/null) bg2 $(cat $FW/bg2.rcs 2>/dev/null)" \
+        | tee -a "$OUT/field.log"
+      python3 - $FW/smi.log <<'PY' | tee -a "$OUT/field.log"
+import collections, sys
+util, apps = collections.defaultdict(list), collections.defaultdict(set)
+for line in open(sys.argv[1]):
+    phase, *rest = line.split()
+    kv = dict(r.split("=", 1) for r in rest if "=" in r)
+    if kv.get("util", "").isdigit():
+        util[phase].append(int(kv["util"]))
+    apps[phase].update(p for p in kv.get("pids", "").split(",") if p.isdigit())
+if not util:
+    print("nvidia-smi: no readings")
+for phase, u in util.items():
+    print(f"nvidia-smi during host_{phase}: {len(u)} samples, GPU util mean {sum(u) / len(u):.0f}% max {max(u)}%, "
+          f"compute pids seen {sorted(apps[phase]) or 'none'}")
+PY
+      wall field 0 $t0 ;;
     *) echo "unknown section $s" ;;
   esac
 done

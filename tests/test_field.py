@@ -136,6 +136,10 @@ def test_a_problem_that_cannot_fit_is_refused_with_the_estimate(pytester: pytest
     assert "of this machine's memory" in item["message"] and "3725.3 GiB each" in item["message"]
     assert "smaller --kopt-dims" in result.stdout.str() and items["correctness[seed=1]"]["blocked_by"] == "plan"
     assert doc["exit_code"] == result.ret == 4
+    # the refusal keeps its estimate: in the item's figures and in plan.json (before: neither)
+    assert item["figures"]["set_bytes"] == 8 * 10**12 and item["figures"]["buffers"] == 2
+    plan = json.loads(next(pytester.path.glob(".kopt/**/plan.json")).read_text())
+    assert plan["estimate"]["set_bytes"] == 8 * 10**12
     pytester.makefile(".cu", k=SCALE_CU.replace("int n", "long long n"))
     _, items, _ = session(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", f"n={10**12}",
                           "--kopt-seeds", "1", "-k", "plan")
@@ -387,3 +391,24 @@ def test_unstable_timing_is_diagnosed_before_it_fails() -> None:
                              "throttled": [True] * 30 + [False] * 70})
     assert quiet["remedy"] == "" and quiet["causes"] == ["30 of 100 samples ran at throttled clocks (power/thermal "
                                                          "slowdown or an SM clock under 75% of its maximum)"]
+
+
+def test_the_sessions_own_processes_are_not_other_load_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unstable-timing diagnosis names other processes on the GPU; the session's own reference and candidate
+    processes (descendants of the pytest controller, KOPT_SESSION_PID) hold contexts too and are not that load
+    (before: only the timed process itself was left out, so a quiet GPU read as shared)."""
+    import os
+    import subprocess
+
+    from pytest_kopt.child.timer import same_session
+
+    monkeypatch.setenv("KOPT_SESSION_PID", str(os.getpid()))
+    child = subprocess.Popen(["sleep", "5"])
+    grandchild = subprocess.Popen(["sh", "-c", "sleep 5 & wait"])
+    try:
+        assert same_session(child.pid) and same_session(grandchild.pid) and same_session(os.getpid())
+        assert not same_session(1) and not same_session(os.getppid())
+        assert not same_session(child.pid, root=os.getppid() + 10**6)
+    finally:
+        child.kill()
+        grandchild.kill()

@@ -125,19 +125,21 @@ def gate_plan(ctx: Context, case: Any = None) -> Outcome:
     figures: dict[str, Any] = {k: v for k, v in est.items()}
     figures.update(buffers=len(plan["spec"]), gpu_free_bytes=free, host_available_bytes=host)
     cpu_run = not ctx.gpu and ctx.kind in ("triton", "python")  # correctness runs on the CPU here
+    # the plan is written before any verdict, so a TOO_LARGE case keeps its estimate on disk as well as in figures
+    write_json(ctx.outdir / "plan.json", {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "spec": plan["spec"],
+                                          "note": plan["note"], "estimate": est})
     if free is not None and est["device_bytes"] > free:
         raise TooLargeError(f"the case needs about {gib(est['device_bytes'])} on the GPU per harness process "
                             f"({gib(est['set_bytes'])} per input set) but {gpu.get('name', 'the GPU')} has "
-                            f"{gib(free)} free", gate="plan", path=ctx.display,
-                            fix="give smaller --kopt-dims (the estimate is in this item's figures)")
+                            f"{gib(free)} free", gate="plan", path=ctx.display, figures=figures,
+                            fix=f"give smaller --kopt-dims (the estimate is in this item's figures and in "
+                                f"{ctx.outdir / 'plan.json'})")
     # the pytest process judges outputs only where correctness runs: with a GPU, or on the CPU for Triton/Python
     need_host = est["host_bytes"] + (est["candidate_bytes"] if cpu_run else 0)
     if host is not None and (ctx.gpu or cpu_run) and need_host > host:
         raise TooLargeError(f"the case needs about {gib(need_host)} of this machine's memory (the outputs of every "
                             f"call, {gib(est['output_bytes'])} each, to judge them) but {gib(host)} are available",
-                            gate="plan", path=ctx.display, fix="give smaller --kopt-dims")
-    write_json(ctx.outdir / "plan.json", {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "spec": plan["spec"],
-                                          "note": plan["note"], "estimate": est})
+                            gate="plan", path=ctx.display, figures=figures, fix="give smaller --kopt-dims")
     shown = ", ".join(f"{s['name']} {s['dtype']}{list(s['shape'])} {s['role'][:3]}" for s in plan["spec"][:4])
     where = f"{gib(free)} free on the GPU" if free is not None else "no GPU to check against"
     if not plan["spec"]:

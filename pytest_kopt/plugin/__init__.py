@@ -15,6 +15,7 @@ import pytest
 from ..errors import ConfigError
 from ..gates import gpus, hardware
 from ..loop import state as loop_state
+from ..proc.runner import SESSION_PID_ENV
 from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
 from .options import SEED_CACHE_KEY, pytest_addoption, pytest_load_initial_conftests, read_settings, usage_error
 from .session import ControllerPlugin
@@ -38,6 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     if not settings.active:
         return
+    if not handed:  # the controller: its workers and every harness process inherit it
+        os.environ.setdefault(SESSION_PID_ENV, str(os.getpid()))
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(k) for k in settings.kernels]
     else:

@@ -47,12 +47,19 @@ def python_command(env: dict[str, str]) -> list[str]:
     return [sys.executable, "-P", "-s", "-c", _BOOT, json.dumps(extra)]
 
 
+#: The environment variable naming the pytest process the session started from (the xdist controller's pid, which
+#: its workers inherit; else the process that starts the harness).
+SESSION_PID_ENV = "KOPT_SESSION_PID"
+
+
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment of a harness process: this one's, plus ``extra``. A ``TRITON_INTERPRET`` from the user's
     shell is dropped: the gates decide where Triton's interpreter runs (CPU correctness only); left in, the compile
     and SASS gates would find no compiled kernel."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
+    # the session's root process: a timed child counts GPU processes below it as its own session's, not as others
+    env.setdefault(SESSION_PID_ENV, str(os.getpid()))
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
