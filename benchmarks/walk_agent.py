@@ -1,0 +1,74 @@
+"""One close of a walkthrough run, as an agent acts on the --kopt-json report alone (docs/loop-walkthrough.md).
+
+Reads the newest report in FOLDER (``init.json`` or ``close<i>.json``), runs its ``loop.next.command`` with this
+interpreter and a report path of its own; when the close asks for the champion's ablations
+(``loop.next.action == "write_ablations"``) it copies the ones the agent wrote beforehand for each possible
+champion, ``FOLDER/plan/iterv<i>/<champion>/<method>/kernel.*``, to the paths the report names, and runs the next
+command. Prints one line per step: step, exit code, wall seconds, the report's message.
+
+    python3 benchmarks/walk_agent.py .walk/gemm
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def newest_report(folder: Path) -> Path:
+    reports = sorted(folder.glob("close*.json"), key=lambda p: p.stat().st_mtime)
+    return reports[-1] if reports else folder / "init.json"
+
+
+def step(folder: Path, report: Path, label: str) -> dict:
+    """Run the command the report names; returns the new report's loop section."""
+    nxt = json.loads(report.read_text())["loop"]["next"]
+    cmd = list(nxt["command"])
+    out = folder / f"{label}.json"
+    cmd[0] = sys.executable
+    if "--kopt-json" in cmd:
+        cmd[cmd.index("--kopt-json") + 1] = str(out)
+    else:
+        cmd += ["--kopt-json", str(out)]
+    t0 = time.time()
+    with open(folder / f"{label}.log", "w") as log:
+        rc = subprocess.call([*cmd, "-p", "no:randomly"], stdout=log, stderr=subprocess.STDOUT)
+    loop = (json.loads(out.read_text()).get("loop") or {}) if out.is_file() else {}
+    print(f"{folder.name} {label} rc={rc} wall={time.time() - t0:.1f}s action={(loop.get('next') or {}).get('action')}"
+          f" :: {loop.get('message')}", flush=True)
+    return loop
+
+
+def main() -> int:
+    folder = Path(sys.argv[1])
+    report = newest_report(folder)
+    loop = json.loads(report.read_text()).get("loop") or {}
+    i = (loop.get("next") or {}).get("iteration")
+    if (loop.get("next") or {}).get("action") not in ("write_and_close", "write_ablations"):
+        print(f"{folder.name}: nothing to run, next action {(loop.get('next') or {}).get('action')}")
+        return 1
+    label = f"close{i}" if loop["next"]["action"] == "write_and_close" else f"close{i}b"
+    loop = step(folder, report, label)
+    nxt = loop.get("next") or {}
+    if nxt.get("action") == "write_ablations":
+        champ = nxt["champion"]
+        for w in nxt["ablations"]:
+            src = folder / "plan" / f"iterv{nxt['iteration']}" / champ / w["method"]
+            kernel = next(src.glob("kernel.*"), None) if src.is_dir() else None
+            if kernel is None:
+                print(f"{folder.name}: no prepared ablation {src} for champion {champ}")
+                continue
+            dst = Path(w["kernel"]).with_suffix(kernel.suffix)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(kernel, dst)
+            Path(w["base"]).write_text(champ + "\n")
+        step(folder, folder / f"{label}.json", f"close{nxt['iteration']}b")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
