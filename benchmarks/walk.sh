@@ -3,12 +3,14 @@
 # --kopt-json report alone (benchmarks/walk_agent.py). The runs live in .walk/ (carried to and from the machine
 # as $OUT/walk.tgz). Usage, repository root:
 #   bash benchmarks/walk.sh init    seed both runs (naive SGEMM 4096^3, naive layer norm 16384x4096)
-#   bash benchmarks/walk.sh close   run each run's next command (and the ablation step it asks for)
+#   bash benchmarks/walk.sh close   run each run's next command (and the ablation step it asks for), writing the
+#                                   agent's prepared iteration (.walk/<name>/plan/, docs/walkthrough/plan.py) first
+#   bash benchmarks/walk.sh init close   both, in order
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
 mkdir -p "$OUT" .walk
-step=$1
+steps=${*:-init}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 ls .wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index .wheels/*.whl >>"$OUT/install.log" 2>&1
 declare -A DIMS=([gemm]=M=4096,N=4096,K=4096 [layernorm]=M=16384,N=4096,eps=1e-5)
@@ -25,6 +27,6 @@ one() {
     python3 benchmarks/walk_agent.py ".walk/$name" 2>&1 | tee -a .walk/walls.txt
   fi
 }
-one gemm & one layernorm & wait
+for step in $steps; do one gemm & one layernorm & wait; done
 tar czf "$OUT/walk.tgz" --exclude='*.lock' .walk
 ls -la "$OUT/walk.tgz"

@@ -24,6 +24,22 @@ def newest_report(folder: Path) -> Path:
     return reports[-1] if reports else folder / "init.json"
 
 
+def write_plan(folder: Path, nxt: dict) -> None:
+    """Copy the agent's iteration ``FOLDER/plan/iterv<i>/`` (methods.json, branches/b<k>/kernel.*) to the paths
+    ``next.write`` names, unless the iteration already holds a methods.json."""
+    it = Path(nxt["write"][0]).parent  # .../iterv<i>/methods.json
+    plan = folder / "plan" / it.name
+    if (it / "methods.json").exists() or not plan.is_dir():
+        return
+    shutil.copy2(plan / "methods.json", it / "methods.json")
+    for path in nxt["write"][1:]:
+        dst = Path(path)
+        if dst.parent.parent.name == "branches":
+            src = plan / "branches" / dst.parent.name / dst.name
+            if src.is_file():
+                shutil.copy2(src, dst)
+
+
 def step(folder: Path, report: Path, label: str) -> dict:
     """Run the command the report names; returns the new report's loop section."""
     nxt = json.loads(report.read_text())["loop"]["next"]
@@ -51,6 +67,8 @@ def main() -> int:
     if (loop.get("next") or {}).get("action") not in ("write_and_close", "write_ablations"):
         print(f"{folder.name}: nothing to run, next action {(loop.get('next') or {}).get('action')}")
         return 1
+    if loop["next"]["action"] == "write_and_close":
+        write_plan(folder, loop["next"])
     label = f"close{i}" if loop["next"]["action"] == "write_and_close" else f"close{i}b"
     loop = step(folder, report, label)
     nxt = loop.get("next") or {}
