@@ -27,6 +27,8 @@ one() {
     python3 benchmarks/walk_agent.py ".walk/$name" 2>&1 | tee -a .walk/walls.txt
   fi
 }
-for step in $steps; do one gemm & one layernorm & wait; done
-tar czf "$OUT/walk.tgz" --exclude='*.lock' .walk
+for step in $steps; do
+  one gemm & one layernorm & wait
+  tar czf "$OUT/walk.tgz" --exclude='*.lock' .walk  # after every step: a later one may be cut off
+done
 ls -la "$OUT/walk.tgz"
