@@ -5,7 +5,7 @@
 #   bash benchmarks/walk.sh init    seed both runs (naive SGEMM 4096^3, naive layer norm 16384x4096)
 #   bash benchmarks/walk.sh close   run each run's next command (and the ablation step it asks for), writing the
 #                                   agent's prepared iteration (.walk/<name>/plan/, docs/walkthrough/plan.py) first
-#   bash benchmarks/walk.sh init close   both, in order
+#   bash benchmarks/walk.sh init close   both, in order (WALK_ONLY=layernorm: that run only)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
@@ -28,7 +28,7 @@ one() {
   fi
 }
 for step in $steps; do
-  one gemm & one layernorm & wait
+  for n in ${WALK_ONLY:-gemm layernorm}; do one $n & done; wait
   tar czf "$OUT/walk.tgz" --exclude='*.lock' .walk  # after every step: a later one may be cut off
 done
 ls -la "$OUT/walk.tgz"

@@ -412,3 +412,18 @@ def test_the_sessions_own_processes_are_not_other_load_on_the_gpu(monkeypatch: p
     finally:
         child.kill()
         grandchild.kill()
+
+
+def test_cupti_records_split_into_calls_at_each_whole_flush() -> None:
+    """The flush (a sum over 2x L2) launches two kernels on an H200; each pair is one boundary, so a call of one
+    kernel is one segment of one record (before: every flush read as two boundaries, and each call as an empty one
+    beside a full one, 50 empty calls of 50). A call that launched nothing is still an empty segment."""
+    from pytest_kopt.child.timer import call_segments
+
+    f = {"reduce", "fill"}
+    ev = [(0, 1, "fill"), (1, 2, "reduce"), (3, 4, "k"), (5, 6, "fill"), (6, 7, "reduce"), (8, 9, "k"), (9, 10, "k2"),
+          (11, 12, "fill"), (12, 13, "reduce"), (14, 15, "fill"), (15, 16, "reduce"), (17, 18, "k")]
+    segs = call_segments(ev, f, 2)
+    assert [[n for _, _, n in s] for s in segs] == [["k"], ["k", "k2"], [], ["k"]]
+    assert [[n for _, _, n in s] for s in call_segments([(0, 1, "f"), (2, 3, "k"), (4, 5, "f")], {"f"}, 1)] \
+        == [["k"], []]

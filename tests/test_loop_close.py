@@ -125,13 +125,14 @@ def test_a_close_asks_for_the_champions_ablations_and_concludes_on_them(tmp_path
     assert second["exit_code"] == 0 and second["champion"] == "b2" and second["improved"] is True
     a = second["attribution"][METHOD]
     assert a["ms_without"] == 9.0 and a["attribution_pct"] == pytest.approx(12.5) and a["contributed"] is True
-    assert second["buckets"] == {METHOD: "effective"} and second["sass"] == {METHOD: "pass"}
+    assert second["verdicts"] == {METHOD: "effective"} and second["sass"] == {METHOD: "pass"}
     state = st.load_state(r.run)
     assert state["effective_methods"] == [METHOD] and state["open_iter"] == 2 and not state.get("ablation_step")
     assert state["best_metric_ms"] == 8.0 and state["best_file"] == str(r.it / "kernel.cu")
     assert r.profiled == [r.outdir(b2)]  # profiled once, in the first step
     view = st.run_view(r.run)
     assert view["phase"] == "iterating" and view["buckets"]["effective"] == [METHOD]
+    assert view["selected_methods"] == [METHOD]
     assert "attribution 12.5%" in view["reasons"][METHOD]
 
 
@@ -144,7 +145,7 @@ def test_an_ablation_of_the_champion_written_before_the_close_takes_one_step(tmp
     out = r.close()
     assert out["exit_code"] == 0 and out["next"]["action"] == "write_and_close" and out["next"]["iteration"] == 2
     # 10.1 vs 10.0 ms is 1% <= 2% noise, SASS verified: ineffective (the speed-up came from elsewhere)
-    assert out["attribution"][METHOD]["contributed"] is False and out["buckets"] == {METHOD: "ineffective"}
+    assert out["attribution"][METHOD]["contributed"] is False and out["verdicts"] == {METHOD: "ineffective"}
 
 
 def test_a_second_step_without_the_ablation_concludes_inconclusive(tmp_path: Path,
@@ -160,7 +161,7 @@ def test_a_second_step_without_the_ablation_concludes_inconclusive(tmp_path: Pat
     out = r.close()
     assert out["exit_code"] == 0 and out["attribution"][METHOD]["contributed"] is None
     assert out["attribution"][METHOD]["reason"] == "no ablation of b2 written"
-    assert out["buckets"] == {METHOD: "unverified"}
+    assert out["verdicts"] == {METHOD: "unverified"}
 
 
 def test_the_next_iteration_profiles_the_best_when_the_champion_did_not_improve(tmp_path: Path,

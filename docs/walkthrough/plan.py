@@ -80,12 +80,14 @@ def best_macros(best_file: Path) -> dict[str, int]:
 
 def choose(name: str, i: int, report: dict) -> tuple[str, list[dict], list[dict[str, int]], dict[str, dict[str, int]]]:
     """Iteration ``i`` (2 or 3) from the last report alone: the axis budget in ``loop.next.budget``, the methods
-    already tried in ``loop.buckets``, the best kernel in ``loop.best_file``. Methods are taken in priority order
+    already tried in ``loop.selected_methods``, the best kernel in ``loop.best_file``. Methods are taken in priority order
     while their axis has budget left (at most the total budget); every other switch stays as the best kernel has
     it; the branches are the template's tile variations."""
     loop = report["loop"]
     budget = dict(loop["next"]["budget"])
-    tried = {m for ms in (loop.get("buckets") or {}).values() for m in ms}
+    state_file = next((Path(p) for p in loop["next"]["read"] if p.endswith("state.json")), None)
+    tried = set(loop.get("selected_methods") or
+                (json.loads(state_file.read_text()).get("selected_methods", []) if state_file else []))
     template, options, variations = LATER[name]
     specs = {m["id"]: m for m in json.loads((HERE.parents[1] / "registries" / "method_registry.json")
                                             .read_text())["methods"]}

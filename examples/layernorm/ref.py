@@ -1,10 +1,11 @@
 """Reference for examples/layernorm/layernorm.cu: layer norm over the last dim of x[M, N], in float64."""
 import torch
 
-# fp32 sums over N=4096 values of N(0,1) data err by ~1e-6 relative in the mean and variance; rsqrtf errs by
-# ~2 ulp. fp16/bf16 arithmetic errs by ~1e-3, so these tolerances reject a lower-precision shortcut.
-atol = 1e-4
-rtol = 1e-4
+# A plain fp32 kernel sums each row of N=4096 in sequence: on small-integer rows the variance's rounding errors
+# add up in one direction, to ~1e-4 relative (measured on an H200: 3.0e-4 abs on outputs of ~15), so the tolerance
+# is 2e-3 abs + 1e-3 rel. bf16 arithmetic errs by ~4e-3 relative (~6e-2 on such outputs) and is still caught.
+atol = 2e-3
+rtol = 1e-3
 
 
 def shapes(M, N, eps):

@@ -415,6 +415,31 @@ def make_timer(torch: Any, sets: list[Any], launch: Callable[[Any], None], refre
     return cls(torch, sets, launch, refresh, t)
 
 
+def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
+                  per_flush: int) -> list[list[tuple[float, float, str]]]:
+    """Split a profile's device records (start, end, name), sorted by start, into calls: each run of
+    ``per_flush`` records named in ``flush_names`` (one flush may launch several kernels) starts a call, and the
+    records up to the next flush are that call's. A call that launched nothing is an empty list between two
+    flushes; records before the first flush belong to no call."""
+    segments: list[list[tuple[float, float, str]]] = []
+    current: list[tuple[float, float, str]] | None = None
+    run = 0
+    for ev in events:
+        if ev[2] in flush_names:
+            if run % max(1, per_flush) == 0:
+                if current is not None:
+                    segments.append(current)
+                current = []
+            run += 1
+        else:
+            run = 0
+            if current is not None:
+                current.append(ev)
+    if current is not None:
+        segments.append(current)
+    return segments
+
+
 def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
     """Kernel-only time of one call from the GPU's own records (CUPTI activity records through torch's profiler,
     Kineto): ``calls`` calls, each after the L2 flush; per call the span from its first kernel's start to its last
@@ -444,7 +469,8 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CUDA]) as probe:
             timer.flush()
             torch.cuda.synchronize()
-        flush_names = {n for _, _, n in device_events(probe)}
+        flush_events = device_events(probe)
+        flush_names = {n for _, _, n in flush_events}
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for i in range(calls):
                 timer.flush()
@@ -456,17 +482,7 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
     if not flush_names or not events:
         return {"error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session in "
                          "this process)"}
-    segments: list[list[tuple[float, float, str]]] = []
-    current: list[tuple[float, float, str]] | None = None
-    for ev in events:
-        if ev[2] in flush_names:
-            if current is not None:
-                segments.append(current)
-            current = []
-        elif current is not None:
-            current.append(ev)
-    if current is not None:
-        segments.append(current)
+    segments = call_segments(events, flush_names, len(flush_events))
     spans = [max(e for _, e, _ in seg) - min(s for s, _, _ in seg) for seg in segments if seg]
     if not spans:
         return {"error": "no kernel of the call was recorded between the flushes", "calls": 0,

@@ -413,5 +413,5 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
     return {"exit_code": 0, "message": msg, "iteration": i, "branches": results, "champion": champion["branch"],
             "champion_ms": champion["median_ms"], "improved": improved, "ablations": judged, "attribution": attr,
             "sass": sass,
-            "buckets": state["history"][-1]["verdicts"],
+            "verdicts": state["history"][-1]["verdicts"],
             "failed_branches": [r["branch"] for r in results if not r["passed"]], "next": st.next_step(run_dir)}

@@ -203,8 +203,9 @@ def run_view(run_dir: Path) -> dict[str, Any]:
     """The run as the ``--kopt-json`` report's ``loop`` section shows it beside the step's own result: ``phase``
     (``iterating``, ``ablations`` while a close waits for the champion's ablations, ``completed``, ``stopped``),
     ``open_iter``, ``baseline_ms``, ``best_ms`` and ``best_file`` (the best kernel so far), ``verified_iterations``
-    and the method ``buckets`` (SKILL.md 3j: ``effective``, ``ineffective``, ``implementation_failed``,
-    ``unverified``, each a list of method ids, with each method's latest ``reasons``). {} when there is no state."""
+    the method ``buckets`` (SKILL.md 3j: ``effective``, ``ineffective``, ``implementation_failed``,
+    ``unverified``, each a list of method ids, with each method's latest ``reasons``) and every
+    ``selected_methods`` so far (re-selecting one needs an ``override_reason``). {} when there is no state."""
     try:
         state = load_state(run_dir)
     except (OSError, json.JSONDecodeError):
@@ -223,7 +224,8 @@ def run_view(run_dir: Path) -> dict[str, Any]:
                ("effective", "ineffective", "implementation_failed", "unverified")}
     return {"phase": phase, "open_iter": state.get("open_iter"), "baseline_ms": state.get("baseline_ms"),
             "best_ms": state.get("best_metric_ms"), "best_file": state.get("best_file"),
-            "verified_iterations": state.get("verified_iterations", 0), "buckets": buckets, "reasons": reasons}
+            "verified_iterations": state.get("verified_iterations", 0), "buckets": buckets, "reasons": reasons,
+            "selected_methods": list(state.get("selected_methods", []))}
 
 
 def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], champion: Mapping[str, Any],
