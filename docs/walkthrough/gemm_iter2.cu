@@ -6,6 +6,8 @@
 //           the current one is multiplied, so one barrier per K step
 //   UNROLL  compute.loop_unroll: the BK loop fully unrolled (0: #pragma unroll 1)
 //   MINB    latency.occupancy_tuning: __launch_bounds__(NT, MINB) asks for MINB resident blocks per SM
+//   ASYNC   memory.async_copy (with VEC): the B tile copied global -> shared by cp.async (LDGSTS), 16 bytes a
+//           thread, without passing through registers (A still goes through registers: it is transposed)
 // Dims that are not multiples of the tiles (and of 4) take a plain kernel, so any shape is right.
 #include <cuda_runtime.h>
 #ifndef BM
@@ -35,6 +37,10 @@
 #ifndef MINB
 #define MINB 1
 #endif
+#ifndef ASYNC
+#define ASYNC 0
+#endif
+static_assert(!ASYNC || VEC, "ASYNC copies float4 chunks: it needs VEC");
 #define NT ((BM / TM) * (BN / TN))
 #define LA (BM * BK / 4 / NT)  // float4 of A per thread per tile
 #define LB (BK * BN / 4 / NT)  // float4 of B per thread per tile
@@ -57,6 +63,19 @@ __global__ void sgemm_plain(const float* __restrict__ A, const float* __restrict
     C[(size_t)row * N + col] = acc;
 }
 
+__device__ __forceinline__ void async_b(float (*Bs)[BN], const float* B, int N, int k0, int tid) {
+#pragma unroll
+    for (int l = 0; l < LB; ++l) {
+        int e = tid + l * NT, r = e / (BN / 4), c = (e % (BN / 4)) * 4;
+        unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(&Bs[r][c]));
+        const float* src = B + (size_t)(k0 + r) * N + blockIdx.x * BN + c;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void async_wait() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
 struct Frag {
     float4 a[LA > 0 ? LA : 1];
     float4 b[LB > 0 ? LB : 1];
@@ -68,11 +87,13 @@ __device__ __forceinline__ void load_global(Frag& f, const float* A, const float
         int e = tid + l * NT, r = e / (BK / 4), c4 = e % (BK / 4);
         f.a[l] = *reinterpret_cast<const float4*>(A + (size_t)(blockIdx.y * BM + r) * K + k0 + c4 * 4);
     }
+#if !ASYNC
 #pragma unroll
     for (int l = 0; l < LB; ++l) {
         int e = tid + l * NT, r = e / (BN / 4), c4 = e % (BN / 4);
         f.b[l] = *reinterpret_cast<const float4*>(B + (size_t)(k0 + r) * N + blockIdx.x * BN + c4 * 4);
     }
+#endif
 }
 
 __device__ __forceinline__ void store_shared(const Frag& f, float (*As)[BM], float (*Bs)[BN], int tid) {
@@ -84,11 +105,13 @@ __device__ __forceinline__ void store_shared(const Frag& f, float (*As)[BM], flo
         As[c + 2][r] = f.a[l].z;
         As[c + 3][r] = f.a[l].w;
     }
+#if !ASYNC
 #pragma unroll
     for (int l = 0; l < LB; ++l) {
         int e = tid + l * NT, r = e / (BN / 4), c = (e % (BN / 4)) * 4;
         *reinterpret_cast<float4*>(&Bs[r][c]) = f.b[l];
     }
+#endif
 }
 
 // Scalar tile loads (VEC 0): the same elements as load_global + store_shared, one float at a time.
@@ -119,8 +142,14 @@ __global__ void __launch_bounds__(NT, MINB) sgemm_tiled2(const float* __restrict
     Frag f;
 #endif
 #if VEC
+#if ASYNC
+    async_b(Bs[0], B, N, 0, tid);
+#endif
     load_global(f, A, B, K, N, 0, tid);
     store_shared(f, As[0], Bs[0], tid);
+#if ASYNC
+    async_wait();
+#endif
 #else
     load_scalar(A, B, As[0], Bs[0], K, N, 0, tid);
 #endif
@@ -128,7 +157,12 @@ __global__ void __launch_bounds__(NT, MINB) sgemm_tiled2(const float* __restrict
     for (int t = 0; t < tiles; ++t) {
         const int cur = DB ? (t & 1) : 0;
 #if DB && VEC
-        if (t + 1 < tiles) load_global(f, A, B, K, N, (t + 1) * BK, tid);
+        if (t + 1 < tiles) {
+#if ASYNC
+            async_b(Bs[cur ^ 1], B, N, (t + 1) * BK, tid);
+#endif
+            load_global(f, A, B, K, N, (t + 1) * BK, tid);
+        }
 #endif
         KK_UNROLL
         for (int kk = 0; kk < BK; ++kk) {
@@ -159,6 +193,9 @@ __global__ void __launch_bounds__(NT, MINB) sgemm_tiled2(const float* __restrict
 #if DB
 #if VEC
             store_shared(f, As[cur ^ 1], Bs[cur ^ 1], tid);
+#if ASYNC
+            async_wait();
+#endif
 #else
             load_scalar(A, B, As[cur ^ 1], Bs[cur ^ 1], K, N, (t + 1) * BK, tid);
 #endif
@@ -166,8 +203,14 @@ __global__ void __launch_bounds__(NT, MINB) sgemm_tiled2(const float* __restrict
 #else
             __syncthreads();
 #if VEC
+#if ASYNC
+            async_b(Bs[0], B, N, (t + 1) * BK, tid);
+#endif
             load_global(f, A, B, K, N, (t + 1) * BK, tid);
             store_shared(f, As[0], Bs[0], tid);
+#if ASYNC
+            async_wait();
+#endif
 #else
             load_scalar(A, B, As[0], Bs[0], K, N, (t + 1) * BK, tid);
 #endif

@@ -57,6 +57,9 @@ LATER: dict[str, tuple[str, list[tuple[str, dict[str, int], dict[str, int], str]
          "registers during the multiply hides that latency"),
         ("latency.occupancy_tuning", dict(MINB=2), dict(MINB=1),
          "asking for two resident blocks per SM caps registers so a second block can hide the barrier waits"),
+        ("memory.async_copy", dict(ASYNC=1), dict(ASYNC=0),
+         "long-scoreboard stalls on the tile loads: cp.async copies the B tile to shared memory without a register "
+         "round trip, and its wait sits after the A tile's stores"),
     ], [dict(BM=128, BN=128, BK=8, TM=8, TN=8), dict(BM=128, BN=128, BK=16, TM=8, TN=8),
         dict(BM=64, BN=128, BK=8, TM=8, TN=8), dict(BM=128, BN=64, BK=16, TM=8, TN=8)]),
     "layernorm": ("layernorm_iter2.cu", [
