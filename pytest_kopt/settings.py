@@ -106,13 +106,18 @@ class Settings:
         return tuple(dict.fromkeys(((self.baseline,) if self.baseline else ()) + self.candidates))
 
     def artifact_dir(self, kernel: Path) -> Path:
-        """Where a kernel's artifacts go: its run-directory folder in loop mode, else ``<outdir>/<path>/`` where
+        """Where a kernel's artifacts go: its run-directory folder in loop mode (``iterv<i>/branches/b<k>/``, also
+        for a kernel of the run this session does not judge), else ``<outdir>/<path>/`` where
         ``<path>`` is the kernel's path relative to the invocation folder (``.kopt/examples/gemm/gemm.cu/``), so two
         kernels never share a folder, in one session or across sessions; a kernel outside the invocation folder
         goes to ``<outdir>/_external/<hash of its folder>/<name>/``."""
         if str(kernel) in self.artifact_dirs:
             return Path(self.artifact_dirs[str(kernel)])
         kernel = Path(kernel)
+        if self.loop_mode == "run" and self.run_dir is not None and kernel.parent.parent.parent.parent == self.run_dir:
+            # a kernel of the run that this session does not judge (the champion, in a close's ablation step):
+            # its artifacts are where the session that judged it wrote them, beside it
+            return kernel.parent
         try:
             rel = kernel.relative_to(self.invocation_dir)
         except ValueError:

@@ -260,3 +260,18 @@ def test_the_gpu_probe_is_retried_up_to_three_times_unless_there_is_no_driver(mo
                                                          "error": "no NVIDIA driver (libcuda.so.1 not found)"})
     env = hardware.detect(3)
     assert len(env["hardware_attempts"]) == 1 and not env["gpu_available"]
+
+
+def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(tmp_path: Path) -> None:
+    """In a close's second step only the ablations are the session's kernels; the champion's SASS, bench.json and
+    profile are still read from its branch folder (before: from the default .kopt folder, where there is nothing,
+    so every method's SASS check read 'no SASS' on the H200 and bench.json of the iteration was empty)."""
+    from pytest_kopt.settings import Settings
+
+    r = Run(tmp_path)
+    champion = r.it / "branches" / "b2" / "kernel.cu"
+    ablation = r.it / "ablations" / METHOD / "kernel.cu"
+    s = Settings(loop_mode="run", run_dir=r.run, artifact_dirs={str(ablation): str(ablation.parent)},
+                 outdir=tmp_path / ".kopt", invocation_dir=tmp_path)
+    assert s.artifact_dir(champion) == champion.parent and s.artifact_dir(ablation) == ablation.parent
+    assert s.artifact_dir(tmp_path / "other.cu") == tmp_path / ".kopt" / "other.cu"
