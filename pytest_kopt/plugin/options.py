@@ -145,11 +145,12 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     if run_dir not in (None, ""):
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
                                "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}
-        try:  # a run that is no longer open: what its state says to do (start over, or read the summary)
+        try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             from ..loop import state as st
 
-            if not st.load_state(Path(run_dir)).get("open_iter"):
-                nxt = st.next_step(Path(run_dir))
+            step = st.next_step(Path(run_dir))
+            nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
+                if st.load_state(Path(run_dir)).get("open_iter") else step
         except (OSError, ValueError, KeyError):
             pass
         doc["loop"] = {"mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
