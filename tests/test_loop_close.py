@@ -111,6 +111,7 @@ def test_a_close_asks_for_the_champions_ablations_and_concludes_on_them(tmp_path
     assert nxt["ablations"] == [{"method": METHOD, "kernel": str(r.it / "ablations" / METHOD / "kernel.cu"),
                                  "base": str(r.it / "ablations" / METHOD / "base")}]
     assert nxt["command"][3:5] == ["--kopt-run", str(r.run)]
+    assert nxt["command"][-2:] == ["--kopt-json", str(r.it / "report_ablations.json")]  # not over the first report
     assert st.run_view(r.run)["phase"] == "ablations" and st.load_state(r.run)["open_iter"] == 1
     assert r.profiled == [r.outdir(b2)] and (r.it / "kernel.ncu-rep").is_file()
     assert json.loads((r.it / "branch_results.json").read_text())["awaiting_ablations"] == [METHOD]

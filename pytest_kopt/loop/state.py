@@ -179,6 +179,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
         champ = str(pending["champion"])
         abl = [{"method": m, "kernel": str(it / "ablations" / m / f"kernel{ext}"),
                 "base": str(it / "ablations" / m / "base")} for m in pending.get("needed", [])]
+        command = [*command[:-1], str(it / "report_ablations.json")]  # the branch step's report stays as it was
         return {"action": "write_ablations", "iteration": int(i), "champion": champ,
                 "champion_kernel": str(pending.get("champion_kernel")), "ablations": abl,
                 "read": [str(it / "branch_results.json"), str(pending.get("champion_kernel")),
