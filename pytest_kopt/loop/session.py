@@ -7,6 +7,7 @@ GPU work happens in harness processes only.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -66,20 +67,42 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
     top = read_dict(it / "ncu_top.json") or {}
     launches = top.get("launches") or []
     evidence = dict(top.get("metrics") or {}) or (dict(launches[0].get("metrics") or {}) if launches else {})
-    problems = validate_methods(methods, registry.load(registry.METHODS), budget, state, arch, evidence)
+    # methods selected in earlier iterations (a close re-run after a crash has its own claims in the history)
+    earlier = [m for h in state.get("history", []) if int(h.get("iter", 0)) < int(i) for m in h.get("methods", [])]
+    problems = validate_methods(methods, registry.load(registry.METHODS), budget,
+                                {**state, "selected_methods": list(dict.fromkeys(earlier))}, arch, evidence)
     if problems:
         raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems), gate="methods",
                           path=str(methods_path), details="\n".join(f"- {p}" for p in problems),
                           fix="follow the axis budget in roofline.json and registries/method_registry.json")
+    names = {k.parent.name for k in branches}
+    for m, k in ablations.items():
+        base = ablation_base(k.parent)
+        if base not in names:
+            raise ConfigError(f"{k.parent / 'base'} names {base!r}, which is no branch of {it.name} "
+                              f"({', '.join(sorted(names))})", path=str(k.parent / "base"),
+                              fix="write the name of the branch this ablation removes the method from, e.g. b1")
     kernels = [*branches, *ablations.values()]
     pending = state.get("ablation_step")
     if pending and int(pending.get("iter", 0)) == int(i):
+        frozen, now = pending.get("methods"), [m["id"] for m in methods["methods"]]
+        if frozen is not None and now != list(frozen):
+            raise ConfigError(f"{methods_path} changed since the close's branch step judged the branches under "
+                              f"{frozen} (now {now})", gate="methods", path=str(methods_path),
+                              fix="restore methods.json as it was: the ablation step concludes on the claims the "
+                                  "branches were judged under")
+        champ = Path(str(pending.get("champion_kernel")))
+        if pending.get("champion_sha256") and file_sha256(champ) != pending["champion_sha256"]:
+            raise ConfigError(f"the champion {champ} is gone or changed since the close's branch step judged it",
+                              path=str(champ), fix="restore it as it was judged: the branch results, the profile and "
+                                                   "the ablations asked for are of that kernel")
         # the second step of a close judges only the champion's ablations (the branches were judged in the first);
         # with none written, the champion itself, so that the session has a kernel and the step concludes
         ids = {m["id"] for m in methods["methods"]}
         kernels = [k for m, k in ablations.items() if m in ids and m in pending.get("needed", [])
                    and ablation_base(k.parent) == pending["champion"]] or [Path(pending["champion_kernel"])]
-    return {"ncu_set": state.get("ncu_set"), "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]], "ref": state["ref_file"],
+    return {"ncu_set": state.get("ncu_set"), "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]],
+            "ref": state["ref_file"],
             "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
             "_run_dir": str(run_dir)}
 
@@ -129,13 +152,15 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
 
 
 def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, Any]],
-                      ab_kernels: dict[str, Path], ctx_for: Callable[[Path], Context]) -> dict[str, Any] | None:
+                      ab_kernels: dict[str, Path], ctx_for: Callable[[Path], Context],
+                      record: str = "decision.json") -> dict[str, Any] | None:
     """When the iteration's kernels were timed on more than one GPU, make each decision from times of one GPU
     wherever a difference between GPUs could change it (:func:`pytest_kopt.loop.decisions.retime_plan`), by
     re-timing those kernels in alternating rounds on this process's GPU
     (:func:`pytest_kopt.gates.timing.retime_interleaved`). Rewrites the re-timed finalists' ``median_ms`` in
     ``results`` (see :func:`~pytest_kopt.loop.decisions.apply_retimes`). Returns the decision record (also
-    ``iterv{i}/decision.json``; ``retimed_ms`` holds the re-timed medians, ``robust`` why the others were not
+    ``iterv{i}/<record>``, ``decision.json`` by default; ``retimed_ms`` holds the re-timed medians, ``robust`` why
+    the others were not
     re-timed), or None when one GPU (or none) measured everything. Raises the harness's KoptError when a
     re-timing fails."""
     benches = {m: Bench.load(ctx_for(k).outdir) for m, k in ab_kernels.items()}
@@ -180,7 +205,7 @@ def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, A
                 "kernels": dict(zip(names, map(str, kernels))) if retimed else {},
                 "stop_reasons": {n: t["stop_reason"] for n, t in zip(names, timed)},
                 "reported_gpu": {n: t["gpu_uuid"] for n, t in zip(names, timed)}, "best_note": best_note}
-    write_json(it / "decision.json", decision)
+    write_json(it / record, decision)
     return decision
 
 
@@ -190,8 +215,9 @@ def branch_results(branches: list[Path], records: list[GateRecord],
     ``failed_gate``, ``stage``, ``status``, ``message``, ``gpu_uuid``), in ``b1..bK`` order."""
     results = []
     for index, kernel in enumerate(branches, start=1):
-        block = blocker(for_kernel(records, kernel), BRANCH_GATES)
-        bench = Bench.load(ctx_for(kernel).outdir) if block is None else None
+        recs = for_kernel(records, kernel)
+        block = blocker(recs, BRANCH_GATES)
+        bench = Bench.load(ctx_for(kernel).outdir) if block is None and timed_here(recs) else None
         median = bench.median_ms if bench is not None else None
         dist = (bench.doc.get("distribution") or {}) if bench is not None else {}
         results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
@@ -206,9 +232,14 @@ def branch_results(branches: list[Path], records: list[GateRecord],
 
 
 def ablation_base(folder: Path) -> str:
-    """The branch an ablation folder derives from: its ``base`` file's text, ``b1`` when there is none."""
-    base_file = folder / "base"
-    return base_file.read_text().strip() if base_file.is_file() else "b1"
+    """The branch an ablation folder derives from (:func:`pytest_kopt.loop.state.read_base`)."""
+    return st.read_base(folder)
+
+
+def timed_here(recs: list[GateRecord]) -> bool:
+    """True when this session's records include a passed timing item: a bench.json left by an earlier session
+    (timing deselected with ``-k`` here) is no timing of this one."""
+    return any(r.gate == "timing" and r.outcome == "passed" for r in recs)
 
 
 def ablation_results(ablations: dict[str, Path], methods: list[str], records: list[GateRecord],
@@ -222,10 +253,11 @@ def ablation_results(ablations: dict[str, Path], methods: list[str], records: li
         if m not in methods or not recs:
             continue
         block = blocker(recs, BRANCH_GATES)
-        b = Bench.load(ctx_for(k).outdir) if block is None else None
+        b = Bench.load(ctx_for(k).outdir) if block is None and timed_here(recs) else None
         ok = b is not None and b.median_ms is not None
         dist = (b.doc.get("distribution") or {}) if ok and b is not None else {}
         out[m] = {"kernel": str(k), "base": ablation_base(k.parent), "passed": ok,
+                  "stage": stage(block)[0] if block else None,
                   "median_ms": b.median_ms if ok and b is not None else None,
                   "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")] if ok else None,
                   "gpu_uuid": b.gpu_uuid if ok and b is not None else None,
@@ -272,7 +304,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
     except KoptError as exc:
         st.stop_run(run_dir, f"re-timing the finalists on one GPU failed: {exc.message}", "timing", exc.exit_code)
         return {"exit_code": exc.exit_code, "message": f"{it.name}: the finalists could not be re-timed on one GPU: "
-                                                      f"{exc.message}"}
+                                                      f"{exc.message}", "next": st.next_step(run_dir)}
     ab_gate_ms = {m: judged[m]["median_ms"] if m in judged else None for m in methods}
     champion, ab_ms, best_ms_now = decisions.decided(results, ab_gate_ms, decision)
     if champion is None:
@@ -287,11 +319,14 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
     needed = ablation_request(champion["branch"], methods, judged)
     if needed:
         ready = {m: a for m, a in judged.items() if m not in needed}
+        for m in needed:  # the folders next.ablations names exist, so its paths can be written as named
+            (it / "ablations" / m).mkdir(parents=True, exist_ok=True)
         st.save_state(run_dir, {"ablation_step": {
             "iter": i, "champion": champion["branch"], "champion_kernel": champion["kernel"],
-            "champion_ms": champion["median_ms"], "champion_gpu_uuid": champion.get("gpu_uuid"),
-            "needed": needed, "ready": ready, "best_ms_now": best_ms_now, "results": results,
-            "decision": decision}})
+            "champion_sha256": file_sha256(Path(champion["kernel"])), "champion_ms": champion["median_ms"],
+            "champion_gpu_uuid": champion.get("gpu_uuid"), "champion_bench": read_dict(cctx.outdir / "bench.json"),
+            "methods": methods, "needed": needed, "ready": ready, "best_ms_now": best_ms_now, "results": results,
+            "decision": decision, "finalize": finalize}})
         write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"],
                                                 "decision": decision, "awaiting_ablations": needed})
         stale = {m: judged[m]["base"] for m in needed if m in judged}
@@ -336,38 +371,78 @@ def _ablation_step(run_dir: Path, state: dict[str, Any], i: int, it: Path, pendi
                    ctx_for: Callable[[Path], Context], finalize: bool) -> dict[str, Any]:
     """The second step of a close: the champion's ablations judged in this session, attribution against the
     champion's time from the first step (re-timed beside them on one GPU when a difference between GPUs could
-    flip an attribution), then the iteration concluded."""
+    flip an attribution), then the iteration concluded on the claims the first step judged (``pending["methods"]``;
+    :func:`run_overrides` refuses a methods.json edited since). An ablation that could not run its GPU gates here
+    leaves the step open (exit 3); a champion judged again (no ablation written) that now fails a strict gate
+    stops the run (exit 2)."""
     champ = str(pending["champion"])
+    if pending.get("champion_sha256") and file_sha256(Path(str(pending["champion_kernel"]))) \
+            != pending["champion_sha256"]:  # run_overrides refuses this first; a session that got here anyway
+        return {"exit_code": 4, "message": f"{it.name}: the champion {pending['champion_kernel']} is gone or changed "
+                                           "since the branch step judged it; restore it and run the same command",
+                "next": st.next_step(run_dir)}
+    methods = list(pending.get("methods") or methods)
     results = list(pending["results"])
-    champion = next(r for r in results if r["branch"] == champ)
-    judged = {**pending.get("ready", {}), **{m: a for m, a in ablation_results(ablations, methods, records,
-                                                                                ctx_for).items()
-                                              if a["base"] == champ}}
+    champion = dict(next(r for r in results if r["branch"] == champ))
+    fresh = {m: a for m, a in ablation_results(ablations, methods, records, ctx_for).items() if a["base"] == champ}
+    hw = next((m for m, a in fresh.items() if a.get("stage") == "hardware"), None)
+    if hw is not None:
+        return {"exit_code": 3, "message": f"{it.name}: the ablation of {hw} could not run its GPU gates here "
+                                           f"({fresh[hw]['message']}); the ablation step stays open: run the same "
+                                           "command where the GPU is", "ablations": fresh,
+                "next": st.next_step(run_dir)}
+    crecs = for_kernel(records, Path(champion["kernel"]))
+    block = blocker(crecs, BRANCH_GATES) if crecs else None
+    if block is not None:
+        where, code = stage(block)
+        if where == "hardware":
+            return {"exit_code": 3, "message": f"{it.name}: champion {champ} could not run its GPU gates here "
+                                               f"({block.message}); run the same command where the GPU is",
+                    "next": st.next_step(run_dir)}
+        st.stop_run(run_dir, f"champion {champ} failed {block.gate} when judged again in the ablation step: "
+                    f"{block.message}", where, code)
+        return {"exit_code": code, "message": f"{it.name}: champion {champ} passed its gates in the branch step but "
+                                              f"failed {block.gate} when judged again ({block.message}); run stopped",
+                "next": st.next_step(run_dir)}
+    judged = {**pending.get("ready", {}), **fresh}
     why = {m: (f"ablation built from {ablation_base(ablations[m].parent)}, champion is {champ}" if m in ablations
                else f"no ablation of {champ} written") for m in methods if m not in judged}
     ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
     cres = [{**champion, "finalist": True}]
     try:
-        decision = same_gpu_decision(it, state, cres, ab_kernels, ctx_for)
+        decision = same_gpu_decision(it, state, cres, ab_kernels, ctx_for, record="decision_ablations.json")
     except KoptError as exc:
         st.stop_run(run_dir, f"re-timing the ablations on one GPU failed: {exc.message}", "timing", exc.exit_code)
-        return {"exit_code": exc.exit_code, "message": f"{it.name}: {exc.message}"}
+        return {"exit_code": exc.exit_code, "message": f"{it.name}: {exc.message}", "next": st.next_step(run_dir)}
     if decision is not None:
-        champion = {**champion, "median_ms": cres[0]["median_ms"]}
+        champion["median_ms"] = cres[0]["median_ms"]
     retimed = (decision or {}).get("retimed_ms", {})
     ab_ms = {m: retimed.get(f"ablations/{m}", judged[m]["median_ms"]) if m in judged else None for m in methods}
+    out = _conclude(run_dir, i, it, results, champion, methods, ab_ms, why, pending.get("decision"),
+                    retimed.get("best", pending.get("best_ms_now")), ctx_for(Path(champion["kernel"])), judged,
+                    finalize or bool(pending.get("finalize")), champion_bench=pending.get("champion_bench"),
+                    ablation_decision=decision)
     st.save_state(run_dir, {"ablation_step": None})
-    return _conclude(run_dir, i, it, results, champion, methods, ab_ms, why, decision or pending.get("decision"),
-                     retimed.get("best", pending.get("best_ms_now")), ctx_for(Path(champion["kernel"])), judged,
-                     finalize)
+    return out
+
+
+def file_sha256(path: Path) -> str | None:
+    """SHA-256 of a file's bytes, None when it is gone."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], champion: Mapping[str, Any],
               methods: list[str], ab_ms: dict[str, float | None], why: dict[str, str],
               decision: Mapping[str, Any] | None, best_ms_now: float | None, cctx: Context,
-              judged: dict[str, dict[str, Any]], finalize: bool) -> dict[str, Any]:
+              judged: dict[str, dict[str, Any]], finalize: bool, champion_bench: Mapping[str, Any] | None = None,
+              ablation_decision: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Attribution, SASS verification, buckets, the next iteration (on the best kernel's evidence) or the run's
-    completion, plots and summary."""
+    completion, plots and summary. ``champion_bench``: the champion's bench.json as the branch step saw it (its
+    folder's may hold a later re-timing); ``ablation_decision``: the ablation step's same-GPU re-timing, kept
+    beside the branch step's ``decision``."""
     state = st.load_state(run_dir)
     for m in methods:
         a = judged.get(m)
@@ -381,7 +456,9 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
     texts = [p.read_text() for p in sorted((cctx.outdir / "sass").glob("*.sass"))]
     evidence = sass_evidence(methods, texts, registry.load(registry.SASS))
     sass = {m: e["status"] for m, e in evidence.items()}
-    bench = read_dict(cctx.outdir / "bench.json") or {}
+    bench = dict(champion_bench or read_dict(cctx.outdir / "bench.json") or {})
+    if ablation_decision:
+        decision = {**dict(decision or {}), "ablation_step": dict(ablation_decision)}
     roof = read_dict(it / "kernel_roofline.json") or {}
     state = st.close_iteration(run_dir, i, results=results, champion=champion, methods=methods, attr=attr,
                                sass=sass, sass_detail=evidence, champion_roofline=roof, champion_bench=bench,

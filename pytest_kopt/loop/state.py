@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifacts import read_dict, write_json, write_text
+from ..errors import ConfigError
 from .decisions import classify, improved
 from .summary import render_summary
 
@@ -128,11 +129,28 @@ def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str,
 
 
 def kernel_in(folder: Path) -> Path | None:
-    """The ``kernel.cu`` or ``kernel.py`` of a branch/ablation folder, or None when the agent wrote none."""
-    for ext in (".cu", ".py"):
-        if (folder / f"kernel{ext}").is_file():
-            return folder / f"kernel{ext}"
-    return None
+    """The ``kernel.cu`` or ``kernel.py`` of a branch/ablation folder, or None when the agent wrote none. Raises
+    ConfigError when the folder holds both (which one is meant cannot be told)."""
+    found = [folder / f"kernel{ext}" for ext in (".cu", ".py") if (folder / f"kernel{ext}").is_file()]
+    if len(found) > 1:
+        raise ConfigError(f"{folder} holds both kernel.cu and kernel.py", path=str(folder),
+                          fix="keep the one this branch or ablation is, delete the other")
+    return found[0] if found else None
+
+
+def read_base(folder: Path) -> str:
+    """The branch an ablation folder derives from: its ``base`` file's text (whitespace, a byte-order mark and a
+    path to the branch reduced to the branch's name: ``branches/b2/`` is ``b2``), ``b1`` when there is no file.
+    Raises ConfigError for a file that is not UTF-8 text."""
+    path = folder / "base"
+    if not path.is_file():
+        return "b1"
+    try:
+        text = path.read_text(encoding="utf-8-sig").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text", path=str(path),
+                          fix="write the branch name (b1, b2, ...) as plain text") from None
+    return text.rstrip("/").rsplit("/", 1)[-1] if text else "b1"
 
 
 def iteration_kernels(run_dir: Path, i: int) -> tuple[list[Path], dict[str, Path]]:
@@ -177,8 +195,11 @@ def next_step(run_dir: Path) -> dict[str, Any]:
     pending = state.get("ablation_step")
     if pending and int(pending.get("iter", 0)) == int(i):
         champ = str(pending["champion"])
-        abl = [{"method": m, "kernel": str(it / "ablations" / m / f"kernel{ext}"),
+        cext = Path(str(pending.get("champion_kernel") or f"kernel{ext}")).suffix or ext  # the champion's language
+        abl = [{"method": m, "kernel": str(it / "ablations" / m / f"kernel{cext}"),
                 "base": str(it / "ablations" / m / "base")} for m in pending.get("needed", [])]
+        if pending.get("finalize") and "--kopt-finalize" not in command:
+            command = [*command, "--kopt-finalize"]
         command = [*command[:-1], str(it / "report_ablations.json")]  # the branch step's report stays as it was
         return {"action": "write_ablations", "iteration": int(i), "champion": champ,
                 "champion_kernel": str(pending.get("champion_kernel")), "ablations": abl,
@@ -268,6 +289,9 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     if is_better:
         updates.update(best_file=str(it / f"kernel{src.suffix}"), best_metric_ms=champion["median_ms"],
                        best_ncu_rep=str(it / "kernel.ncu-rep"), best_gpu_uuid=champion.get("gpu_uuid"))
+    # a close re-run after a crash between this write and the next iteration's opening replaces its own entries
+    state["history"] = [h for h in state.get("history", []) if h.get("iter") != i]
+    state["frontier"] = [f for f in state.get("frontier", []) if f.get("iter") != i]
     updates["frontier"] = [*state.get("frontier", []),
                            *[{"iter": i, **r} for r in results if r["branch"] != champion["branch"] and r.get("passed")]]
     updates["history"] = [*state.get("history", []), {
@@ -275,6 +299,6 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
         "previous_best_ms": best, "methods": methods, "verdicts": verdicts, "attribution": dict(attr),
         "sass": dict(sass), "roofline": dict(champion_roofline or {}),
         "decision_gpu": (decision or {}).get("gpu_uuid")}]
-    updates["verified_iterations"] = int(state.get("verified_iterations", 0)) + 1
+    updates["verified_iterations"] = len(updates["history"])
     updates["last_verified_iter"] = i
     return save_state(run_dir, updates)
