@@ -236,6 +236,10 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     worse.stderr.fnmatch_lines(["*methods entry 7 is neither a method id nor an object with an 'id'*"])
 
 
+def cmd_json(nxt: dict) -> str:
+    return nxt["command"][nxt["command"].index("--kopt-json") + 1]
+
+
 def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> None:
     """A stopped run's next step starts over with everything the first --kopt-init had: the dims (as JSON),
     iterations, branches, noise and numerics mode (before: only the kernel and reference, so it failed on the
@@ -248,6 +252,10 @@ def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> No
     loop.stop_run(run, "no GPU", "hardware", 3)
     nxt = loop.next_step(run)
     assert nxt["action"] == "start_over" and str(run / "stop.json") in nxt["read"]
+    # a stop for want of a GPU: the same command here would stop the same way; next says where it can succeed
+    assert nxt["requires"].startswith("a machine with an NVIDIA GPU")
+    assert "stopped at hardware (no GPU)" in nxt["requires"]
+    assert cmd_json(nxt) == str(base.parent / "kopt-init.json")
     cmd = nxt["command"]
     assert cmd[cmd.index("--kopt-dims") + 1] == '{"M": 256, "N": 256}'
     assert [cmd[cmd.index(o) + 1] for o in ("--kopt-iterations", "--kopt-branches", "--kopt-noise",

@@ -119,7 +119,9 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
             write_json(run_dir / "env.json", env)
             st.save_state(run_dir, {"env": env})
         st.stop_run(run_dir, f"{block.gate} {block.outcome}: {block.message}", where, code)
-        return {"exit_code": code, "message": f"run stopped at {where}: {block.message}", "next": st.next_step(run_dir)}
+        hint = "; run --kopt-init on a machine with a GPU (loop.next.requires)" if code == 3 else ""
+        return {"exit_code": code, "message": f"run stopped at {where}: {block.message}{hint}",
+                "next": st.next_step(run_dir)}
     bench = Bench.load(ctx.outdir)
     roof = Roofline.load(ctx.outdir)
     top = NcuTop.load(ctx.outdir)

@@ -172,7 +172,9 @@ def next_step(run_dir: Path) -> dict[str, Any]:
       the axis ``budget``;
     - ``write_ablations`` after the first step of a close: the ``champion`` and, in ``ablations``, per method the
       ``kernel`` and ``base`` paths to write (``base`` holds the champion's name); the same command concludes;
-    - ``done`` once completed, ``start_over`` once stopped (the ``--kopt-init`` command that seeds a new run)."""
+    - ``done`` once completed, ``start_over`` once stopped (the ``--kopt-init`` command that seeds a new run, its
+      report beside the baseline as ``kopt-init.json``); a stop for want of a GPU or tool (exit 3) says in
+      ``requires`` where the command can succeed: here it would stop the same way."""
     state = load_state(run_dir)
     status = state.get("run_status")
     if status == "completed":
@@ -180,14 +182,21 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                 "write": [], "command": None}
     i = state.get("open_iter")
     if status == "stopped" or not i:
-        return {"action": "start_over", "reason": state.get("stop_reason"),
+        stop = read_dict(run_dir / "stop.json") or {}
+        base = Path(str(state.get("baseline_file") or run_dir))
+        where = None
+        if stop.get("exit_code") == 3:  # the machine, not the kernel: the same command here stops the same way
+            where = ("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one stopped at "
+                     f"{stop.get('stop_stage')} ({state.get('stop_reason')})")
+        return {"action": "start_over", "reason": state.get("stop_reason"), "requires": where,
                 "read": [str(run_dir / "state.json"), str(run_dir / "stop.json")], "write": [],
                 "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline", str(state.get("baseline_file")),
                             "--kopt-ref", str(state.get("ref_file")), "--kopt-dims", json.dumps(state.get("dims") or {}),
                             "--kopt-iterations", str(state.get("iterations_total") or 3),
                             "--kopt-branches", str(state.get("branches") or 4),
                             "--kopt-noise", str(state.get("noise_threshold_pct") or 2),
-                            "--kopt-numerics-mode", str(state.get("numerics_mode") or "reference")]}
+                            "--kopt-numerics-mode", str(state.get("numerics_mode") or "reference"),
+                            "--kopt-json", str(base.parent / "kopt-init.json")]}
     it = run_dir / f"iterv{i}"
     ext = Path(str(state.get("baseline_file") or "kernel.cu")).suffix or ".cu"
     command = ["python3", "-m", "pytest", "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",

@@ -143,6 +143,7 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     doc: dict[str, Any] = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                            "exit_code": 4, "error": error, "items": [], "comparisons": [], "loop": None}
     if run_dir not in (None, ""):
+        run_dir = Path(str(run_dir)).resolve()
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
                                "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
@@ -153,7 +154,13 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
                 if st.load_state(Path(run_dir)).get("open_iter") else step
         except (OSError, ValueError, KeyError):
             pass
-        doc["loop"] = {"mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
+        try:
+            from ..loop import state as st
+
+            view = st.run_view(Path(run_dir))
+        except (OSError, ValueError, KeyError):
+            view = {}
+        doc["loop"] = {**view, "mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
                        "message": exc.message, "next": nxt}
     return doc
 
