@@ -12,7 +12,6 @@ command. Prints one line per step: step, exit code, wall seconds, the report's m
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -75,20 +74,21 @@ def main() -> int:
         write_plan(folder, loop["next"])
     label = f"close{i}" if loop["next"]["action"] == "write_and_close" else f"close{i}b"
     loop = step(folder, report, label)
-    problems = ((json.loads((folder / f"{label}.json").read_text()).get("error") or {}).get("problems") or []) \
-        if (folder / f"{label}.json").is_file() else []
-    if problems and all("its trigger" in p for p in problems):
+    error = (json.loads((folder / f"{label}.json").read_text()).get("error") or {}) \
+        if (folder / f"{label}.json").is_file() else {}
+    problems = error.get("problem_details") or []
+    if problems and all(p["rule"] == "trigger" for p in problems):
         # SKILL.md 3c: a method whose trigger does not hold needs override_reason; the agent keeps its choice and
         # says why (its rationale), once
         it = Path(loop["next"]["command"][4]) / f"iterv{i}"
         doc = json.loads((it / "methods.json").read_text())
         for m in doc["methods"]:
-            hit = next((p for p in problems if p.startswith(m["id"] + ":")), None)
+            hit = next((p for p in problems if p["method"] == m["id"]), None)
             if hit:
-                seen = re.search(r"does not hold here \(([^()]*)\)", hit)
-                m["override_reason"] = f"{seen.group(1) if seen else hit}, yet {m['rationale']}"
+                m["override_reason"] = f"{hit['metric']} = {hit['value']:g}, yet {m['rationale']}"
         (it / "methods.json").write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"{folder.name}: methods.json overridden for {len(problems)} trigger(s): {problems}", flush=True)
+        print(f"{folder.name}: methods.json overridden for {len(problems)} trigger(s): "
+              f"{[p['message'] for p in problems]}", flush=True)
         loop = step(folder, folder / f"{label}.json", label + "o")
     nxt = loop.get("next") or {}
     if nxt.get("action") == "write_ablations":

@@ -219,6 +219,8 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     assert doc["exit_code"] == 4 and doc["items"] == []
     assert doc["error"]["gate"] == "methods" and doc["error"]["path"] == str(it / "methods.json")
     assert doc["error"]["problems"] == ["axis memory: 2 method slot(s), budget 1 (cap 2)"]
+    assert doc["error"]["problem_details"] == [{"method": None, "rule": "axis_budget", "axis": "memory", "used": 2,
+                                                "budget": 1, "message": doc["error"]["problems"][0]}]
     assert doc["loop"]["stage"] == "methods" and doc["loop"]["next"]["command"][3:5] == ["--kopt-run", str(run)]
     assert loop.load_state(run)["run_status"] == "iterating"  # the run stays open
     jsonschema = pytest.importorskip("jsonschema")

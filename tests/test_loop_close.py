@@ -276,3 +276,17 @@ def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(
                  outdir=tmp_path / ".kopt", invocation_dir=tmp_path)
     assert s.artifact_dir(champion) == champion.parent and s.artifact_dir(ablation) == ablation.parent
     assert s.artifact_dir(tmp_path / "other.cu") == tmp_path / ".kopt" / "other.cu"
+
+
+def test_a_trigger_problem_carries_its_metric_and_value() -> None:
+    """An agent overriding (or dropping) a method whose trigger does not hold needs the metric, threshold and
+    measured value as fields (before: only the sentence, which the walkthrough's agent took apart with a regex)."""
+    from pytest_kopt import registry
+    from pytest_kopt.loop.methods import validate_methods
+
+    doc = {"methods": [{"id": METHOD, "rationale": "r"}]}
+    (p,) = validate_methods(doc, registry.load(registry.METHODS), {"compute": 1, "memory": 1, "latency": 1}, {},
+                            "sm_90a", {"l1_hit_rate_pct": 89.1319})
+    assert p.startswith(f"{METHOD}: its trigger l1_hit_rate_pct < 80 does not hold")
+    assert p.detail == {"method": METHOD, "rule": "trigger", "message": str(p), "metric": "l1_hit_rate_pct",
+                        "op": "<", "threshold": 80, "value": 89.1319}

@@ -31,8 +31,21 @@ def normalize_methods(doc: Any) -> dict[str, Any]:
 _OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
 
 
+class Problem(str):
+    """One broken rule of methods.json: the sentence (``str``), plus ``detail``: ``{"method", "rule", "message"}``
+    and, for a trigger, ``metric``, ``op``, ``threshold`` and ``value`` (what ncu measured), so an agent acts on
+    fields, not on the sentence."""
+
+    detail: dict[str, Any]
+
+    def __new__(cls, message: str, method: str | None, rule: str, **extra: Any) -> "Problem":
+        obj = super().__new__(cls, message)
+        obj.detail = {"method": method, "rule": rule, "message": message, **extra}
+        return obj
+
+
 def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget: Mapping[str, int],
-                     state: Mapping[str, Any], arch: str, evidence: Mapping[str, Any] | None = None) -> list[str]:
+                     state: Mapping[str, Any], arch: str, evidence: Mapping[str, Any] | None = None) -> list[Problem]:
     """Check ``methods.json`` (``{"methods": [{"id", "axis"?, "rationale"?, "override_reason"?,
     "acknowledge_failure"?}], "skipped_higher": [...]}``) against the registry and the iteration's axis budget.
 
@@ -44,54 +57,64 @@ def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget
     (metric -> value, from ncu_top.json) contradicts, needs ``override_reason`` (SKILL.md 3c's scan: already tried,
     trigger condition); under ``numerics_mode`` ``strict`` only ``bitwise-preserving`` methods (SKILL.md: "strict
     admits only bitwise-preserving or explicitly preconditioned methods"; ``preconditioned: true`` is that
-    explicit precondition). Returns the list of problems (empty when valid)."""
-    errors: list[str] = []
+    explicit precondition). Returns the list of problems (empty when valid), each a sentence with its fields in
+    ``.detail`` (:class:`Problem`)."""
+    errors: list[Problem] = []
     by_id = {m["id"]: m for m in registry["methods"]}
     chosen = list(doc.get("methods") or [])
     if not chosen:
-        return ["methods.json lists no method"]
+        return [Problem("methods.json lists no method", None, "empty")]
     ids = [m.get("id") for m in chosen]
     for dup in sorted({i for i in ids if ids.count(i) > 1}):
-        errors.append(f"{dup}: listed twice")
+        errors.append(Problem(f"{dup}: listed twice", dup, "duplicate"))
     m_arch = re.match(r"sm_(\d+)([af]?)", arch)
     cc, suffix = (int(m_arch.group(1)), m_arch.group(2)) if m_arch else (0, "")
     for m in chosen:
         spec = by_id.get(m.get("id"))
         if spec is None:
-            errors.append(f"{m.get('id')}: not in registries/method_registry.json")
+            errors.append(Problem(f"{m.get('id')}: not in registries/method_registry.json", m.get("id"), "unknown"))
             continue
         if m.get("axis") not in (None, spec["axis"]):
-            errors.append(f"{spec['id']}: axis is {spec['axis']}, not {m['axis']}")
+            errors.append(Problem(f"{spec['id']}: axis is {spec['axis']}, not {m['axis']}", spec["id"], "axis"))
         if cc < spec["min_arch"] or (spec.get("arch_suffix") == "a" and suffix != "a"):
-            errors.append(f"{spec['id']}: needs sm_{spec['min_arch']}{spec.get('arch_suffix', '')}+, target is {arch}")
+            errors.append(Problem(f"{spec['id']}: needs sm_{spec['min_arch']}{spec.get('arch_suffix', '')}+, target is "
+                                  f"{arch}", spec["id"], "arch"))
         if spec["id"] in state.get("ineffective_methods", []) and not m.get("override_reason"):
-            errors.append(f"{spec['id']}: was ineffective before; give override_reason (changed bottleneck)")
+            errors.append(Problem(f"{spec['id']}: was ineffective before; give override_reason (changed bottleneck)",
+                                  spec["id"], "ineffective_before"))
         if spec["id"] in state.get("implementation_failed_methods", []) and not m.get("acknowledge_failure"):
-            errors.append(f"{spec['id']}: failed to implement before; set acknowledge_failure: true")
+            errors.append(Problem(f"{spec['id']}: failed to implement before; set acknowledge_failure: true", spec["id"],
+                                  "implementation_failed_before"))
         elif spec["id"] in state.get("selected_methods", []) and not m.get("override_reason") \
                 and spec["id"] not in state.get("ineffective_methods", []):
-            errors.append(f"{spec['id']}: already selected in an earlier iteration; give override_reason")
+            errors.append(Problem(f"{spec['id']}: already selected in an earlier iteration; give override_reason",
+                                  spec["id"], "already_selected"))
         trig = spec.get("trigger") or {}
         value = (evidence or {}).get(trig.get("metric"))
         if isinstance(value, (int, float)) and trig.get("op") in _OPS and not m.get("override_reason") \
                 and not _OPS[trig["op"]](value, trig["value"]):
-            errors.append(f"{spec['id']}: its trigger {trig['metric']} {trig['op']} {trig['value']} does not hold "
-                          f"here ({trig['metric']} = {value:g}); give override_reason or pick a triggered method")
+            errors.append(Problem(f"{spec['id']}: its trigger {trig['metric']} {trig['op']} {trig['value']} does not "
+                                  f"hold here ({trig['metric']} = {value:g}); give override_reason or pick a triggered "
+                                  "method", spec["id"], "trigger", metric=trig["metric"], op=trig["op"],
+                                  threshold=trig["value"], value=value))
         if state.get("numerics_mode") == "strict" and spec.get("semantic") != "bitwise-preserving" \
                 and not m.get("preconditioned"):
-            errors.append(f"{spec['id']}: is {spec.get('semantic')}, and numerics_mode strict admits only "
-                          "bitwise-preserving methods (or one marked preconditioned: true with its precondition)")
+            errors.append(Problem(f"{spec['id']}: is {spec.get('semantic')}, and numerics_mode strict admits only "
+                                  "bitwise-preserving methods (or one marked preconditioned: true with its "
+                                  "precondition)", spec["id"], "numerics_strict"))
     known = [i for i in ids if i in by_id]
     for a, b in registry["relations"].get("conflicts", []):
         if a in known and b in known:
-            errors.append(f"{a} and {b} conflict")
+            errors.append(Problem(f"{a} and {b} conflict", a, "conflict", other=b))
     groups = slots(known, registry)
     for axis in ("compute", "memory", "latency"):
         used = sum(1 for s in groups if by_id[s[0]]["axis"] == axis)
         if used > min(2, budget.get(axis, 0)):
-            errors.append(f"axis {axis}: {used} method slot(s), budget {budget.get(axis, 0)} (cap 2)")
+            errors.append(Problem(f"axis {axis}: {used} method slot(s), budget {budget.get(axis, 0)} (cap 2)", None,
+                                  "axis_budget", axis=axis, used=used, budget=budget.get(axis, 0)))
     if len(groups) > sum(budget.values()):
-        errors.append(f"{len(groups)} method slots, total budget {sum(budget.values())}")
+        errors.append(Problem(f"{len(groups)} method slots, total budget {sum(budget.values())}", None, "total_budget",
+                              used=len(groups), budget=sum(budget.values())))
     return errors
 
 

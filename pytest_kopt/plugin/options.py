@@ -140,6 +140,8 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     error = {"status": exc.status, "gate": exc.gate or "config", "message": exc.message, "fix": exc.fix,
              "path": exc.path, "line": exc.line,
              "problems": [ln.strip()[2:] for ln in (exc.details or "").splitlines() if ln.strip().startswith("- ")]}
+    if exc.figures.get("problem_details"):  # each problem's fields (method, rule, metric, value, ...)
+        error["problem_details"] = exc.figures["problem_details"]
     doc: dict[str, Any] = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                            "exit_code": 4, "error": error, "items": [], "comparisons": [], "loop": None}
     if run_dir not in (None, ""):
