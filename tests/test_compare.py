@@ -14,7 +14,7 @@ def test_identical_arrays_pass():
     ref = np.arange(12, dtype=np.float32).reshape(3, 4)
     c = compare("C", ref.copy(), ref, atol=0.0, rtol=0.0)
     assert c == Comparison(name="C", shape=(3, 4), ok=True, max_abs_err=0.0, max_rel_err=0.0, mismatched=0,
-                           mismatch_pct=0.0, nonfinite=0, first_bad=())
+                           mismatch_pct=0.0, nonfinite=0, first_bad=(), max_ref_abs=11.0)
 
 
 def test_exact_errors_and_first_bad():

@@ -330,3 +330,23 @@ def test_a_nan_in_the_reference_is_pointed_at():
     both = REF.copy()
     both[2] = np.nan
     assert judge(["y"], with_(honest(), ref__y=ref, cand1__y=both, cand2__y=both.copy()), TOLS).status == "PASSED"
+
+
+def test_a_near_miss_says_to_check_the_tolerance_before_the_kernel() -> None:
+    """A sequential fp32 sum errs by ~2e-5 of the output's scale (the layer norm on the H200: 3.0e-4 on outputs of
+    ~15, against atol 1e-4): the message names it a near miss and points at the tolerance; a wrong element (error of
+    the output's own size) gets no such hint."""
+    import numpy as np
+
+    from pytest_kopt.gates.verdict import compare
+
+    ref = np.linspace(-15, 15, 4096).astype(np.float32)
+    out = ref.copy()
+    out[2048] += 3.0e-4  # where the reference is near 0, as in the layer norm's cancelling outputs
+    c = compare("y", out, ref, 1e-4, 1e-4)
+    assert not c.ok and c.near_miss and c.max_ref_abs == 15.0
+    assert "a near miss: the worst error is 2e-05 of the output's largest value (15)" in c.describe(1e-4, 1e-4)
+    out[9] = 3.0
+    wrong = compare("y", out, ref, 1e-4, 1e-4)
+    assert not wrong.near_miss and "near miss" not in wrong.describe(1e-4, 1e-4)
+    assert compare("y", ref, ref, 1e-4, 1e-4).ok and not compare("y", ref, ref, 1e-4, 1e-4).near_miss
