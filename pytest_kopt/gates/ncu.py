@@ -109,7 +109,8 @@ def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
 def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     """Profile one call of the kernel (NVTX range only) with ncu, adaptive set (SKILL.md 3a: full below 10 ms of
     this session's timed median, light above; a full replay that times out or fails is retried once with the light
-    set), or the loop run's own set when ``settings.ncu_set`` pins it (no fallback then); keep ``kernel.ncu-rep``, write ``ncu_top.json`` (set, reason, attempts, per-axis top ``--kopt-ncu-num``
+    set), or the loop run's own set when ``settings.ncu_set`` pins it (no fallback then); keep ``kernel.ncu-rep``,
+    write ``ncu_top.json`` (set, reason, attempts, per-axis top ``--kopt-ncu-num``
     metrics, every registry metric). Skips when counters cannot be read (ERR_NVGPUCTRPERM); ProfilerError (exit 3)
     otherwise."""
     device = ctx.device_for("ncu")

@@ -78,7 +78,7 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
                           fix="follow the axis budget in roofline.json and registries/method_registry.json")
     names = {k.parent.name for k in branches}
     for m, k in ablations.items():
-        base = ablation_base(k.parent)
+        base = st.read_base(k.parent)
         if base not in names:
             raise ConfigError(f"{k.parent / 'base'} names {base!r}, which is no branch of {it.name} "
                               f"({', '.join(sorted(names))})", path=str(k.parent / "base"),
@@ -101,7 +101,7 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
         # with none written, the champion itself, so that the session has a kernel and the step concludes
         ids = {m["id"] for m in methods["methods"]}
         kernels = [k for m, k in ablations.items() if m in ids and m in pending.get("needed", [])
-                   and ablation_base(k.parent) == pending["champion"]] or [Path(pending["champion_kernel"])]
+                   and st.read_base(k.parent) == pending["champion"]] or [Path(pending["champion_kernel"])]
     return {"ncu_set": state.get("ncu_set"), "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]],
             "ref": state["ref_file"],
             "dims": json.dumps(state["dims"]), "seeds": ",".join(map(str, state["validation_seeds"])),
@@ -115,10 +115,7 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
     if block is not None:
         where, code = stage(block)
         if block.gate == "ncu" and COUNTER_PERMISSION in (block.message or ""):
-            state = st.load_state(run_dir)
-            env = {**state.get("env", {}), "can_read_counters": False}
-            write_json(run_dir / "env.json", env)
-            st.save_state(run_dir, {"env": env})
+            _counters_readable(run_dir, False)
         st.stop_run(run_dir, f"{block.gate} {block.outcome}: {block.message}", where, code)
         hint = "; run --kopt-init on a machine with a GPU (loop.next.requires)" if code == 3 else ""
         return {"exit_code": code, "message": f"run stopped at {where}: {block.message}{hint}",
@@ -132,12 +129,10 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
                     "(were some gates deselected with -k?)", "timing", 2)
         return {"exit_code": 2, "message": "run stopped: the baseline's evidence is incomplete; run --kopt-init "
                                            "without -k", "next": st.next_step(run_dir)}
-    state = st.load_state(run_dir)
-    env = {**state.get("env", {}), "can_read_counters": True}  # the baseline's ncu profile read them
-    write_json(run_dir / "env.json", env)
-    st.save_state(run_dir, {"baseline_ms": bench.median_ms, "best_metric_ms": bench.median_ms,
-                            "best_gpu_uuid": bench.gpu_uuid, "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep"),
-                            "ncu_set": top.set, "env": env})
+    _counters_readable(run_dir, True)  # the baseline's ncu profile read them
+    state = st.save_state(run_dir, {"baseline_ms": bench.median_ms, "best_metric_ms": bench.median_ms,
+                                    "best_gpu_uuid": bench.gpu_uuid, "ncu_set": top.set,
+                                    "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep")})
     if roof.doc.get("near_peak"):
         # SKILL.md: early stop when every gap is known, a workload model is present and all are under 0.15
         state = st.save_state(run_dir, {"run_status": "completed", "open_iter": None, "completion": "near_peak"})
@@ -154,6 +149,13 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
             "baseline_ms": bench.median_ms, "next": st.next_step(run_dir)}
 
 
+def _counters_readable(run_dir: Path, readable: bool) -> None:
+    """Record SKILL.md's ``can_read_counters`` in ``env.json`` and the state's ``env``."""
+    env = {**st.load_state(run_dir).get("env", {}), "can_read_counters": readable}
+    write_json(run_dir / "env.json", env)
+    st.save_state(run_dir, {"env": env})
+
+
 def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, Any]],
                       ab_kernels: dict[str, Path], ctx_for: Callable[[Path], Context],
                       record: str = "decision.json") -> dict[str, Any] | None:
@@ -163,8 +165,7 @@ def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, A
     (:func:`pytest_kopt.gates.timing.retime_interleaved`). Rewrites the re-timed finalists' ``median_ms`` in
     ``results`` (see :func:`~pytest_kopt.loop.decisions.apply_retimes`). Returns the decision record (also
     ``iterv{i}/<record>``, ``decision.json`` by default; ``retimed_ms`` holds the re-timed medians, ``robust`` why
-    the others were not
-    re-timed), or None when one GPU (or none) measured everything. Raises the harness's KoptError when a
+    the others were not re-timed), or None when one GPU (or none) measured everything. Raises the harness's KoptError when a
     re-timing fails."""
     benches = {m: Bench.load(ctx_for(k).outdir) for m, k in ab_kernels.items()}
     ab = {m: (b.median_ms, b.gpu_uuid) for m, b in benches.items() if b is not None and b.median_ms is not None}
@@ -220,23 +221,23 @@ def branch_results(branches: list[Path], records: list[GateRecord],
     for index, kernel in enumerate(branches, start=1):
         recs = for_kernel(records, kernel)
         block = blocker(recs, BRANCH_GATES)
-        bench = Bench.load(ctx_for(kernel).outdir) if block is None and timed_here(recs) else None
-        median = bench.median_ms if bench is not None else None
-        dist = (bench.doc.get("distribution") or {}) if bench is not None else {}
-        results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), "median_ms": median,
-                        "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")] if median is not None else None,
-                        "passed": block is None and median is not None,
+        t = timing_of(Bench.load(ctx_for(kernel).outdir) if block is None and timed_here(recs) else None)
+        results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), **t,
+                        "passed": block is None and t["median_ms"] is not None,
                         "failed_gate": block.gate if block else None,
                         "stage": stage(block)[0] if block else None,
                         "status": block.status if block else "PASSED",
-                        "message": block.message if block else None,
-                        "gpu_uuid": bench.gpu_uuid if bench is not None else None})
+                        "message": block.message if block else None})
     return results
 
 
-def ablation_base(folder: Path) -> str:
-    """The branch an ablation folder derives from (:func:`pytest_kopt.loop.state.read_base`)."""
-    return st.read_base(folder)
+def timing_of(bench: Bench | None) -> dict[str, Any]:
+    """``median_ms`` (ms), ``ci95_ms`` ([low, high] ms) and ``gpu_uuid`` of a valid timing; all None without one."""
+    if bench is None or bench.median_ms is None:
+        return {"median_ms": None, "ci95_ms": None, "gpu_uuid": None}
+    dist = bench.doc.get("distribution") or {}
+    return {"median_ms": bench.median_ms, "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")],
+            "gpu_uuid": bench.gpu_uuid}
 
 
 def timed_here(recs: list[GateRecord]) -> bool:
@@ -256,14 +257,10 @@ def ablation_results(ablations: dict[str, Path], methods: list[str], records: li
         if m not in methods or not recs:
             continue
         block = blocker(recs, BRANCH_GATES)
-        b = Bench.load(ctx_for(k).outdir) if block is None and timed_here(recs) else None
-        ok = b is not None and b.median_ms is not None
-        dist = (b.doc.get("distribution") or {}) if ok and b is not None else {}
-        out[m] = {"kernel": str(k), "base": ablation_base(k.parent), "passed": ok,
-                  "stage": stage(block)[0] if block else None,
-                  "median_ms": b.median_ms if ok and b is not None else None,
-                  "ci95_ms": [dist.get("ci95_low_ms"), dist.get("ci95_high_ms")] if ok else None,
-                  "gpu_uuid": b.gpu_uuid if ok and b is not None else None,
+        t = timing_of(Bench.load(ctx_for(k).outdir) if block is None and timed_here(recs) else None)
+        ok = t["median_ms"] is not None
+        out[m] = {"kernel": str(k), "base": st.read_base(k.parent), "passed": ok,
+                  "stage": stage(block)[0] if block else None, **t,
                   "status": block.status if block else ("PASSED" if ok else "NOT_TIMED"),
                   "message": block.message if block else None}
     return out
@@ -327,7 +324,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         st.save_state(run_dir, {"ablation_step": {
             "iter": i, "champion": champion["branch"], "champion_kernel": champion["kernel"],
             "champion_sha256": file_sha256(Path(champion["kernel"])), "champion_ms": champion["median_ms"],
-            "champion_gpu_uuid": champion.get("gpu_uuid"), "champion_bench": read_dict(cctx.outdir / "bench.json"),
+            "champion_bench": read_dict(cctx.outdir / "bench.json"),
             "methods": methods, "needed": needed, "ready": ready, "best_ms_now": best_ms_now, "results": results,
             "decision": decision, "finalize": finalize}})
         write_json(it / "branch_results.json", {"iter": i, "branches": results, "champion": champion["branch"],
@@ -408,8 +405,8 @@ def _ablation_step(run_dir: Path, state: dict[str, Any], i: int, it: Path, pendi
                                               f"failed {block.gate} when judged again ({block.message}); run stopped",
                 "next": st.next_step(run_dir)}
     judged = {**pending.get("ready", {}), **fresh}
-    why = {m: (f"ablation built from {ablation_base(ablations[m].parent)}, champion is {champ}" if m in ablations
-               else f"no ablation of {champ} written") for m in methods if m not in judged}
+    why = {m: f"ablation built from {st.read_base(ablations[m].parent)}, champion is {champ}"
+           for m in methods if m not in judged and m in ablations}
     ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
     cres = [{**champion, "finalist": True}]
     try:
@@ -427,6 +424,15 @@ def _ablation_step(run_dir: Path, state: dict[str, Any], i: int, it: Path, pendi
                     ablation_decision=decision)
     st.save_state(run_dir, {"ablation_step": None})
     return out
+
+
+def best_name(run_dir: Path, state: Mapping[str, Any]) -> str:
+    """The best kernel so far as a path inside the run (``iterv1/kernel.cu``, ``baseline/gemm.cu``)."""
+    best = Path(str(state.get("best_file")))
+    try:
+        return str(best.relative_to(run_dir))
+    except ValueError:
+        return str(best)
 
 
 def file_sha256(path: Path) -> str | None:
@@ -450,9 +456,7 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
     for m in methods:
         a = judged.get(m)
         if a is None:
-            why.setdefault(m, "no ablation kernel written")
-        elif a["base"] != champion["branch"]:
-            why.setdefault(m, f"ablation built from {a['base']}, champion is {champion['branch']}")
+            why.setdefault(m, f"no ablation of {champion['branch']} written")
         elif not a["passed"]:
             why.setdefault(m, f"the ablation failed {a['status']}: {a['message']}")
     attr = decisions.attribution(champion["median_ms"], ab_ms, float(state["noise_threshold_pct"]), why)
@@ -486,7 +490,7 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
                                 ncu_top=ev_top, evidence_of=str(state["best_file"]))
         state = st.load_state(run_dir)
         msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms"
-               f"{'' if improved else ' (no improvement: the best stays ' + Path(state['best_file']).name + ')'}; "
+               f"{'' if improved else ' (no improvement: the best stays ' + best_name(run_dir, state) + ')'}; "
                f"{nxt.name} open")
     plot_history(state, run_dir)
     write_text(run_dir / "summary.md", render_summary(state, run_dir))

@@ -207,9 +207,9 @@ def next_step(run_dir: Path) -> dict[str, Any]:
         cext = Path(str(pending.get("champion_kernel") or f"kernel{ext}")).suffix or ext  # the champion's language
         abl = [{"method": m, "kernel": str(it / "ablations" / m / f"kernel{cext}"),
                 "base": str(it / "ablations" / m / "base")} for m in pending.get("needed", [])]
-        if pending.get("finalize") and "--kopt-finalize" not in command:
-            command = [*command, "--kopt-finalize"]
         command = [*command[:-1], str(it / "report_ablations.json")]  # the branch step's report stays as it was
+        if pending.get("finalize"):
+            command.append("--kopt-finalize")
         return {"action": "write_ablations", "iteration": int(i), "champion": champ,
                 "champion_kernel": str(pending.get("champion_kernel")), "ablations": abl,
                 "read": [str(it / "branch_results.json"), str(pending.get("champion_kernel")),
@@ -222,8 +222,8 @@ def next_step(run_dir: Path) -> dict[str, Any]:
             "bound": roof.get("bound"), "evidence_of": top.get("evidence_of"),
             "top": {axis: [{"name": r.get("name"), "value": r.get("value"), "unit": r.get("unit")} for r in rows]
                     for axis, rows in (top.get("top") or {}).items()},
-            "ablations": "optional here: written now with a base naming the eventual champion, the close takes one "
-                         "step; otherwise the close asks for the champion's (action write_ablations)",
+            "ablations_when": "optional here: written now with a base naming the eventual champion, the close takes "
+                              "one step; otherwise the close asks for the champion's (action write_ablations)",
             "read": [str(it / n) for n in ("roofline.json", "ncu_top.json", "analysis.md")] + [str(run_dir / "state.json")],
             "write": [str(it / "methods.json"), *(str(it / "branches" / f"b{b}" / f"kernel{ext}") for b in range(1, k + 1)),
                       str(it / "ablations" / "<method id>" / f"kernel{ext}"), str(it / "ablations" / "<method id>" / "base")],
