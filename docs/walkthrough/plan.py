@@ -60,6 +60,9 @@ LATER: dict[str, tuple[str, list[tuple[str, dict[str, int], dict[str, int], str]
         ("memory.async_copy", dict(ASYNC=1), dict(ASYNC=0),
          "long-scoreboard stalls on the tile loads: cp.async copies the B tile to shared memory without a register "
          "round trip, and its wait sits after the A tile's stores"),
+        ("compute.loop_unroll", dict(UNROLL=1), dict(UNROLL=0),
+         "the BK loop of TM x TN FFMAs is short and its loads of the next fragment wait on the last; fully unrolled, "
+         "the fragment loads of step k+1 issue under the FFMAs of step k"),
     ], [dict(BM=128, BN=128, BK=8, TM=8, TN=8), dict(BM=128, BN=128, BK=16, TM=8, TN=8),
         dict(BM=64, BN=128, BK=8, TM=8, TN=8), dict(BM=128, BN=64, BK=16, TM=8, TN=8)]),
     "layernorm": ("layernorm_iter2.cu", [
@@ -85,7 +88,9 @@ def choose(name: str, i: int, report: dict) -> tuple[str, list[dict], list[dict[
     """Iteration ``i`` (2 or 3) from the last report alone: the axis budget in ``loop.next.budget``, the methods
     already tried in ``loop.selected_methods``, the best kernel in ``loop.best_file``. Methods are taken in priority order
     while their axis has budget left (at most the total budget); every other switch stays as the best kernel has
-    it; the branches are the template's tile variations."""
+    it; the branches are the template's tile variations. When no triggered method fits the budget (SGEMM's
+    iteration 3: compute budget 1, every compute option untriggered), the first untried method of a budgeted axis
+    is taken with an ``override_reason`` that quotes the metric, since an iteration needs at least one method."""
     loop = report["loop"]
     budget = dict(loop["next"]["budget"])
     state_file = next((Path(p) for p in loop["next"]["read"] if p.endswith("state.json")), None)
@@ -118,6 +123,19 @@ def choose(name: str, i: int, report: dict) -> tuple[str, list[dict], list[dict[
         methods.append({"id": mid, "rationale": why})
         state.update(on)
         off[mid] = before
+    if not methods:  # nothing triggered fits the budget: the first untried method of a budgeted axis, overridden
+        for mid, on, before, why in options:
+            trig = specs[mid].get("trigger") or {}
+            if mid in tried or budget.get(specs[mid]["axis"], 0) <= 0:
+                continue
+            value = metrics.get(trig.get("metric"))
+            methods.append({"id": mid, "rationale": why, "override_reason":
+                            f"{trig.get('metric')} = {value} (its trigger {trig.get('op')} {trig.get('value')} does "
+                            f"not hold), yet it is the one untried method on the {specs[mid]['axis']} axis, which "
+                            "has budget left; the ablation measures what it is worth"})
+            state.update(on)
+            off[mid] = before
+            break
     branches = [{**state, **v} for v in variations]
     return template, methods, branches, off
 
