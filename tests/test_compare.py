@@ -186,3 +186,33 @@ def test_describe_passing_text_has_zero_counts():
     text = compare("z", ref, ref, atol=1e-5, rtol=1e-5).describe(1e-5, 1e-5)
     assert text == ("output z [4]: 0/4 elements (0%) outside atol=1e-05 + rtol=1e-05*|ref|; "
                     "max abs err 0, max rel err 0")
+
+
+def test_finite_blocks_in_scratch_buffers_agree_with_the_general_path(monkeypatch) -> None:
+    """Blocks of 1000 (most finite, taking the scratch-buffer path; one holding NaN and Inf) give the figures of one
+    block through the general path: counts, maxima, the first bad indices in element order (planted in the last,
+    partial block and in the first ones)."""
+    from pytest_kopt.gates import verdict
+
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal(10_500).astype(np.float32)
+    ref[100] = 0.0  # |ref| = 0: no relative error there
+    out = ref.copy()
+    out[[10_400, 10_401]] += 1.0
+    out[[7, 2_500, 2_501]] -= 0.5
+    out[5_000] = np.nan
+    ref[6_000] = out[6_000] = np.inf
+    whole = verdict.compare("y", out.reshape(105, 100), ref.reshape(105, 100), 1e-3, 1e-3)
+    monkeypatch.setattr(verdict, "CHUNK", 1000)
+    blocks = verdict.compare("y", out.reshape(105, 100), ref.reshape(105, 100), 1e-3, 1e-3)
+    assert blocks == whole
+    assert blocks.mismatched == 6 and blocks.nonfinite == 1 and blocks.nan_out == 1
+    assert blocks.inf_out == 1 and blocks.inf_ref == 1 and blocks.max_abs_err == float("inf")
+    assert blocks.first_bad == ((0, 7), (25, 0), (25, 1), (50, 0), (104, 0))
+    out[5_000], ref[6_000], out[6_000] = ref[5_000], 1.0, 1.0  # all finite: every block on the scratch path
+    finite = verdict.compare("y", out, ref, 1e-3, 1e-3)
+    err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    assert finite.max_abs_err == err.max() and finite.mismatched == 5
+    absr = np.abs(ref.astype(np.float64))
+    assert finite.max_rel_err == (err[absr > 0] / absr[absr > 0]).max()
+    assert finite.max_ref_abs == absr.max()

@@ -10,7 +10,7 @@ inputs) and ``low_bf16``/``low_fp16`` (reference on inputs rounded to that preci
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -81,69 +81,114 @@ NEAR_MISS_SCALE = 1e-3
 CHUNK = 1 << 20
 
 
+class _Block(NamedTuple):
+    """Figures of one block of :func:`compare`, merged in block order."""
+
+    max_abs: float
+    max_rel: float
+    max_ref: float
+    n_bad: int
+    nonfinite: int
+    missed: int
+    counts: tuple[int, int, int, int]  # NaN out, Inf out, NaN ref, Inf ref
+    err_all_finite: bool
+    first_bad: np.ndarray  # flat indices of up to 5 failing elements
+
+
+def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: float,
+           scratch: tuple[np.ndarray, ...] | None = None) -> _Block:
+    """One block of ``CHUNK`` elements from ``start``: the comparison in float64; where both sides are finite,
+    in ``scratch`` (three float64 buffers and one bool buffer of ``CHUNK`` elements) when given."""
+    max_abs = max_rel = max_ref = 0.0
+    nonfinite = missed = 0
+    counts = [0, 0, 0, 0]
+    err_all_finite = True
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        o_in, r_in = o_all[start:start + CHUNK], r_all[start:start + CHUNK]
+        if scratch is not None and np.isfinite(o_in).all() and np.isfinite(r_in).all():
+            # both sides finite: the rule in float64 in the scratch buffers (the difference of two float32 values
+            # is exact in float64), six passes instead of the general path's dozen temporaries
+            m = o_in.size
+            err, absr, tmp, bad = (b[:m] for b in scratch)
+            np.subtract(o_in, r_in, out=err, dtype=np.float64)
+            np.abs(err, out=err)
+            np.abs(r_in, out=absr, dtype=np.float64)
+            np.multiply(absr, rtol, out=tmp)
+            tmp += atol
+            np.greater(err, tmp, out=bad)
+            n_bad = int(np.count_nonzero(bad))
+            first = start + np.flatnonzero(bad)[:5] if n_bad else np.empty(0, dtype=np.intp)
+            if m:
+                max_ref, max_abs = float(absr.max()), float(err.max())
+                tmp.fill(0.0)
+                np.divide(err, absr, out=tmp, where=absr > 0)
+                max_rel = float(tmp.max())
+            return _Block(max_abs, max_rel, max_ref, n_bad, 0, 0, (0, 0, 0, 0), True, first)
+        o, r = o_in.astype(np.float64), r_in.astype(np.float64)
+        fo, fr = np.isfinite(o), np.isfinite(r)
+        err = np.abs(o - r)
+        absr = np.abs(r)
+        if fo.all() and fr.all():  # without scratch buffers
+            bad = err > atol + rtol * absr
+            if err.size:
+                max_ref = float(absr.max())
+                max_abs = float(err.max())
+                rel = np.divide(err, absr, out=np.zeros_like(err), where=absr > 0)
+                max_rel = float(rel.max())
+        else:
+            if fr.any():
+                max_ref = float(absr[fr].max())
+            same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
+            # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
+            bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
+            nonfinite = int(np.count_nonzero(~fo & fr))
+            missed = int(np.count_nonzero(fo & ~fr))
+            for j, (side, fin) in enumerate(((o, fo), (r, fr))):
+                nan = int(np.count_nonzero(np.isnan(side)))
+                counts[2 * j] = nan
+                counts[2 * j + 1] = int(np.count_nonzero(~fin)) - nan
+            finite = np.isfinite(err)
+            err_all_finite = bool(finite.all())
+            if finite.any():
+                max_abs = float(err[finite].max())
+            rel = err / absr
+            relf = np.isfinite(rel)
+            if relf.any():
+                max_rel = float(rel[relf].max())
+        n_bad = int(np.count_nonzero(bad))
+        first = start + np.flatnonzero(bad)[:5] if n_bad else np.empty(0, dtype=np.intp)
+    return _Block(max_abs, max_rel, max_ref, n_bad, nonfinite, missed, tuple(counts), err_all_finite, first)
+
+
 def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> Comparison:
     """Compare ``out`` with ``ref`` (same shape; any numeric dtype, compared in float64).
 
     An element passes when |out - ref| <= atol + rtol*|ref| (numpy.isclose's rule, asymmetric in ref). NaN or Inf
     in ``out`` fails unless ``ref`` holds the same non-finite value there. Evaluated in blocks of ``CHUNK``
-    elements, with a short path for blocks where both sides are finite. Raises ValueError on a shape mismatch.
+    elements, in reused buffers where both sides are finite, with the general path (NaN and Inf rules) for the
+    other blocks. Raises ValueError on a shape mismatch.
     """
     if out.shape != ref.shape:
         raise ValueError(f"output {name}: shape {list(out.shape)} but reference {list(ref.shape)}")
     o_all, r_all = out.reshape(-1), ref.reshape(-1)
-    max_abs = max_rel = max_ref = 0.0
-    n_bad = nonfinite = missed = 0
-    counts = [0, 0, 0, 0]  # NaN out, Inf out, NaN ref, Inf ref
-    err_all_finite = True
-    bad_idx: list[np.ndarray] = []
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        for start in range(0, o_all.size, CHUNK):
-            o = o_all[start:start + CHUNK].astype(np.float64)
-            r = r_all[start:start + CHUNK].astype(np.float64)
-            fo, fr = np.isfinite(o), np.isfinite(r)
-            err = np.abs(o - r)
-            absr = np.abs(r)
-            if fr.any():
-                max_ref = max(max_ref, float(absr[fr].max()))
-            if fo.all() and fr.all():
-                bad = err > atol + rtol * absr
-                if err.size:
-                    max_abs = max(max_abs, float(err.max()))
-                    rel = np.divide(err, absr, out=np.zeros_like(err), where=absr > 0)
-                    max_rel = max(max_rel, float(rel.max()))
-            else:
-                same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
-                # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
-                bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
-                nonfinite += int(np.count_nonzero(~fo & fr))
-                missed += int(np.count_nonzero(fo & ~fr))
-                for j, (side, fin) in enumerate(((o, fo), (r, fr))):
-                    nan = int(np.count_nonzero(np.isnan(side)))
-                    counts[2 * j] += nan
-                    counts[2 * j + 1] += int(np.count_nonzero(~fin)) - nan
-                finite = np.isfinite(err)
-                err_all_finite = err_all_finite and bool(finite.all())
-                if finite.any():
-                    max_abs = max(max_abs, float(err[finite].max()))
-                rel = err / absr
-                relf = np.isfinite(rel)
-                if relf.any():
-                    max_rel = max(max_rel, float(rel[relf].max()))
-            k = int(np.count_nonzero(bad))
-            if k:
-                n_bad += k
-                if sum(x.size for x in bad_idx) < 5:
-                    bad_idx.append(start + np.flatnonzero(bad)[:5])
+    m = min(CHUNK, o_all.size)
+    scratch = (np.empty(m), np.empty(m), np.empty(m), np.empty(m, dtype=bool))
+    blocks = [_block(o_all, r_all, s, atol, rtol, scratch) for s in range(0, o_all.size, CHUNK)]
+    n_bad = sum(b.n_bad for b in blocks)
+    nonfinite = sum(b.nonfinite for b in blocks)
+    max_abs = max((b.max_abs for b in blocks), default=0.0)
+    counts = [sum(b.counts[j] for b in blocks) for j in range(4)]
     first: tuple[tuple[int, ...], ...] = ()
     if n_bad:
-        flat = np.concatenate(bad_idx)[:5]
+        flat = np.concatenate([b.first_bad for b in blocks])[:5]
         first = tuple(tuple(int(x) for x in np.unravel_index(i, out.shape)) for i in flat) if out.shape else ((),)
-    if nonfinite and not err_all_finite:
+    if nonfinite and not all(b.err_all_finite for b in blocks):
         max_abs = float("inf")
-    return Comparison(name=name, shape=tuple(out.shape), ok=n_bad == 0, max_abs_err=max_abs, max_rel_err=max_rel,
-                      mismatched=n_bad, mismatch_pct=100.0 * n_bad / max(1, out.size), nonfinite=nonfinite,
-                      first_bad=first, missed_nonfinite=missed, nan_out=counts[0], inf_out=counts[1],
-                      nan_ref=counts[2], inf_ref=counts[3], max_ref_abs=max_ref)
+    return Comparison(name=name, shape=tuple(out.shape), ok=n_bad == 0, max_abs_err=max_abs,
+                      max_rel_err=max((b.max_rel for b in blocks), default=0.0), mismatched=n_bad,
+                      mismatch_pct=100.0 * n_bad / max(1, out.size), nonfinite=nonfinite, first_bad=first,
+                      missed_nonfinite=sum(b.missed for b in blocks), nan_out=counts[0], inf_out=counts[1],
+                      nan_ref=counts[2], inf_ref=counts[3], max_ref_abs=max((b.max_ref for b in blocks), default=0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +213,12 @@ def _constant(a: np.ndarray) -> bool:
         return False
     flat = a.reshape(-1)
     return bool(np.all(flat == flat[0]))
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same values element by element, NaN equal to NaN (``np.array_equal(..., equal_nan=True)``, whose NaN masks cost
+    ten plain comparisons, taken only when the plain comparison fails on a floating-point array)."""
+    return np.array_equal(a, b) or (a.dtype.kind in "fc" and np.array_equal(a, b, equal_nan=True))
 
 
 def tolerance_scale(low: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
@@ -243,7 +294,7 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 details.append(f"output {name}: the reference itself is NaN/Inf at {', '.join(map(str, at_ref_nan))}"
                                "; check the reference (ref.py) before the kernel")
             continue
-        if f"cand2__{name}" in arrays and not np.array_equal(arrays[f"cand2__{name}"], c1, equal_nan=True):
+        if f"cand2__{name}" in arrays and not _same(arrays[f"cand2__{name}"], c1):
             second = compare(name, arrays[f"cand2__{name}"], r, atol, rtol)
             if not second.ok:
                 fail("NONDETERMINISTIC", f"output {name}: a second call on the same inputs is wrong "
@@ -258,7 +309,7 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 if cc is not None and compare(name, cc, rb, atol, rtol).ok:
                     fail("STALE_OUTPUT", f"output {name}: wrong after new values were written into the same input "
                          "buffers, right in new buffers (a result cached by address)")
-                elif np.array_equal(cb, c1, equal_nan=True) and not np.array_equal(rb, r, equal_nan=True):
+                elif _same(cb, c1) and not _same(rb, r):
                     fail("INPUT_INDEPENDENT", f"output {name}: new input values give the identical output "
                          "(the result does not depend on the inputs, or was computed once and replayed)")
                 else:
