@@ -210,6 +210,7 @@ def _decision_case(tmp_path: Path, ms: dict[str, float]) -> tuple[dict[str, Path
     ctxs = {k: _fake_ctx(tmp_path / "out" / n, {"median_ms": ms[n], "gpu_uuid": gpu_of[n]} if n in gpu_of else None)
             for n, k in kernels.items()}
     results = [{"branch": n, "index": i, "kernel": str(kernels[n]), "passed": True, "median_ms": ms[n],
+                "ci95_ms": [round(ms[n] - 0.1, 6), round(ms[n] + 0.1, 6)],
                 "gpu_uuid": gpu_of[n]} for i, n in enumerate(("b1", "b2", "b3"), start=1)]
     return kernels, ctxs, results
 
@@ -246,6 +247,11 @@ def test_same_gpu_decision_retimes_what_a_gpu_difference_could_flip(tmp_path: Pa
     assert json.loads((it / "decision.json").read_text()) == decision
     by = {r["branch"]: r for r in results}
     assert (by["b1"]["median_ms"], by["b1"]["gate_median_ms"], by["b2"]["median_ms"]) == (10.4, 10.0, 10.1)
+    # a re-timed median carries the CI of its own samples, the gate's is kept beside it (the layer norm's
+    # iteration 3 on the H200 showed a re-timed 0.13104 ms inside the gate's [0.13126, 0.13158])
+    assert (by["b1"]["ci95_ms"], by["b1"]["gate_ci95_ms"]) == ([10.4, 10.4], [9.9, 10.1])
+    assert by["b3"]["ci95_ms"] == by["b3"]["gate_ci95_ms"] == [19.9, 20.1]
+    assert decision["retimed_ci95_ms"]["branches/b2"] == [10.1, 10.1]
     assert [r["finalist"] for r in results] == [True, True, False]
     assert decisions.select_champion([r for r in results if r["finalist"]])["branch"] == "b2"
 

@@ -129,17 +129,22 @@ def retime_plan(results: list[dict[str, Any]], ablations: Mapping[str, tuple[flo
 
 
 def apply_retimes(results: list[dict[str, Any]], finals: list[Mapping[str, Any]], retimed: Mapping[str, float],
-                  gpu_uuid: str | None) -> None:
-    """Mark each branch's ``finalist`` flag and keep its gate figures (``gate_median_ms``, ``gate_gpu_uuid``);
-    re-timed finalists take their re-timed ``median_ms`` (ms) and ``gpu_uuid``. Only finalists can become
-    champion."""
+                  gpu_uuid: str | None, retimed_ci95: Mapping[str, tuple[float, float]] | None = None) -> None:
+    """Mark each branch's ``finalist`` flag and keep its gate figures (``gate_median_ms``, ``gate_ci95_ms``,
+    ``gate_gpu_uuid``); re-timed finalists take their re-timed ``median_ms`` (ms), ``gpu_uuid`` and ``ci95_ms``
+    (``retimed_ci95``'s [low, high] ms, else None: a median is never shown with another measurement's interval).
+    Only finalists can become champion."""
     keep = {r["branch"] for r in finals}
     for r in results:
         r["gate_median_ms"] = r["median_ms"]
+        r["gate_ci95_ms"] = r.get("ci95_ms")
         r["gate_gpu_uuid"] = r["gpu_uuid"]
         r["finalist"] = r["branch"] in keep
-        if f"branches/{r['branch']}" in retimed:
-            r["median_ms"] = retimed[f"branches/{r['branch']}"]
+        name = f"branches/{r['branch']}"
+        if name in retimed:
+            r["median_ms"] = retimed[name]
+            ci = (retimed_ci95 or {}).get(name)
+            r["ci95_ms"] = [float(ci[0]), float(ci[1])] if ci else None
             r["gpu_uuid"] = gpu_uuid
 
 

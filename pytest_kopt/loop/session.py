@@ -24,6 +24,7 @@ from ..gates.sass import sass_evidence
 from ..gates.table import STRICT
 from ..gates.timing import retime_interleaved
 from ..records import GateRecord, blocker, for_kernel, stage
+from ..stats import bootstrap_median_ci
 from . import decisions, state as st
 from .methods import normalize_methods, validate_methods
 from .summary import plot_history, render_summary
@@ -197,15 +198,18 @@ def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, A
         kernels.append(kernel)
     timed: list[dict[str, Any]] = []
     retimed: dict[str, float] = {}
+    retimed_ci95: dict[str, tuple[float, float]] = {}
     if plan["contest"] or len(kernels) > 1:
         timed = retime_interleaved([ctx_for(k) for k in kernels])
         retimed = {n: t["median_ms"] for n, t in zip(names, timed)}
+        retimed_ci95 = {n: bootstrap_median_ci(t["samples_ms"]) for n, t in zip(names, timed) if t.get("samples_ms")}
     gpu = ctx_for(kernels[0]).env.get("gpu") or {}
-    decisions.apply_retimes(results, plan["finalists"], retimed, gpu.get("uuid"))
+    decisions.apply_retimes(results, plan["finalists"], retimed, gpu.get("uuid"), retimed_ci95)
     decision = {"method": "interleaved re-timing on one GPU (pytest_kopt.gates.timing.retime_interleaved)",
                 "gpu_uuid": gpu.get("uuid"), "gpu_index": gpu.get("index"), "measured_on": plan["measured_on"],
                 "finalist_margin_pct": decisions.FINALIST_MARGIN_PCT, "max_finalists": decisions.MAX_FINALISTS,
-                "champion_contest": plan["contest"], "retimed_ms": retimed, "robust": plan["robust"],
+                "champion_contest": plan["contest"], "retimed_ms": retimed,
+                "retimed_ci95_ms": {n: list(ci) for n, ci in retimed_ci95.items()}, "robust": plan["robust"],
                 "kernels": dict(zip(names, map(str, kernels))) if retimed else {},
                 "stop_reasons": {n: t["stop_reason"] for n, t in zip(names, timed)},
                 "reported_gpu": {n: t["gpu_uuid"] for n, t in zip(names, timed)}, "best_note": best_note}
