@@ -40,7 +40,10 @@ for s in $sections; do
       echo "softmax rc=$?"; sed -n '/kopt gates/,$p' "$OUT/main_softmax.log"
       wall main $rc $t0 ;;
     tests)
-      timeout 480 python3 -m pytest tests -m gpu -q -rfEsxX -p no:cacheprovider -p no:randomly -n 4 > "$OUT/gpu-tests.log" 2>&1
+      # -v names each test as it finishes and --durations its time, so a call cut off by its limit still says
+      # which tests ran (the 12 GPU tests took more than 320 s on 2026-12-02 with nvidia-cutlass installed)
+      timeout 480 python3 -m pytest tests -m gpu -v -rfEsxX --durations=0 -p no:cacheprovider -p no:randomly -n 4 \
+        > "$OUT/gpu-tests.log" 2>&1
       wall tests $? $t0; tail -12 "$OUT/gpu-tests.log" ;;
     loop)
       timeout 420 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
