@@ -77,3 +77,18 @@ def test_the_signed_cache_computes_once_and_never_trusts_what_it_did_not_sign(tm
     unsigned = t.cached(tmp_path / "u", "p", lambda: ({"v": 1}, None), signed=False)
     assert unsigned == ({"v": 1}, None, False)
     assert Trust().cached(tmp_path / "u", "p", lambda: pytest.fail("kept across sessions"), signed=False)[2]
+
+
+def test_the_signed_cache_keeps_a_hash_the_caller_verified_and_recomputes_on_a_wrong_one(tmp_path: Path) -> None:
+    """compute() may hand back the blob's SHA-256 it has just checked (the reference's outputs): the entry is then
+    a hit with that hash. A hash that is not the blob's never makes a wrong blob trusted: the next read fails its
+    check and computes again."""
+    import hashlib
+
+    blob = b"reference outputs"
+    t = Trust()
+    good = t.cached(tmp_path, "g", lambda: ({"v": 1}, blob, hashlib.sha256(blob).hexdigest()))
+    assert good == ({"v": 1}, blob, False)
+    assert t.cached(tmp_path, "g", lambda: pytest.fail("a hit")) == ({"v": 1}, blob, True)
+    assert t.cached(tmp_path, "w", lambda: ({"v": 1}, blob, "0" * 64)) == ({"v": 1}, blob, False)
+    assert t.cached(tmp_path, "w", lambda: ({"v": 2}, b"again", None)) == ({"v": 2}, b"again", False)

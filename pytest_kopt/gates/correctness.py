@@ -99,7 +99,7 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
     key = digest(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
                  req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"), cand.get("returned"))
 
-    def compute() -> tuple[dict[str, Any], bytes]:
+    def compute() -> tuple[dict[str, Any], bytes, str]:
         rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
                 "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}}
         for attempt in (1, 2):  # a file changed under it is computed once more, then reported
@@ -119,7 +119,8 @@ def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -
             # only for tolerances someone chose: the defaults would warn on every first kernel
             chosen = [n for n, t in result["tolerances"].items() if "default" not in (t["atol_source"], t["rtol_source"])]
             warns = tolerance_warnings(chosen, LazyArrays(z), tols) if chosen else []
-        return {"tolerances": result["tolerances"], "tolerance_warnings": warns}, data
+        # the bytes were just checked against this hash: the cache stores it without hashing them again
+        return {"tolerances": result["tolerances"], "tolerance_warnings": warns}, data, result["npz_sha"]
 
     payload, data, hit = ctx.trust.cached(ctx.cache_dir / "refs", key, compute, gate="correctness",
                                           display=ctx.display)

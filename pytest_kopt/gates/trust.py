@@ -49,12 +49,13 @@ class Trust:
         """True when ``mac`` is this session's MAC of ``parts`` (constant-time comparison)."""
         return isinstance(mac, str) and hmac.compare_digest(mac, self.mac(*parts))
 
-    def cached(self, folder: Path, name: str, compute: Callable[[], tuple[dict[str, Any], bytes | None]], *,
+    def cached(self, folder: Path, name: str, compute: Callable[[], tuple[Any, ...]], *,
                signed: bool = True, blob_suffix: str = ".npz", gate: str = "", display: str = ""
                ) -> tuple[dict[str, Any], bytes | None, bool]:
         """``compute()`` once per ``name`` under ``folder``, shared by the session's processes: under a file lock,
         load ``<name>.json`` (and its blob ``<name><blob_suffix>``), verify it (this session's MAC when ``signed``;
-        the blob's SHA-256 always), else run ``compute() -> (payload, blob or None)`` and write both. Returns
+        the blob's SHA-256 always), else run ``compute() -> (payload, blob or None[, the blob's SHA-256 hex when
+        the caller has just verified it, so it is not hashed again])`` and write both. Returns
         (payload, blob bytes or None, cache hit). An entry that fails verification is recomputed. Unsigned entries
         (``signed=False``) are kept across sessions. Raises what ``compute`` raises."""
         from filelock import FileLock
@@ -72,13 +73,13 @@ class Trust:
                     return entry["payload"], blob, True
                 except (OSError, KoptError):
                     pass  # the blob is gone or changed: compute it again
-            payload, blob = compute()
+            payload, blob, *known = compute()
             sha = None
             if blob is not None:
                 tmp = blob_path.with_name(blob_path.name + f".{os.getpid()}.tmp")
                 tmp.write_bytes(blob)
                 os.replace(tmp, blob_path)
-                sha = hashlib.sha256(blob).hexdigest()
+                sha = known[0] if known and known[0] else hashlib.sha256(blob).hexdigest()
             write_json(meta, {"payload": payload, "sha256": sha, "mac": self.mac(payload, sha) if signed else None})
             return payload, blob, False
 
