@@ -335,11 +335,13 @@ def test_reference_nested_definition_does_not_count(tmp_path):
     ("atol = True", "atol = True"),
     ('atol = "1e-3"', "atol = '1e-3'"),
     ("rtol = -1", "rtol = -1"),
+    ("atol = 1e999", "atol = inf"),  # inf passes any error
+    ("rtol = {'y': 1e999}", "rtol = {'y': inf}"),
 ])
 def test_reference_bad_tolerance(tmp_path, line, shown):
     ref = _write(tmp_path, "ref.py", f"TOL = 1\n\n{line}\n\ndef reference(**kwargs):\n    pass\n")
     err = _contract_error(check_reference, ref, path=str(ref), line=3)
-    assert err.message == f"{shown} is not a non-negative number literal"
+    assert err.message == f"{shown} is not a finite non-negative number literal"
 
 
 def test_reference_syntax_error(tmp_path):

@@ -350,3 +350,35 @@ def test_a_near_miss_says_to_check_the_tolerance_before_the_kernel() -> None:
     wrong = compare("y", out, ref, 1e-4, 1e-4)
     assert not wrong.near_miss and "near miss" not in wrong.describe(1e-4, 1e-4)
     assert compare("y", ref, ref, 1e-4, 1e-4).ok and not compare("y", ref, ref, 1e-4, 1e-4).near_miss
+
+
+def test_a_complex_output_is_compared_with_its_imaginary_part() -> None:
+    """A returned complex tensor is judged by the modulus of the difference, never by its real part alone: a wrong
+    imaginary part fails (float64 arithmetic would drop it and pass), NaN blocks and finite blocks alike."""
+    from pytest_kopt.gates.verdict import compare
+
+    ref = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    out = np.array([1 + 5j, 2, 3], dtype=np.complex64)
+    c = compare("y", out, ref, 1e-3, 1e-3)
+    assert (c.ok, c.mismatched, c.first_bad, c.max_abs_err) == (False, 1, ((0,),), 5.0)
+    out[2] = np.nan
+    c = compare("y", out, ref, 1e-3, 1e-3)
+    assert (c.mismatched, c.nonfinite, c.max_abs_err) == (2, 1, float("inf"))
+    same = np.array([1 + 0j, 2, 3], dtype=np.complex128)
+    assert compare("y", same, ref, 0.0, 0.0).ok
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e-3, "loose"])
+def test_a_tolerance_the_reference_computes_must_be_finite_and_non_negative(value) -> None:
+    """A tolerance that preflight's literal check cannot see (computed, or from a format adapter) is checked where
+    it is read: NaN would pass every finite element (err > NaN is False), inf any error."""
+    import types
+
+    from pytest_kopt.child import HarnessError
+    from pytest_kopt.child.correctness import tolerances
+
+    ref = types.SimpleNamespace(atol={"y": value}, rtol=1e-3, __file__="/p/ref.py")
+    with pytest.raises(HarnessError) as info:
+        tolerances(ref, "y", None, None)
+    assert "/p/ref.py: atol for output 'y'" in str(info.value) and "finite number >= 0" in str(info.value)
+    assert tolerances(types.SimpleNamespace(atol=0, rtol=2e-3), "y", None, None)["rtol"] == 2e-3

@@ -447,6 +447,11 @@ def _returned_literal(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[list[
     return found
 
 
+def _tolerance_ok(v: object) -> bool:
+    """A tolerance literal: an int or float, finite (``1e999`` is inf, which passes any error) and >= 0."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+
+
 def check_reference(path: Path) -> PyContract:
     """Check ``ref.py``: ``reference(**kwargs)`` required; ``atol``/``rtol`` numbers >= 0 when present.
 
@@ -463,12 +468,12 @@ def check_reference(path: Path) -> PyContract:
         if tol in c.constants:
             v = c.constants[tol]
             if isinstance(v, dict) and v and all(isinstance(k, str) for k in v):
-                bad = {k: x for k, x in v.items() if not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0}
+                bad = {k: x for k, x in v.items() if not _tolerance_ok(x)}
                 if not bad:
                     continue
                 v = bad
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ContractError(f"{tol} = {v!r} is not a non-negative number literal", gate="preflight",
+            if not _tolerance_ok(v):
+                raise ContractError(f"{tol} = {v!r} is not a finite non-negative number literal", gate="preflight",
                                     path=str(path), line=c.constant_lines.get(tol),
                                     fix=f"write e.g. {tol} = 1e-3 at module level")
     return c

@@ -105,7 +105,8 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
     err_all_finite = True
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         o_in, r_in = o_all[start:start + CHUNK], r_all[start:start + CHUNK]
-        if scratch is not None and np.isfinite(o_in).all() and np.isfinite(r_in).all():
+        wide = np.complex128 if np.iscomplexobj(o_in) or np.iscomplexobj(r_in) else np.float64
+        if scratch is not None and wide is np.float64 and np.isfinite(o_in).all() and np.isfinite(r_in).all():
             # both sides finite: the rule in float64 in the scratch buffers (the difference of two float32 values
             # is exact in float64), six passes instead of the general path's dozen temporaries
             m = o_in.size
@@ -124,7 +125,8 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
                 np.divide(err, absr, out=tmp, where=absr > 0)
                 max_rel = float(tmp.max())
             return _Block(max_abs, max_rel, max_ref, n_bad, 0, 0, (0, 0, 0, 0), True, first)
-        o, r = o_in.astype(np.float64), r_in.astype(np.float64)
+        # complex values keep their imaginary part: the error is the modulus of the difference
+        o, r = o_in.astype(wide), r_in.astype(wide)
         fo, fr = np.isfinite(o), np.isfinite(r)
         err = np.abs(o - r)
         absr = np.abs(r)
@@ -161,7 +163,8 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
 
 
 def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> Comparison:
-    """Compare ``out`` with ``ref`` (same shape; any numeric dtype, compared in float64).
+    """Compare ``out`` with ``ref`` (same shape; any numeric dtype, compared in float64, or complex128 when either
+    side is complex, with |out - ref| the modulus).
 
     An element passes when |out - ref| <= atol + rtol*|ref| (numpy.isclose's rule, asymmetric in ref). NaN or Inf
     in ``out`` fails unless ``ref`` holds the same non-finite value there. Evaluated in blocks of ``CHUNK``
