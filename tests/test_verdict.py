@@ -382,3 +382,30 @@ def test_a_tolerance_the_reference_computes_must_be_finite_and_non_negative(valu
         tolerances(ref, "y", None, None)
     assert "/p/ref.py: atol for output 'y'" in str(info.value) and "finite number >= 0" in str(info.value)
     assert tolerances(types.SimpleNamespace(atol=0, rtol=2e-3), "y", None, None)["rtol"] == 2e-3
+
+
+def test_a_call_equal_to_its_twin_is_not_saved_and_reads_as_its_twin(tmp_path) -> None:
+    """The candidate's process leaves out cand2 equal to cand1 and candC equal to candB (NaN never counts as
+    equal, so an element left unwritten keeps both); the pytest side reads the twin's values under the left-out
+    name, and honours no other alias (an alias to another output, to a reference array, or over a saved name)."""
+    from pytest_kopt.child.transfer import repeats
+    from pytest_kopt.gates.correctness import LazyArrays
+
+    a = np.arange(6, dtype=np.float32)
+    nan = a.copy()
+    nan[2] = np.nan
+    arrays = {"cand1__y": a, "cand2__y": a.copy(), "candB__y": a + 1, "candC__y": a + 2,
+              "cand1__z": nan, "cand2__z": nan.copy(), "candB__z": a.astype(np.float64), "candC__z": a}
+    same = repeats(arrays)
+    assert same == {"cand2__y": "cand1__y"}  # candC__y differs, NaN in z, candC__z's dtype differs from candB__z's
+    np.savez(tmp_path / "c.npz", **{k: v for k, v in arrays.items() if k not in same})
+    np.savez(tmp_path / "r.npz", ref__y=a)
+    with np.load(tmp_path / "c.npz") as c, np.load(tmp_path / "r.npz") as r:
+        bogus = {**same, "cand2__z": "cand1__y", "candC__y": "ref__y", "cand1__y": "cand2__y", "x": 1}
+        lazy = LazyArrays(c, r, same_as=bogus)
+        assert "cand2__y" in lazy and np.array_equal(lazy["cand2__y"], a)
+        assert np.array_equal(lazy["candC__y"], a + 2) and np.array_equal(lazy["cand2__z"], nan, equal_nan=True)
+        assert len(lazy) == 9 and sorted(lazy) == sorted([*arrays, "ref__y"])
+        v = judge(["y"], {**LazyArrays(c, r, same_as=same), "refB__y": a + 1}, {"y": (1e-3, 1e-3)},
+                  check_tolerance=False)
+    assert v.ok, v.message

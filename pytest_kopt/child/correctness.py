@@ -11,7 +11,7 @@ from . import HarnessError
 from .inputs import Inputs, check_spec, poison, returned_outputs
 from .kernels import Candidate
 from .formats import GpuModeReference, load_reference
-from .transfer import save_npz, to_numpy
+from .transfer import repeats, save_npz, to_numpy
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
 DEFAULT_ATOL = 1e-3
@@ -68,7 +68,8 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     :data:`~pytest_kopt.child.inputs.SECOND_POISON`, so an element left unwritten shows; in-place outputs get set A's
     values again); set B (new values written into the same input buffers, so a result cached by pointer shows):
     call 3; set B again in new buffers: call 4. Returned outputs are taken from each call's return value and their
-    memory poisoned after the copy. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays and reports the
+    memory poisoned after the copy. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays (one equal to its
+    twin of :data:`~pytest_kopt.child.transfer.REPEATS` is left out and named in ``same_as``) and reports the
     spec and the returned outputs' names for the reference process (``calls: 1``: the first call only)."""
     import numpy as np
 
@@ -112,8 +113,10 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
         arrays[f"setup__{name}"] = t.numpy()
         setup_sha.update(name.encode() + t.numpy().tobytes())
     t_save = time.perf_counter()
-    np.savez(req["out"] + ".npz", **arrays)
-    return {"save_s": time.perf_counter() - t_save, "spec": inp.spec, "setup_sha": setup_sha.hexdigest(),
+    same = repeats(arrays)
+    np.savez(req["out"] + ".npz", **{k: a for k, a in arrays.items() if k not in same})
+    return {"save_s": time.perf_counter() - t_save, "same_as": same, "spec": inp.spec,
+            "setup_sha": setup_sha.hexdigest(),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
             "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes, "first_call_ms": first_ms,
             "npz": req["out"] + ".npz"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import CorrectnessRecord, read_dict, write_json
+from ..child.transfer import REPEATS
 from ..child.inputs import SECOND_POISON
 from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
@@ -60,22 +61,31 @@ def case_label(case: Mapping[str, Any]) -> str:
 
 class LazyArrays(Mapping):
     """A read-only mapping over the members of open ``np.load`` npz files, each read on first access and kept;
-    later files win on a repeated name."""
+    later files win on a repeated name. ``same_as`` maps a name that was not saved to the member holding its values
+    (the candidate's process leaves out an array equal to its twin, :data:`pytest_kopt.child.transfer.REPEATS`);
+    only those pairs are honoured, and only where the name itself is absent."""
 
-    def __init__(self, *npz: Any) -> None:
+    def __init__(self, *npz: Any, same_as: Mapping[str, str] | None = None) -> None:
         self._src = {name: z for z in npz for name in z.files}
+        self._alias = {k: v for k, v in (same_as or {}).items() if isinstance(k, str) and isinstance(v, str)
+                       and k not in self._src and v in self._src
+                       and any(k.startswith(a) and v == b + k.removeprefix(a) for a, b in REPEATS)}
         self._cache: dict[str, Any] = {}
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._cache:
-            self._cache[name] = self._src[name][name]
+            member = self._alias.get(name, name)
+            self._cache[name] = self[member] if member != name else self._src[name][name]
         return self._cache[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._src or name in self._alias  # without reading a member
+
     def __iter__(self) -> Any:
-        return iter(self._src)
+        return iter([*self._src, *self._alias])
 
     def __len__(self) -> int:
-        return len(self._src)
+        return len(self._src) + len(self._alias)
 
 
 def fingerprint(ctx: Context, res: BuildResult, case: Mapping[str, Any], device: str) -> str:
@@ -214,8 +224,9 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                                 "of the dict run_kernel returns) and ref.py's outputs = [...] (or the keys of the "
                                 "dict reference returns); a returned tuple without names is out0, out1, ...")
         with np.load(cand["npz"]) as c, np.load(io.BytesIO(ref["npz_bytes"])) as r:
+            arrays = LazyArrays(c, r, same_as=cand.get("same_as"))
             missing = [f"{p}__{o}" for o in outputs for p in ("cand1", "cand2", "candB", "candC")
-                       if f"{p}__{o}" not in c.files]
+                       if f"{p}__{o}" not in c.files and f"{p}__{o}" not in arrays]
             if missing or not outputs:
                 raise KernelRuntimeError(f"seed={seed}: the candidate's process returned no "
                                          f"{', '.join(missing) or 'outputs'}", gate="correctness",
@@ -225,7 +236,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
             # members are read when the judge asks for them: the low-precision references (their warnings come
             # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
             poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
-            v = judge(outputs, LazyArrays(c, r), tols, check_tolerance=False, second_poison=poisons)
+            v = judge(outputs, arrays, tols, check_tolerance=False, second_poison=poisons)
         phase_s["judge"] = time.perf_counter() - clock
         if v.status == "INCORRECT_NUMERICAL":
             unmet = reference_self_check(ctx, req, cand, ref, tols)
