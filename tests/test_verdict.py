@@ -406,6 +406,8 @@ def test_a_call_equal_to_its_twin_is_not_saved_and_reads_as_its_twin(tmp_path) -
         assert "cand2__y" in lazy and np.array_equal(lazy["cand2__y"], a)
         assert np.array_equal(lazy["candC__y"], a + 2) and np.array_equal(lazy["cand2__z"], nan, equal_nan=True)
         assert len(lazy) == 9 and sorted(lazy) == sorted([*arrays, "ref__y"])
+        for odd in (["cand2__y"], "cand2__y", 7, None):  # a result the kernel rewrote: no alias, never a crash
+            assert "cand2__y" not in LazyArrays(c, r, same_as=odd)
         v = judge(["y"], {**LazyArrays(c, r, same_as=same), "refB__y": a + 1}, {"y": (1e-3, 1e-3)},
                   check_tolerance=False)
     assert v.ok, v.message

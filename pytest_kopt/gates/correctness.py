@@ -67,7 +67,8 @@ class LazyArrays(Mapping):
 
     def __init__(self, *npz: Any, same_as: Mapping[str, str] | None = None) -> None:
         self._src = {name: z for z in npz for name in z.files}
-        self._alias = {k: v for k, v in (same_as or {}).items() if isinstance(k, str) and isinstance(v, str)
+        given = same_as if isinstance(same_as, Mapping) else {}  # anything else from the candidate's process: none
+        self._alias = {k: v for k, v in given.items() if isinstance(k, str) and isinstance(v, str)
                        and k not in self._src and v in self._src
                        and any(k.startswith(a) and v == b + k.removeprefix(a) for a, b in REPEATS)}
         self._cache: dict[str, Any] = {}
