@@ -310,13 +310,9 @@ def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | No
             value = float("nan")
         # NaN would pass every finite element (err > NaN is False), as would an infinite or negative bound
         if not (0.0 <= value < float("inf")):
-            raise HarnessError("contract", f"{req_ref(ref)}: {key} for output {name!r} is {v!r}; a tolerance must be "
+            where = getattr(ref, "__file__", None) or "ref.py"
+            raise HarnessError("contract", f"{where}: {key} for output {name!r} is {v!r}; a tolerance must be "
                                "a finite number >= 0", fix=f"set {key} in ref.py to a finite non-negative number "
                                "(e.g. 1e-3), or give --kopt-" + key)
         out[key], out[f"{key}_source"] = value, f"ref.{key}"
     return out
-
-
-def req_ref(ref: Any) -> str:
-    """The reference module's file, for a message."""
-    return str(getattr(ref, "__file__", None) or "ref.py")

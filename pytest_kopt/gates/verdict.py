@@ -96,9 +96,10 @@ class _Block(NamedTuple):
 
 
 def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: float,
-           scratch: tuple[np.ndarray, ...] | None = None) -> _Block:
-    """One block of ``CHUNK`` elements from ``start``: the comparison in float64; where both sides are finite,
-    in ``scratch`` (three float64 buffers and one bool buffer of ``CHUNK`` elements) when given."""
+           scratch: tuple[np.ndarray, ...]) -> _Block:
+    """One block of ``CHUNK`` elements from ``start``: where both sides are real and finite, the comparison in
+    float64 in ``scratch`` (three float64 buffers and one bool buffer of ``CHUNK`` elements); otherwise the general
+    path with the NaN/Inf rules, in float64 or complex128."""
     max_abs = max_rel = max_ref = 0.0
     nonfinite = missed = 0
     counts = [0, 0, 0, 0]
@@ -106,7 +107,7 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         o_in, r_in = o_all[start:start + CHUNK], r_all[start:start + CHUNK]
         wide = np.complex128 if np.iscomplexobj(o_in) or np.iscomplexobj(r_in) else np.float64
-        if scratch is not None and wide is np.float64 and np.isfinite(o_in).all() and np.isfinite(r_in).all():
+        if wide is np.float64 and np.isfinite(o_in).all() and np.isfinite(r_in).all():
             # both sides finite: the rule in float64 in the scratch buffers (the difference of two float32 values
             # is exact in float64), six passes instead of the general path's dozen temporaries
             m = o_in.size
@@ -130,33 +131,25 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
         fo, fr = np.isfinite(o), np.isfinite(r)
         err = np.abs(o - r)
         absr = np.abs(r)
-        if fo.all() and fr.all():  # without scratch buffers
-            bad = err > atol + rtol * absr
-            if err.size:
-                max_ref = float(absr.max())
-                max_abs = float(err.max())
-                rel = np.divide(err, absr, out=np.zeros_like(err), where=absr > 0)
-                max_rel = float(rel.max())
-        else:
-            if fr.any():
-                max_ref = float(absr[fr].max())
-            same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
-            # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
-            bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
-            nonfinite = int(np.count_nonzero(~fo & fr))
-            missed = int(np.count_nonzero(fo & ~fr))
-            for j, (side, fin) in enumerate(((o, fo), (r, fr))):
-                nan = int(np.count_nonzero(np.isnan(side)))
-                counts[2 * j] = nan
-                counts[2 * j + 1] = int(np.count_nonzero(~fin)) - nan
-            finite = np.isfinite(err)
-            err_all_finite = bool(finite.all())
-            if finite.any():
-                max_abs = float(err[finite].max())
-            rel = err / absr
-            relf = np.isfinite(rel)
-            if relf.any():
-                max_rel = float(rel[relf].max())
+        if fr.any():
+            max_ref = float(absr[fr].max())
+        same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
+        # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
+        bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
+        nonfinite = int(np.count_nonzero(~fo & fr))
+        missed = int(np.count_nonzero(fo & ~fr))
+        for j, (side, fin) in enumerate(((o, fo), (r, fr))):
+            nan = int(np.count_nonzero(np.isnan(side)))
+            counts[2 * j] = nan
+            counts[2 * j + 1] = int(np.count_nonzero(~fin)) - nan
+        finite = np.isfinite(err)
+        err_all_finite = bool(finite.all())
+        if finite.any():
+            max_abs = float(err[finite].max())
+        rel = err / absr  # where |ref| = 0: inf or NaN, left out below
+        relf = np.isfinite(rel)
+        if relf.any():
+            max_rel = float(rel[relf].max())
         n_bad = int(np.count_nonzero(bad))
         first = start + np.flatnonzero(bad)[:5] if n_bad else np.empty(0, dtype=np.intp)
     return _Block(max_abs, max_rel, max_ref, n_bad, nonfinite, missed, tuple(counts), err_all_finite, first)
