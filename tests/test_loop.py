@@ -172,10 +172,94 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     assert [f["branch"] for f in state["frontier"]] == ["b2"]
     assert state["verified_iterations"] == 1 and (it / "attribution.json").is_file()
     summary = render_summary(state, run)
-    assert "**1.67x** over the baseline" in summary and "memory.shared_memory_tiling (effective, 50.00)" in summary
+    assert "**1.67x** over the baseline (best kernel `iterv1/kernel.cu`)" in summary and "memory.shared_memory_tiling (effective, 50.00)" in summary
     stop = loop.stop_run(run, "all branches failed a strict gate", "branch_explore", 2)
     assert stop["exit_code"] == 2 and loop.load_state(run)["run_status"] == "stopped"
     assert "Stopped** at `branch_explore`" in (run / "summary.md").read_text()
+
+
+_SASS = """\tcode for sm_90a
+\t\tFunction : _Z3addPf
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                      /* 0x00000a00ff017b82 */
+                                                                               /* 0x000fe40000000f00 */
+        /*0010*/                   FFMA R5, R2, R3, R4 ;                       /* 0x0000000302057223 */
+        /*0020*/                   STG.E desc[UR4][R2.64], R5 ;                /* 0x0000000502007986 */
+        /*0030*/                   EXIT ;                                      /* 0x000000000000794d */
+\t\t..........
+identifier = {build}/kopt_shim.cu
+"""
+
+
+def test_instruction_digest_sees_instructions_not_the_build_path(tmp_path: Path) -> None:
+    from pytest_kopt.gates.sass import instruction_digest, parse_sass, sass_digests, save_sass
+
+    a, b = _SASS.format(build="/cache/aaa"), _SASS.format(build="/cache/bbb")
+    assert instruction_digest(a) == instruction_digest(b)  # two builds of one source
+    assert instruction_digest(a) != instruction_digest(a.replace("FFMA R5, R2, R3, R4", "FFMA R5, R2, R3, R6"))
+    assert instruction_digest(a) != instruction_digest(a.replace("0x0000000302057223", "0x0000000302057224"))
+    folder = tmp_path / "sass"
+    folder.mkdir()
+    (folder / "_Z6renamedPf.sass").write_text(a)  # an earlier build's function, since renamed
+    save_sass(parse_sass(b), folder)
+    assert sorted(sass_digests(folder)) == ["_Z3addPf"] and sass_digests(tmp_path / "none") == {}
+
+
+def test_a_champion_with_the_best_kernels_sass_leaves_its_methods_unverified(tmp_path: Path) -> None:
+    """The SGEMM walkthrough's iteration 3: the agent 'added' an unroll the best already had; the champion's SASS
+    equals the best's, so its ablation (+13.5%) credits nothing this iteration did."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.gates.sass import sass_digests, save_sass, parse_sass
+    from pytest_kopt.loop.session import branch_results
+    from pytest_kopt.records import GateRecord
+
+    base = tmp_path / "gemm.cu"
+    base.write_text("// baseline\n")
+    run = loop.new_run_dir(base)
+    loop.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=3, branches=2, ncu_num=5, noise_pct=2.0,
+                    numerics_mode="reference", seeds=[1], env={"generation_allowed": True})
+    best_sass = {"_Z3addPf": "0" * 64}
+    loop.save_state(run, {"baseline_ms": 10.0, "best_metric_ms": 4.0, "best_sass": best_sass})
+    roof = {"delta_compute": 0.5, "delta_memory": 0.9, "delta_latency": 0.2, "bound": "memory",
+            "axis_budget": {"compute": 1, "memory": 1, "latency": 0}, "near_peak": False}
+    it = loop.open_iteration(run, 1, ncu_rep=None, roofline=roof, branches=2, ncu_top={"top": {}})
+    kernels = []
+    for b, body in (("b1", _SASS.format(build="/x")), ("b2", _SASS.replace("FFMA R5, R2, R3, R4", "FMUL R5, R2, R3"))):
+        k = it / "branches" / b / "kernel.cu"
+        k.write_text(f"// {b}\n")
+        save_sass(parse_sass(body), k.parent / "sass")
+        kernels.append(k)
+    same = sass_digests(kernels[0].parent / "sass")
+    loop.save_state(run, {"best_sass": same})  # b1 is the best kernel's build
+    rec = lambda k, gate: GateRecord(f"{k}::{gate}", str(k.resolve()), gate, None, "passed", "PASSED")  # noqa: E731
+    records = [rec(k, g) for k in kernels for g in ("compile", "sass")]
+    results = branch_results(kernels, records, lambda k: SimpleNamespace(outdir=k.parent), same)
+    assert [r["same_sass_as_best"] for r in results] == [True, False]
+    assert results[0]["sass_digest"] == same and results[1]["sass_digest"] != same
+    no_sass = branch_results(kernels, [rec(k, "compile") for k in kernels], lambda k: SimpleNamespace(outdir=k.parent),
+                             same)  # the sass gate did not run this session: the folder's files are not evidence
+    assert [r["same_sass_as_best"] for r in no_sass] == [None, None] and no_sass[0]["sass_digest"] == {}
+    champion = {**results[0], "median_ms": 3.99, "passed": True}
+    attr = decisions.attribution(3.99, {"compute.loop_unroll": 4.53}, 2.0)
+    assert attr["compute.loop_unroll"]["contributed"] is True
+    state = loop.close_iteration(run, 1, results=[champion], champion=champion, methods=["compute.loop_unroll"],
+                                 attr=attr, sass={"compute.loop_unroll": "pass"}, champion_roofline=roof,
+                                 champion_bench={"median_ms": 3.99})
+    assert state["history"][-1]["verdicts"] == {"compute.loop_unroll": "unverified"}
+    assert state["history"][-1]["same_sass_as_best"] is True and state["history"][-1]["improved"] is False
+    assert state["best_sass"] == same and state["best_metric_ms"] == 4.0
+    assert state["unverified_methods"] == ["compute.loop_unroll"] and state["effective_methods"] == []
+    assert "instruction for instruction" in loop.run_view(run)["reasons"]["compute.loop_unroll"]
+    assert "the champion's SASS is the best kernel's: no instruction changed" in render_summary(state, run)
+    # a champion with new instructions is classified as before, and its SASS becomes the best's
+    other = {**results[1], "median_ms": 3.0, "passed": True}
+    state = loop.close_iteration(run, 1, results=[other], champion=other, methods=["compute.loop_unroll"],
+                                 attr=decisions.attribution(3.0, {"compute.loop_unroll": 4.0}, 2.0),
+                                 sass={"compute.loop_unroll": "pass"}, champion_roofline=roof,
+                                 champion_bench={"median_ms": 3.0})
+    assert state["history"][-1]["verdicts"] == {"compute.loop_unroll": "effective"}
+    assert state["best_sass"] == results[1]["sass_digest"] and state["best_metric_ms"] == 3.0
 
 
 def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_timed(pytester: pytest.Pytester) -> None:

@@ -4,6 +4,7 @@ the SASS verification of the loop's claimed methods against ``registries/sass_si
 from __future__ import annotations
 
 import collections
+import hashlib
 import re
 import subprocess
 from dataclasses import dataclass
@@ -77,8 +78,11 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
 
 
 def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:
-    """Write one ``<function>.sass`` file per function into ``folder``; returns the paths."""
+    """Write one ``<function>.sass`` file per function into ``folder``, replacing the ``.sass`` files an earlier
+    build left there (a function renamed since must not be read as this build's); returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.sass"):
+        old.unlink()
     paths = []
     for f in functions:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f.name)[:150]
@@ -147,6 +151,23 @@ def gate_sass(ctx: Context, case: Any = None) -> Outcome:
                 "guard needs with --kopt-arch")
     names = ", ".join(f"{f.name} ({f.instructions} insns)" for f in functions[:4])
     return Outcome(figures, f"{functions[0].arch}: {names}", tuple(paths))
+
+
+#: A whole instruction line, from its offset comment on: ``/*0040*/  IMAD.WIDE R2, R3, R4, R2 ;  /* 0x... */``.
+_INSN_LINE_RE = re.compile(r"^\s*(/\*[0-9a-f]{4,}\*/\s+\S.*?)\s*$", re.M)
+
+
+def instruction_digest(text: str) -> str:
+    """SHA-256 (hex) of one function's instruction lines alone (offset, instruction, operands, encoding), so two
+    builds that differ only in what the dump says around the code (``identifier = <build dir>/kopt_shim.cu``) digest
+    the same, and any changed instruction, operand or scheduling bit digests differently."""
+    return hashlib.sha256("\n".join(m.group(1) for m in _INSN_LINE_RE.finditer(text)).encode()).hexdigest()
+
+
+def sass_digests(folder: Path) -> dict[str, str]:
+    """``{function: instruction_digest}`` of the ``<function>.sass`` files :func:`save_sass` wrote in ``folder``;
+    {} when there are none (the sass gate did not run)."""
+    return {p.stem: instruction_digest(p.read_text()) for p in sorted(folder.glob("*.sass"))}
 
 
 def opcodes(sass_texts: list[str]) -> set[str]:

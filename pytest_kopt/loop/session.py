@@ -20,7 +20,7 @@ from ..gates.build import ensure_built
 from ..gates.context import Context
 from ..gates.ncu import COUNTER_PERMISSION, gate_ncu
 from ..gates.roofline import gate_roofline
-from ..gates.sass import sass_evidence
+from ..gates.sass import sass_digests, sass_evidence
 from ..gates.table import STRICT
 from ..gates.timing import retime_interleaved
 from ..records import GateRecord, blocker, for_kernel, stage
@@ -132,6 +132,7 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[
                                            "without -k", "next": st.next_step(run_dir)}
     _counters_readable(run_dir, True)  # the baseline's ncu profile read them
     state = st.save_state(run_dir, {"baseline_ms": bench.median_ms, "best_metric_ms": bench.median_ms,
+                                    "best_sass": sass_digests(ctx.outdir / "sass"),
                                     "best_gpu_uuid": bench.gpu_uuid, "ncu_set": top.set,
                                     "best_ncu_rep": str(ctx.outdir / "kernel.ncu-rep")})
     if roof.doc.get("near_peak"):
@@ -217,16 +218,24 @@ def same_gpu_decision(it: Path, state: dict[str, Any], results: list[dict[str, A
     return decision
 
 
-def branch_results(branches: list[Path], records: list[GateRecord],
-                   ctx_for: Callable[[Path], Context]) -> list[dict[str, Any]]:
+def branch_results(branches: list[Path], records: list[GateRecord], ctx_for: Callable[[Path], Context],
+                   best_sass: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Each branch's outcome in this session (``branch``, ``index``, ``kernel``, ``median_ms`` in ms, ``passed``,
-    ``failed_gate``, ``stage``, ``status``, ``message``, ``gpu_uuid``), in ``b1..bK`` order."""
+    ``failed_gate``, ``stage``, ``status``, ``message``, ``gpu_uuid``), in ``b1..bK`` order, with ``sass_digest``
+    (``{function: instruction digest}``, {} when its sass gate did not pass in this session) and ``same_sass_as_best``: True when
+    every kernel function's instructions equal the best kernel's (``best_sass``, the state's), so the branch
+    changed nothing the GPU runs; None when either side has no SASS."""
     results = []
     for index, kernel in enumerate(branches, start=1):
         recs = for_kernel(records, kernel)
         block = blocker(recs, BRANCH_GATES)
-        t = timing_of(Bench.load(ctx_for(kernel).outdir) if block is None and timed_here(recs) else None)
+        outdir = ctx_for(kernel).outdir
+        t = timing_of(Bench.load(outdir) if block is None and timed_here(recs) else None)
+        sass_ran = any(r.gate == "sass" and r.outcome == "passed" for r in recs)
+        digest = sass_digests(outdir / "sass") if block is None and sass_ran else {}
+        same = (digest == dict(best_sass)) if digest and best_sass else None
         results.append({"branch": kernel.parent.name, "index": index, "kernel": str(kernel), **t,
+                        "sass_digest": digest, "same_sass_as_best": same,
                         "passed": block is None and t["median_ms"] is not None,
                         "failed_gate": block.gate if block else None,
                         "stage": stage(block)[0] if block else None,
@@ -294,7 +303,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
     pending = state.get("ablation_step")
     if pending and int(pending.get("iter", 0)) == i:
         return _ablation_step(run_dir, state, i, it, pending, methods, ablations, records, ctx_for, finalize)
-    results = branch_results(branches, records, ctx_for)
+    results = branch_results(branches, records, ctx_for, state.get("best_sass"))
     judged = ablation_results(ablations, methods, records, ctx_for)
     if not any(r["passed"] for r in results) and any(r["stage"] == "hardware" for r in results):
         # the GPU (or a tool) is missing: a branch that could not be timed is not a failed branch
@@ -475,6 +484,8 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
                                sass=sass, sass_detail=evidence, champion_roofline=roof, champion_bench=bench,
                                best_ms_now=best_ms_now, decision=decision)
     improved = bool(state["history"][-1]["improved"])
+    same = (" (its SASS is the best kernel's, instruction for instruction: the methods changed nothing the GPU "
+            "runs, so they stay unverified)" if champion.get("same_sass_as_best") else "")
     # SKILL.md 3a: the next iteration profiles the current best; a champion that did not improve leaves the best,
     # and so its evidence (this iteration's best-input profile), as it was
     if improved:
@@ -487,13 +498,14 @@ def _conclude(run_dir: Path, i: int, it: Path, results: list[dict[str, Any]], ch
     if done:
         reason = "finalized" if finalize else ("near_peak" if near else "iterations done")
         state = st.save_state(run_dir, {"run_status": "completed", "open_iter": None, "completion": reason})
-        msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms; run completed "
-               f"({reason})")
+        msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms{same}"
+               f"{'' if improved else ' (no improvement: the best stays ' + best_name(run_dir, state) + ')'}; "
+               f"run completed ({reason})")
     else:
         nxt = st.open_iteration(run_dir, i + 1, ncu_rep=rep, roofline=ev_roof, branches=int(state["branches"]),
                                 ncu_top=ev_top, evidence_of=str(state["best_file"]))
         state = st.load_state(run_dir)
-        msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms"
+        msg = (f"{it.name} closed: champion {champion['branch']} {champion['median_ms']:.4f} ms{same}"
                f"{'' if improved else ' (no improvement: the best stays ' + best_name(run_dir, state) + ')'}; "
                f"{nxt.name} open")
     plot_history(state, run_dir)

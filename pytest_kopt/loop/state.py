@@ -248,9 +248,11 @@ def run_view(run_dir: Path) -> dict[str, Any]:
         for m, a in (h.get("attribution") or {}).items():
             pct = a.get("attribution_pct")
             sass = (h.get("sass") or {}).get(m)
+            same = ("; the champion's SASS is the best kernel's, instruction for instruction (the method changed "
+                    "nothing the GPU runs)" if h.get("same_sass_as_best") else "")
             reasons[m] = (f"iterv{h['iter']}: {(h.get('verdicts') or {}).get(m)}; attribution "
                           f"{'inconclusive (' + str(a.get('reason')) + ')' if pct is None else f'{pct:.1f}%'}; "
-                          f"SASS {sass}")
+                          f"SASS {sass}{same}")
     buckets = {b: list(state.get(f"{b}_methods", [])) for b in
                ("effective", "ineffective", "implementation_failed", "unverified")}
     return {"phase": phase, "open_iter": state.get("open_iter"), "baseline_ms": state.get("baseline_ms"),
@@ -284,8 +286,12 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     buckets = {b: list(state.get(f"{b}_methods", [])) for b in
                ("effective", "ineffective", "implementation_failed", "unverified")}
     verdicts = {}
+    same_sass = champion.get("same_sass_as_best") is True
     for m in methods:
-        bucket = classify((attr.get(m) or {}).get("contributed"), sass.get(m, "tool_error"))
+        # a champion whose instructions are the best kernel's did not apply the method: its ablation measures a
+        # property the best already had, so neither effective nor ineffective is shown
+        bucket = "unverified" if same_sass else classify((attr.get(m) or {}).get("contributed"),
+                                                          sass.get(m, "tool_error"))
         verdicts[m] = bucket
         for b in buckets:
             if m in buckets[b]:
@@ -297,7 +303,8 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     updates["selected_methods"] = list(dict.fromkeys([*state.get("selected_methods", []), *methods]))
     if is_better:
         updates.update(best_file=str(it / f"kernel{src.suffix}"), best_metric_ms=champion["median_ms"],
-                       best_ncu_rep=str(it / "kernel.ncu-rep"), best_gpu_uuid=champion.get("gpu_uuid"))
+                       best_ncu_rep=str(it / "kernel.ncu-rep"), best_gpu_uuid=champion.get("gpu_uuid"),
+                       best_sass=dict(champion.get("sass_digest") or {}))
     # a close re-run after a crash between this write and the next iteration's opening replaces its own entries
     state["history"] = [h for h in state.get("history", []) if h.get("iter") != i]
     state["frontier"] = [f for f in state.get("frontier", []) if f.get("iter") != i]
@@ -307,6 +314,7 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
         "iter": i, "champion": champion["branch"], "champion_ms": champion["median_ms"], "improved": is_better,
         "previous_best_ms": best, "methods": methods, "verdicts": verdicts, "attribution": dict(attr),
         "sass": dict(sass), "roofline": dict(champion_roofline or {}),
+        "same_sass_as_best": champion.get("same_sass_as_best"),
         "decision_gpu": (decision or {}).get("gpu_uuid")}]
     updates["verified_iterations"] = len(updates["history"])
     updates["last_verified_iter"] = i

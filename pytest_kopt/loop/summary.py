@@ -15,9 +15,12 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     best = state.get("best_metric_ms")
     status = state.get("run_status")
     if base and best:
+        best_file = str(state.get("best_file") or "")
+        if best_file.startswith(str(run_dir)):
+            best_file = str(Path(best_file).relative_to(run_dir))
         lines.append(f"**Headline:** {base:.4f} ms → {best:.4f} ms, **{base / best:.2f}x** over the baseline "
-                     f"(`{Path(state['best_file']).relative_to(run_dir) if str(state['best_file']).startswith(str(run_dir)) else state['best_file']}`), "
-                     f"{state.get('verified_iterations', 0)} verified iteration(s); run {status}.")
+                     f"(best kernel `{best_file}`), {state.get('verified_iterations', 0)} verified iteration(s); "
+                     f"run {status}.")
     else:
         lines.append(f"**Run {status}.** Baseline {'%.4f ms' % base if base else 'not timed'}.")
     if state.get("stop_reason"):
@@ -39,6 +42,8 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     for h in state.get("history", []):
         ms = ", ".join(f"{m} ({h['verdicts'].get(m)}, {g((h['attribution'].get(m) or {}).get('attribution_pct'))})"
                        for m in h["methods"])
+        if h.get("same_sass_as_best"):
+            ms += "; the champion's SASS is the best kernel's: no instruction changed"
         lines.append(f"| {h['iter']} | {h['champion']} | {h['champion_ms']:.4f} | {h['improved']} | {ms} |")
     lines += ["", "## Methods", ""]
     for b in ("effective", "ineffective", "implementation_failed", "unverified"):
