@@ -67,6 +67,7 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return []
     out = []
@@ -77,7 +78,8 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         xs = [0] + [h["iter"] for h in hist]
         ax.plot(xs, [1.0] + [base / h["champion_ms"] for h in hist], "o-")
         ax.set_xlabel("iteration")
-        ax.set_ylabel("speedup over baseline (x)")
+        ax.set_ylabel("champion's speedup over baseline (x)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(run_dir / "speedup.png", dpi=100)
@@ -91,6 +93,7 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         ax.set_xlabel("iteration (profile of the best going in)")
         ax.set_ylabel("gap")
         ax.set_ylim(0, 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
