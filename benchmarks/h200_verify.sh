@@ -84,7 +84,7 @@ PY
     fidelity)
       left=$(( 580 - ($(date +%s) - T0) ))
       [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
-      wall fidelity $? $t0; tail -10 "$OUT/fidelity.log" 2>/dev/null ;;
+      wall fidelity $? $t0; tail -20 "$OUT/fidelity.log" 2>/dev/null ;;
     formats)
       K="-p no:randomly -p no:cacheprovider"
       timeout 200 python3 -m pytest $K --kopt-baseline examples/matmul_autotune/matmul.py \

@@ -4,7 +4,9 @@ Kernels from about 5 µs to 10 ms (torch add at 64 K..128 M floats, fp32 matmul 
 For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by ncu), kopt's
 median (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop), the same in graph mode
 (--kopt-timing graph) and do_bench's median, each
-repeated 5 times; prints one table: medians, ratio to ncu, run-to-run spread ((max-min)/median of the 5 medians).
+repeated 5 times; prints two tables: medians, ratio to ncu and run-to-run spread ((max-min)/median of the 5
+medians); then the kernel-only CUPTI median the timing gate reports (its spread over the 5 runs) and every other
+figure over it.
 
 Usage (GPU machine): python3 benchmarks/timing_fidelity.py [--out DIR]
 """
@@ -78,9 +80,11 @@ def ncu_medians(out: Path) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in by.items()}
 
 
-def kopt_median(torch, kind: str, n: int, method: str = "events") -> float:
-    """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph)."""
-    from pytest_kopt.child.timer import make_timer
+def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None]:
+    """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and the kernel-only
+    median (µs) its timing gate reports beside it: CUPTI activity records of the same calls through torch's profiler
+    (child/timer.kernel_times, as many calls as the gate profiles), None when the profiler gave no records."""
+    from pytest_kopt.child.timer import cupti_calls, kernel_times, make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
 
     free = torch.cuda.mem_get_info()[0]
@@ -96,7 +100,9 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> float:
 
     timer = make_timer(torch, sets, fn, refresh, {**TIMING, "method": method, "graph_calls": GRAPH_CALLS})
     r = timer.result(timer.take())
-    return statistics.median(r["event_ms"]) * 1e3
+    med_ms = statistics.median(r["event_ms"])
+    cupti = kernel_times(timer, cupti_calls(med_ms)) if method == "events" else {}
+    return med_ms * 1e3, cupti.get("median_us")
 
 
 def main() -> None:
@@ -115,9 +121,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ncu = ncu_medians(out)
     rows = []
+    spread = lambda xs: 100 * (max(xs) - min(xs)) / statistics.median(xs) if xs else None  # noqa: E731
     for name, kind, n in CASES:
-        kopt = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
-        graph = [kopt_median(torch, kind, n, "graph") for _ in range(REPEATS)]
+        runs = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
+        kopt = [e for e, _ in runs]
+        cupti = [c for _, c in runs if c is not None]
+        graph = [kopt_median(torch, kind, n, "graph")[0] for _ in range(REPEATS)]
         d, fn = make(torch, kind, n, 2)
         db = [do_bench(lambda: fn(d), return_mode="median") * 1e3 for _ in range(REPEATS)]
         ref = ncu.get(name)
@@ -127,17 +136,31 @@ def main() -> None:
                      "graph_us": statistics.median(graph),
                      "graph_ratio": statistics.median(graph) / ref if ref else None,
                      "graph_spread_pct": 100 * (max(graph) - min(graph)) / statistics.median(graph),
-                     "do_bench_ratio": b / ref if ref else None, "do_bench_spread_pct": 100 * (max(db) - min(db)) / b})
+                     "do_bench_ratio": b / ref if ref else None, "do_bench_spread_pct": 100 * (max(db) - min(db)) / b,
+                     "cupti_us": statistics.median(cupti) if cupti else None, "cupti_runs": len(cupti),
+                     "cupti_spread_pct": spread(cupti),
+                     "events_over_cupti": k / statistics.median(cupti) if cupti else None,
+                     "ncu_over_cupti": ref / statistics.median(cupti) if cupti and ref else None})
     (out / "timing_fidelity.json").write_text(json.dumps(rows, indent=1))
     head = (f"{'case':<10} {'ncu µs':>9} {'kopt µs':>9} {'kopt/ncu':>8} {'spread':>7} {'graph µs':>9} {'gr/ncu':>7} "
             f"{'spread':>7} {'do_bench':>9} {'db/ncu':>7} {'spread':>7}")
     print(head)
+    f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
     for r in rows:
-        f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
         print(f"{r['case']:<10} {f(r['ncu_us'], 1):>9} {f(r['kopt_us'], 1):>9} {f(r['kopt_ratio']):>8} "
               f"{f(r['kopt_spread_pct'], 1):>6}% {f(r['graph_us'], 1):>9} {f(r['graph_ratio']):>7} "
               f"{f(r['graph_spread_pct'], 1):>6}% {f(r['do_bench_us'], 1):>9} {f(r['do_bench_ratio']):>7} "
               f"{f(r['do_bench_spread_pct'], 1):>6}%")
+    # the GPU's own kernel records (the gate's kernel-only figure), against which the others are read
+    print()
+    print(f"{'case':<10} {'CUPTI µs':>9} {'spread':>7} {'runs':>5} {'events/CUPTI':>13} {'ncu/CUPTI':>10} "
+          f"{'graph/CUPTI':>12} {'do_bench/CUPTI':>15}")
+    for r in rows:
+        c = r["cupti_us"]
+        rel = lambda v: None if v is None or not c else v / c  # noqa: E731
+        print(f"{r['case']:<10} {f(c, 2):>9} {f(r['cupti_spread_pct'], 1):>6}% {r['cupti_runs']:>5} "
+              f"{f(r['events_over_cupti']):>13} {f(r['ncu_over_cupti']):>10} {f(rel(r['graph_us'])):>12} "
+              f"{f(rel(r['do_bench_us'])):>15}")
 
 
 if __name__ == "__main__":

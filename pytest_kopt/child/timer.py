@@ -440,6 +440,13 @@ def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
     return segments
 
 
+def cupti_calls(median_ms: float) -> int:
+    """How many calls :func:`kernel_times` profiles for a kernel whose event median is ``median_ms`` (ms): about
+    0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50), so the profile costs at
+    most about 1.3 s per timing item."""
+    return max(5, min(50, int(300.0 / max(median_ms, 1e-3))))
+
+
 def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
     """Kernel-only time of one call from the GPU's own records (CUPTI activity records through torch's profiler,
     Kineto): ``calls`` calls, each after the L2 flush; per call the span from its first kernel's start to its last

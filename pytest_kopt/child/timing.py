@@ -10,7 +10,7 @@ from . import HarnessError
 from .inputs import Inputs, check_spec
 from .kernels import Candidate
 from .formats import load_reference
-from .timer import GraphTimer, Timer, kernel_times, make_timer
+from .timer import GraphTimer, Timer, cupti_calls, kernel_times, make_timer
 from .transfer import to_numpy
 
 #: Timers of parties timed in alternating rounds, kept in a warm harness process between requests (round key ->
@@ -101,9 +101,8 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             got: dict[str, Any] = {}
             # kernel-only time from the GPU's own records, beside the events (a candidate changing its in-place
             # outputs is profiled on them as they are: only its time is read)
-            # about 0.3 s of calls (5 to 50): a 25 ms kernel gets 12, not 50 (1.3 s per timing item)
             med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
-            calls = max(5, min(50, int(300.0 / max(med_ms, 1e-3))))
+            calls = cupti_calls(med_ms)
             cupti = kernel_times(timer, calls) if req.get("mode") == "timing" else None
             cand.inputs = last  # the profiled calls went over every set: the check call is on the saved one
             if inout:
