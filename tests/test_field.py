@@ -414,6 +414,22 @@ def test_the_sessions_own_processes_are_not_other_load_on_the_gpu(monkeypatch: p
         grandchild.kill()
 
 
+def test_cupti_records_split_into_calls_by_when_the_host_launched_them() -> None:
+    """A call whose kernel is the flush's own (torch.sum: the H200's fidelity run read sum_4M as 'no kernel of the
+    call was recorded', every one taken for a flush) is still one call per flush; a side-stream kernel that runs
+    during the next flush stays its call's; a record without a launch is counted, never placed."""
+    from pytest_kopt.child.timer import calls_by_launch
+
+    windows = [(0.0, 5.0), (10.0, 15.0), (20.0, 25.0)]  # host time of each flush's range
+    launches = {1: 1.0, 2: 6.0, 3: 11.0, 4: 16.0, 5: 17.0, 6: 21.0, 7: -3.0}
+    records = [(100, 140, "reduce_kernel", 1), (141, 150, "reduce_kernel", 2),  # flush, then a call's torch.sum
+               (150, 190, "reduce_kernel", 3), (191, 200, "reduce_kernel", 4), (195, 230, "side", 5),
+               (230, 270, "reduce_kernel", 6), (0, 1, "setup", 7), (300, 301, "orphan", 99)]
+    segments, unmatched = calls_by_launch(records, launches, windows)
+    assert [[n for _, _, n in seg] for seg in segments] == [["reduce_kernel"], ["reduce_kernel", "side"], []]
+    assert segments[1] == [(191, 200, "reduce_kernel"), (195, 230, "side")] and unmatched == 1
+
+
 def test_cupti_records_split_into_calls_at_each_whole_flush() -> None:
     """The flush (a sum over 2x L2) launches two kernels on an H200; each pair is one boundary, so a call of one
     kernel is one segment of one record (before: every flush read as two boundaries, and each call as an empty one

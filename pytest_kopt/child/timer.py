@@ -12,7 +12,7 @@ import ctypes
 import os
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..stats import should_stop
 
@@ -440,6 +440,38 @@ def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
     return segments
 
 
+#: The profiler range (torch.profiler.record_function) each profiled flush runs in: what was launched inside it is
+#: the flush's, whatever its kernels are named
+FLUSH_RANGE = "kopt::l2_flush"
+
+
+def calls_by_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
+                    flush_windows: list[tuple[float, float]]) -> tuple[list[list[tuple[float, float, str]]], int]:
+    """Split device records into calls by when the host launched them, not by their names (a call that launches
+    the flush's own kernel, a torch.sum, must not read as a flush; a kernel named like the flush must not hide).
+
+    ``records``: (start, end, name, correlation id) per device record; ``launches``: correlation id -> host time
+    of the runtime call that launched it (cudaLaunchKernel, cudaGraphLaunch, cudaMemsetAsync...);
+    ``flush_windows``: (host start, host end) of each flush's range, in order, all times in one clock (µs). A
+    record launched inside a window is the flush's; one launched after window k (and before window k+1) is call
+    k's; one launched before the first window belongs to no call. Returns (one list of (start, end, name) per
+    window, in device start order; the number of records no launch matched)."""
+    import bisect
+
+    starts = [w[0] for w in flush_windows]
+    segments: list[list[tuple[float, float, str]]] = [[] for _ in flush_windows]
+    unmatched = 0
+    for start, end, name, corr in sorted(records):
+        t = launches.get(corr)
+        if t is None:
+            unmatched += 1
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and t > flush_windows[k][1]:
+            segments[k].append((start, end, name))
+    return segments, unmatched
+
+
 def cupti_calls(median_ms: float) -> int:
     """How many calls :func:`kernel_times` profiles for a kernel whose event median is ``median_ms`` (ms): about
     0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50), so the profile costs at
@@ -450,53 +482,74 @@ def cupti_calls(median_ms: float) -> int:
 def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
     """Kernel-only time of one call from the GPU's own records (CUPTI activity records through torch's profiler,
     Kineto): ``calls`` calls, each after the L2 flush; per call the span from its first kernel's start to its last
-    kernel's end, every kernel (and memset/memcpy) it launched on any stream counted, the flush's kernels excluded
-    by name (learned from a profiled flush alone). Returns ``median_us``, ``p10_us``, ``p90_us``, ``calls`` (calls
-    with records), ``empty_calls`` (calls that launched nothing), ``kernels_per_call`` (the distinct counts seen:
-    more than one means the call launches different work from call to call), ``kernels`` (names, first call), or
-    ``{"error": reason}`` when the profiler gave no records (CUPTI can deliver nothing to a second profiler session
-    in one process). The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
-    H200 (measured with this method, 2026-12-01)."""
+    kernel's end, every kernel (and memset/memcpy) it launched on any stream counted. The flush's records are told
+    apart by when the host launched them (:func:`calls_by_launch`, ``"split": "launch"``); where the profiler's
+    records do not link device work to its launches, by the names a profiled flush alone launched (``"split":
+    "names"``, which reads a call that launches the flush's kernel as flushes). Returns ``median_us``, ``p10_us``,
+    ``p90_us``, ``calls`` (calls with records), ``empty_calls`` (calls that launched nothing),
+    ``kernels_per_call`` (the distinct counts seen: more than one means the call launches different work from call
+    to call), ``kernels`` (names, first call), ``split``, or ``{"error": reason}`` when the profiler gave no
+    records (CUPTI can deliver nothing to a second profiler session in one process). The events timing measures
+    launch gaps and the flush's tail as well: about 2 µs more on an H200 (measured with this method,
+    2026-12-01)."""
     torch = timer.torch
     try:
         from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
     except ImportError as exc:  # pragma: no cover - torch without its profiler
         return {"error": f"torch.profiler unavailable: {exc}"}
 
-    def device_events(prof: Any) -> list[tuple[float, float, str]]:
+    def device_records(prof: Any) -> list[tuple[float, float, str, int]]:
         out = []
         for e in prof.events():
-            if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start:
-                out.append((float(e.time_range.start), float(e.time_range.end), str(e.name)))
+            if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start \
+                    and not getattr(e, "is_user_annotation", False) and str(e.name) != FLUSH_RANGE:
+                out.append((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id)))
         return sorted(out)
 
     torch.cuda.synchronize()
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as probe:
+            timer.hold(2 * timer.hold_us)
             timer.flush()
             torch.cuda.synchronize()
-        flush_events = device_events(probe)
-        flush_names = {n for _, _, n in flush_events}
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush_events = device_records(probe)
+        flush_names = {n for _, _, n, _ in flush_events}
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(calls):
-                timer.flush()
+                with record_function(FLUSH_RANGE):
+                    # a GPU spin first, so the call's launches (slower on a host being profiled) queue behind the
+                    # flush and its span holds no launch gap
+                    timer.hold(2 * timer.hold_us)
+                    timer.flush()
                 timer.launch(timer.sets[i % len(timer.sets)])
             torch.cuda.synchronize()
-        events = device_events(prof)
+        records = device_records(prof)
+        host = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CPU]
     except Exception as exc:  # the profiler failed: the event timing stands alone
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    if not flush_names or not events:
+    if not records:
         return {"error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session in "
                          "this process)"}
-    segments = call_segments(events, flush_names, len(flush_events))
+    windows = sorted((float(e.time_range.start), float(e.time_range.end)) for e in host if str(e.name) == FLUSH_RANGE)
+    # the runtime and driver calls that launch device work (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch,
+    # cudaMemcpyAsync...), by the correlation id CUPTI gives both them and their device records
+    launches = {int(e.id): float(e.time_range.start) for e in host if str(e.name).startswith("cu")}
+    segments, unmatched = calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
+    split = "launch"
+    if unmatched:  # records not linked to launches: the names of a flush alone mark the boundaries
+        if not flush_names:
+            return {"error": f"{unmatched} of {len(records)} device records have no launch, and a flush alone "
+                             "gave no records to tell the flush by"}
+        segments = call_segments([(a, b, n) for a, b, n, _ in records], flush_names, len(flush_events))
+        split = "names"
     spans = [max(e for _, e, _ in seg) - min(s for s, _, _ in seg) for seg in segments if seg]
     if not spans:
         return {"error": "no kernel of the call was recorded between the flushes", "calls": 0,
-                "empty_calls": len(segments)}
+                "empty_calls": len(segments), "split": split}
     spans.sort()
     q = lambda f: spans[min(len(spans) - 1, int(f * (len(spans) - 1)))]  # noqa: E731
     return {"median_us": statistics.median(spans), "p10_us": q(0.1), "p90_us": q(0.9), "calls": len(spans),
             "empty_calls": sum(1 for seg in segments if not seg),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
-            "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
+            "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else [], "split": split}
