@@ -539,8 +539,9 @@ def test_kernel_time_counts_a_call_that_launches_the_flushs_own_kernel(pytester:
                             "n=4194304", "--kopt-seeds", "1", "-k", "correctness or timing")
     assert items["k.py::timing"]["status"] == "PASSED", items["k.py::timing"]
     kt = json.loads(next(pytester.path.glob(".kopt/**/k.py/bench.json")).read_text())["kernel_time"]
-    assert kt["split"] == "launch" and kt["kernels_per_call"] == [2] and kt["empty_calls"] == 0, kt
-    assert any("reduce" in name for name in kt["kernels"]) and kt["median_us"] > 0, kt
+    # the sum, the multiply and the harness's copy of the returned tensor into the output buffer: 3 on an H200
+    assert kt["split"] == "launch" and len(kt["kernels_per_call"]) == 1 and kt["kernels_per_call"][0] >= 2, kt
+    assert any("reduce" in name for name in kt["kernels"]) and kt["empty_calls"] == 0 and kt["median_us"] > 0, kt
 
 
 def test_kernelbench_sizes_are_set_by_dims_named_like_its_globals(pytester: pytest.Pytester) -> None:

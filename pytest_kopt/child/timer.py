@@ -443,6 +443,9 @@ def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
 #: The profiler range (torch.profiler.record_function) each profiled flush runs in: what was launched inside it is
 #: the flush's, whatever its kernels are named
 FLUSH_RANGE = "kopt::l2_flush"
+#: µs of GPU spin before each profiled flush (inside its range, so never counted): time for the host to queue the
+#: call's launches while the profiler slows it
+KERNEL_TIMES_HOLD_US = 1000.0
 
 
 def calls_by_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
@@ -510,7 +513,7 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
     torch.cuda.synchronize()
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as probe:
-            timer.hold(2 * timer.hold_us)
+            timer.hold(max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US))
             timer.flush()
             torch.cuda.synchronize()
         flush_events = device_records(probe)
@@ -518,9 +521,10 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(calls):
                 with record_function(FLUSH_RANGE):
-                    # a GPU spin first, so the call's launches (slower on a host being profiled) queue behind the
-                    # flush and its span holds no launch gap
-                    timer.hold(2 * timer.hold_us)
+                    # a GPU spin first, so the call's launches queue behind the flush and its span holds no
+                    # launch gap: the host runs slower while it is profiled (a 2-kernel torch.sum read 12.1 µs
+                    # behind a 2x hold_us spin, 9.2 µs without CPU records, H200); 1 ms is 50 ms for 50 calls
+                    timer.hold(max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US))
                     timer.flush()
                 timer.launch(timer.sets[i % len(timer.sets)])
             torch.cuda.synchronize()
