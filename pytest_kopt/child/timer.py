@@ -202,6 +202,9 @@ class Timer:
         self.k = 0
         #: what a non-final round reports besides the samples (the candidate's input spec, for the reference)
         self.info: dict[str, Any] = {}
+        #: where this party's wall time went (s): ``prepare`` (load, first call, input sets, warmup: set by the
+        #: caller), ``sampling``, ``side_stream_probe``, and what the mode adds (``cupti``, ``check_call``)
+        self.phase_s: dict[str, float] = {}
 
     def flush(self) -> None:
         """Queue the L2 flush (a read of 2x the L2 size)."""
@@ -258,6 +261,7 @@ class Timer:
         see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync."""
         torch = self.torch
         host_ms: list[float] = []
+        t0 = time.perf_counter()
         for j in range(30):
             s = self.sets[j % len(self.sets)]
             torch.cuda.synchronize()
@@ -265,12 +269,14 @@ class Timer:
             self.launch(s)
             torch.cuda.synchronize()
             host_ms.append((time.perf_counter() - h0) * 1e3)
+        self.phase_s.update(sampling=self.elapsed_s, side_stream_probe=time.perf_counter() - t0)
         return {"event_ms": self.event_ms, "host_ms": host_ms, "host_overhead_ms": self.host_overhead_ms,
                 "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
                 "launch_host_us": self.launch_host_us or None, "gpu_processes": self.clocks.other_processes(),
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
                 "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
-                "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method}
+                "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method,
+                "phase_s": self.phase_s}
 
 
 class EventsTimer(Timer):

@@ -4,6 +4,7 @@ alternating rounds (the timer kept in this process between rounds), and the GPU'
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable
 
 from . import HarnessError
@@ -47,11 +48,15 @@ def timed(req: dict[str, Any], prepare: Callable[[], tuple[Timer, Callable[[dict
     taken so far and the stop reason."""
     rnd = req.get("round")
     if rnd is None:
+        t0 = time.perf_counter()
         timer, finish = prepare()
+        timer.phase_s["prepare"] = time.perf_counter() - t0
         return finish(timer.result(timer.take()))
     if rnd["key"] not in _ROUNDS:
         _ROUNDS.clear()  # one interleaved measurement at a time: drop what an aborted one left
+        t0 = time.perf_counter()
         _ROUNDS[rnd["key"]] = prepare()
+        _ROUNDS[rnd["key"]][0].phase_s["prepare"] = time.perf_counter() - t0
     timer, finish = _ROUNDS[rnd["key"]]
     reason = timer.take(int(rnd["count"]))
     if not rnd.get("final"):
@@ -103,7 +108,10 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             # outputs is profiled on them as they are: only its time is read)
             med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
             calls = cupti_calls(med_ms)
+            t0 = time.perf_counter()
             cupti = kernel_times(timer, calls) if req.get("mode") == "timing" else None
+            timer.phase_s["cupti"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             cand.inputs = last  # the profiled calls went over every set: the check call is on the saved one
             if inout:
                 refresh(last, -1)
@@ -118,6 +126,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             # the check call rewrote the outputs from the saved inputs; a stale timed output shows up too
             arrays.update({f"cand1__{n}": to_numpy(torch, t) for n, t in cand.results(got).items()})
             np.savez(req["out"] + ".npz", **arrays)
+            timer.phase_s["check_call"] = time.perf_counter() - t0
             workload = None
             if callable(getattr(cand.ref, "workload_model", None)):
                 try:
@@ -128,7 +137,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
                     "returned": sorted(got), "cupti": cupti,
                     "scalars": _scalars(cand.inputs), "gpu": torch.cuda.get_device_name(0),
-                    "gpu_uuid": device_uuid(torch)}
+                    "gpu_uuid": device_uuid(torch), "phase_s": timer.phase_s}
 
         timer.info = {"spec": cand.inputs.spec, "scalars": _scalars(cand.inputs)}
         return timer, finish

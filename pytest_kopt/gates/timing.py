@@ -234,15 +234,21 @@ def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any
 
 def _measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
                                                          dict[str, Any] | None, Any]:
-    """One measurement: (the candidate's result, the reference's, the PR baseline's, the timed-output verdict)."""
+    """One measurement: (the candidate's result, the reference's, the PR baseline's, the timed-output verdict).
+    The candidate's result gains ``gate_phase_s``: the wall seconds of the measurement and of the output check, as
+    the pytest process saw them (lock waits included)."""
     ref_result: dict[str, Any] | None = None
     base_result: dict[str, Any] | None = None
+    t0 = time.perf_counter()
     if ctx.settings.fresh_process:
         result = ctx.pool.run(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                               path=ctx.display, workdir=ctx.work, lock=ctx.gpu_lock())
     else:
         result, ref_result, base_result = interleaved(ctx, req)
-    return result, ref_result, base_result, _timed_output_check(ctx, req, result)
+    t1 = time.perf_counter()
+    verdict = _timed_output_check(ctx, req, result)
+    result["gate_phase_s"] = {"measure": round(t1 - t0, 3), "output_check": round(time.perf_counter() - t1, 3)}
+    return result, ref_result, base_result, verdict
 
 
 #: Share of samples whose launch call took longer on the host than the stream hold, from which the host's own time
@@ -361,7 +367,9 @@ def shapes_summary(ctx: Context) -> dict[str, Any]:
 
 
 def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
+    t_peaks = time.perf_counter()
     peaks = device_peaks(ctx)
+    t_peaks = time.perf_counter() - t_peaks
     req = harness_request(ctx, "timing", device, ctx.settings.seeds[0], res, timing=timing_policy(ctx))
     result, ref_result, base_result, verdict = _measure(ctx, req)
     first_attempt: dict[str, Any] | None = None
@@ -463,6 +471,11 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
              # the kernels' own execution span from CUPTI activity records (child/timer.kernel_times), beside the
              # event time above, which also holds launch gaps and the flush's tail
              "kernel_time": {"method": "cupti", **cupti} if cupti else None}
+    # where the item's wall time went (s): the GPU's peaks (cached after the first session), the measurement and
+    # the output check as this process saw them, and each timed process's own phases
+    bench["phase_s"] = {"peaks": round(t_peaks, 3), **result.get("gate_phase_s", {}),
+                        "candidate": {k: round(v, 3) for k, v in (result.get("phase_s") or {}).items()},
+                        "reference": {k: round(v, 3) for k, v in (ref_result.get("phase_s") or {}).items()}}
     if first_attempt is not None:  # an unstable first measurement, its causes and what was done about them
         bench["first_attempt"] = first_attempt
     if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
