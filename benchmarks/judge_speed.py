@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from pytest_kopt.gates.verdict import compare, judge
+from pytest_kopt.child.verdict import compare, judge
 
 
 def median_s(fn, runs: int = 7) -> float:

@@ -1,4 +1,4 @@
-"""Tests for pytest_kopt.gates.verdict: |out - ref| <= atol + rtol*|ref| on small hand-made arrays."""
+"""Tests for pytest_kopt.child.verdict: |out - ref| <= atol + rtol*|ref| on small hand-made arrays."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_kopt.gates.verdict import Comparison, compare
+from pytest_kopt.child.verdict import Comparison, compare
 
 
 def test_identical_arrays_pass():
@@ -192,7 +192,7 @@ def test_finite_blocks_in_scratch_buffers_agree_with_the_general_path(monkeypatc
     """Blocks of 1000 (most finite, taking the scratch-buffer path; one holding NaN and Inf) give the figures of one
     block through the general path: counts, maxima, the first bad indices in element order (planted in the last,
     partial block and in the first ones)."""
-    from pytest_kopt.gates import verdict
+    from pytest_kopt.child import verdict
 
     rng = np.random.default_rng(3)
     ref = rng.standard_normal(10_500).astype(np.float32)

@@ -162,17 +162,18 @@ def test_the_plan_reports_the_estimate(pytester: pytest.Pytester) -> None:
 
 
 def test_memory_estimate_counts_every_copy() -> None:
-    """The estimate's parts (bytes): 2 sets + the inputs for the candidate, 1 set + 2 x inputs for the reference,
-    the rotating sets + the L2 flush for timing, 8 x outputs on the host."""
+    """The estimate's parts (bytes): 2 sets + the inputs + the four calls' kept outputs for the candidate; for the
+    judge 1 set + 2 x inputs + both sides' four outputs + the fast path's float64 blocks, beside the candidate's
+    kept outputs; the rotating sets + the L2 flush for timing; 8 x outputs on the host."""
     spec = [{"name": "x", "role": "input", "shape": [1024], "dtype": "float32"},
             {"name": "y", "role": "output", "shape": [512], "dtype": "float16"}]
     est = memory_estimate(spec, l2_bytes=1000, rotating_fraction=0.25, free_bytes=10_000)
     assert (est["set_bytes"], est["input_bytes"], est["output_bytes"]) == (5120, 4096, 1024)
-    assert est["candidate_bytes"] == 2 * 5120 + 4096 + CONTEXT_BYTES
-    assert est["reference_bytes"] == 5120 + 2 * 4096 + CONTEXT_BYTES
+    assert est["candidate_bytes"] == 2 * 5120 + 4096 + 4 * 1024 + CONTEXT_BYTES
+    assert est["reference_bytes"] == 5120 + 2 * 4096 + 8 * 1024 + 6 * 8 * 1024 + CONTEXT_BYTES
     assert est["timing_bytes"] == 1 * 5120 + 2000 + CONTEXT_BYTES
-    assert est["host_bytes"] == 8 * 1024 and est["device_bytes"] == max(est["candidate_bytes"],
-                                                                       est["timing_bytes"])
+    assert est["host_bytes"] == 8 * 1024
+    assert est["device_bytes"] == est["reference_bytes"] + 4 * 1024 > est["candidate_bytes"]
 
 
 def test_nan_policy_catches_an_output_left_unwritten_where_the_reference_is_nan(pytester: pytest.Pytester) -> None:

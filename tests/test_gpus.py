@@ -120,8 +120,10 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
     remote = _node("gw5", popen=None)
     ctl.pytest_configure_node(remote)
     assert remote.workerinput.get("kopt_detect_here") is True and "kopt_gpu" not in remote.workerinput
-    # every worker, on this host or another, writes into the controller's outdir
+    # every worker, on this host or another, writes into the controller's outdir, and signs and verifies the
+    # correctness records with the controller's key
     assert {n.workerinput["kopt_outdir"] for n in [*nodes, again, remote]} == {"/shared/.kopt"}
+    assert {kopt_xdist.worker_trust(n.workerinput).hex() for n in [*nodes, again, remote]} == {state.trust.hex()}
 
 
 def test_a_worker_takes_the_gpu_the_controller_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,11 @@
-"""Tests for pytest_kopt.gates.verdict: each guard's status from hand-built arrays, figures, and tolerance warnings."""
+"""Tests for pytest_kopt.child.verdict: each guard's status from hand-built arrays, figures, and tolerance warnings."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pytest_kopt.gates.verdict import Verdict, judge, tolerance_scale
+from pytest_kopt.child.verdict import Verdict, judge, tolerance_scale
 
 NO_NONFINITE = {"nan_out": 0, "inf_out": 0, "nan_ref": 0, "inf_ref": 0}
 TOLS = {"y": (1e-3, 1e-3)}
@@ -338,7 +338,7 @@ def test_a_near_miss_says_to_check_the_tolerance_before_the_kernel() -> None:
     the output's own size) gets no such hint."""
     import numpy as np
 
-    from pytest_kopt.gates.verdict import compare
+    from pytest_kopt.child.verdict import compare
 
     ref = np.linspace(-15, 15, 4096).astype(np.float32)
     out = ref.copy()
@@ -355,7 +355,7 @@ def test_a_near_miss_says_to_check_the_tolerance_before_the_kernel() -> None:
 def test_a_complex_output_is_compared_with_its_imaginary_part() -> None:
     """A returned complex tensor is judged by the modulus of the difference, never by its real part alone: a wrong
     imaginary part fails (float64 arithmetic would drop it and pass), NaN blocks and finite blocks alike."""
-    from pytest_kopt.gates.verdict import compare
+    from pytest_kopt.child.verdict import compare
 
     ref = np.array([1.0, 2.0, 3.0], dtype=np.float32)
     out = np.array([1 + 5j, 2, 3], dtype=np.complex64)
@@ -386,28 +386,35 @@ def test_a_tolerance_the_reference_computes_must_be_finite_and_non_negative(valu
 
 def test_a_call_equal_to_its_twin_is_not_saved_and_reads_as_its_twin(tmp_path) -> None:
     """The candidate's process leaves out cand2 equal to cand1 and candC equal to candB (NaN never counts as
-    equal, so an element left unwritten keeps both); the pytest side reads the twin's values under the left-out
-    name, and honours no other alias (an alias to another output, to a reference array, or over a saved name)."""
-    from pytest_kopt.child.transfer import repeats
-    from pytest_kopt.gates.correctness import LazyArrays
+    equal, so an element left unwritten keeps both); the judge reads the twin's values under the left-out name,
+    and honours no other alias (an alias to another output, to a reference array, or over a saved name)."""
+    import torch
+
+    from pytest_kopt.child.correctness import Keeper, candidate_arrays
 
     a = np.arange(6, dtype=np.float32)
     nan = a.copy()
     nan[2] = np.nan
-    arrays = {"cand1__y": a, "cand2__y": a.copy(), "candB__y": a + 1, "candC__y": a + 2,
-              "cand1__z": nan, "cand2__z": nan.copy(), "candB__z": a.astype(np.float64), "candC__z": a}
-    same = repeats(arrays)
-    assert same == {"cand2__y": "cand1__y"}  # candC__y differs, NaN in z, candC__z's dtype differs from candB__z's
-    np.savez(tmp_path / "c.npz", **{k: v for k, v in arrays.items() if k not in same})
-    np.savez(tmp_path / "r.npz", ref__y=a)
-    with np.load(tmp_path / "c.npz") as c, np.load(tmp_path / "r.npz") as r:
-        bogus = {**same, "cand2__z": "cand1__y", "candC__y": "ref__y", "cand1__y": "cand2__y", "x": 1}
-        lazy = LazyArrays(c, r, same_as=bogus)
-        assert "cand2__y" in lazy and np.array_equal(lazy["cand2__y"], a)
-        assert np.array_equal(lazy["candC__y"], a + 2) and np.array_equal(lazy["cand2__z"], nan, equal_nan=True)
-        assert len(lazy) == 9 and sorted(lazy) == sorted([*arrays, "ref__y"])
-        for odd in (["cand2__y"], "cand2__y", 7, None):  # a result the kernel rewrote: no alias, never a crash
-            assert "cand2__y" not in LazyArrays(c, r, same_as=odd)
-        v = judge(["y"], {**LazyArrays(c, r, same_as=same), "refB__y": a + 1}, {"y": (1e-3, 1e-3)},
-                  check_tolerance=False)
+    t = torch.from_numpy
+    keep = Keeper(torch, "cpu")
+    keep.add("cand1", {"y": t(a), "z": t(nan)})
+    keep.add("cand2", {"y": t(a.copy()), "z": t(nan.copy())})
+    keep.add("candB", {"y": t(a + 1), "z": t(a.astype(np.float64))})
+    keep.add("candC", {"y": t(a + 2), "z": t(a)})
+    # candC__y differs, NaN in z, candC__z's dtype differs from candB__z's
+    assert keep.same_as == {"cand2__y": "cand1__y"}
+    shared = keep.result(str(tmp_path / "c"), {})
+    assert shared["transport"] == "npz" and shared["arrays"] == {}
+    with np.load(shared["npz"]) as z:
+        assert sorted(z.files) == ["cand1__y", "cand1__z", "cand2__z", "candB__y", "candB__z", "candC__y", "candC__z"]
+    bogus = {**keep.same_as, "cand2__z": "cand1__y", "candC__y": "ref__y", "cand1__y": "cand2__y", "x": 1}
+    got, why = candidate_arrays(torch, {"cand": {"npz": shared["npz"], "same_as": bogus}}, "cpu")
+    assert why is None and sorted(got) == sorted(["cand1__y", "cand2__y", "candB__y", "candC__y", "cand1__z",
+                                                  "cand2__z", "candB__z", "candC__z"])
+    assert np.array_equal(got["cand2__y"], a) and np.array_equal(got["candC__y"], a + 2)
+    assert np.array_equal(got["cand2__z"], nan, equal_nan=True)
+    for odd in (["cand2__y"], "cand2__y", 7, None):  # a result the kernel rewrote: no alias, never a crash
+        got_odd, _ = candidate_arrays(torch, {"cand": {"npz": shared["npz"], "same_as": odd}}, "cpu")
+        assert "cand2__y" not in got_odd
+    v = judge(["y"], {**got, "ref__y": a, "refB__y": a + 1}, {"y": (1e-3, 1e-3)}, check_tolerance=False)
     assert v.ok, v.message

@@ -19,7 +19,7 @@ The contract, in one place:
   reference), ``round`` (one round of an interleaved timing), ``inputs_npz``, ``setup_npz``.
 - Result: ``<out>.json`` with ``ok`` true and the mode's figures, or ``ok`` false with ``category``
   (``contract``, ``compile`` or ``runtime``), ``message``, ``fix`` (or None) and ``traceback``; arrays go to
-  ``<out>.npz`` with keys ``<tag>__<buffer>`` (see :mod:`pytest_kopt.gates.verdict`), and the reference's modes
+  ``<out>.npz`` with keys ``<tag>__<buffer>`` (see :mod:`pytest_kopt.child.verdict`), and the reference's modes
   put the SHA-256 of that file's bytes in their result (``npz_sha``).
 - After a failed request a warm process ends: a CUDA error can leave its context unusable.
 """

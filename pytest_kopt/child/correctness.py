@@ -1,17 +1,20 @@
-"""Correctness requests in a harness process: the candidate's four calls, the reference's outputs (in its own
-process), and the reference on a timed call's inputs. Arrays only: the verdict is the pytest process's."""
+"""Correctness requests in a harness process: the candidate's four calls (its outputs kept for the judge), and the
+judge in the reference's own process: the reference's outputs, the verdict on the candidate's arrays, and the
+reference on a timed call's inputs. Only verdict figures go back to the pytest process."""
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Iterator, NamedTuple
 
 from . import HarnessError
 from .inputs import Inputs, check_spec, poison, returned_outputs
 from .kernels import Candidate
 from .formats import GpuModeReference, load_reference
-from .transfer import repeats, save_npz, to_numpy
+from .transfer import REPEATS, to_numpy
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
 DEFAULT_ATOL = 1e-3
@@ -36,11 +39,6 @@ def guards(torch: Any, inp: Inputs, ptrs: dict[str, int], pristine: dict[str, An
     return found
 
 
-def _host(torch: Any, outs: dict[str, Any], tag: str, arrays: dict[str, Any]) -> None:
-    for name, t in outs.items():
-        arrays[f"{tag}__{name}"] = to_numpy(torch, t)
-
-
 def _spoil(torch: Any, got: dict[str, Any], inp: Inputs | None = None) -> None:
     """Poison the memory of tensors a call returned once they are copied to the host, so that a later call's
     ``torch.empty`` that lands on it (the caching allocator reuses freed blocks) cannot inherit a right answer.
@@ -63,22 +61,86 @@ def data_outputs(adapter: Any, got: dict[str, Any]) -> set[int]:
     return {t.data_ptr() for t in got.values() if getattr(t, "numel", lambda: 0)()}
 
 
+class Keeper:
+    """The candidate's outputs of each call, kept for the judge in the reference's process. On a GPU each is copied
+    into an allocation of its own and exported by CUDA IPC (:mod:`pytest_kopt.child.share`); on the CPU, or where
+    the driver refuses IPC, each is copied to the host for an ``.npz``. An array equal to its twin of
+    :data:`~pytest_kopt.child.transfer.REPEATS` (same dtype, shape and values; NaN never equal) is not kept but named
+    in ``same_as``."""
+
+    def __init__(self, torch: Any, device: str, ipc: bool = True) -> None:
+        self.torch = torch
+        self.ipc = device == "cuda" and ipc
+        #: name -> the kept copy (a device tensor over the exported allocation, or a numpy array)
+        self.kept: dict[str, Any] = {}
+        self.descriptors: dict[str, dict[str, Any]] = {}
+        self.same_as: dict[str, str] = {}
+        #: why IPC was not used on a GPU (the driver's refusal), else None
+        self.note: str | None = None
+
+    def _equal(self, a: Any, b: Any) -> bool:
+        torch = self.torch
+        if isinstance(a, torch.Tensor):
+            return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+        import numpy as np
+
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+
+    def add(self, tag: str, outs: dict[str, Any]) -> None:
+        """Keep one call's outputs as ``<tag>__<name>``."""
+        from . import share
+
+        for name, t in outs.items():
+            key = f"{tag}__{name}"
+            twin = next((earlier + name for later, earlier in REPEATS if key == later + name), None)
+            if self.ipc:
+                try:
+                    if twin in self.kept and self._equal(t, self.kept[twin]):
+                        self.same_as[key] = twin
+                        continue
+                    self.descriptors[key], self.kept[key] = share.export(self.torch, t)
+                    continue
+                except share.ShareError as exc:  # no IPC here: the host copies of an .npz instead
+                    self.note = str(exc)
+                    self.ipc = False
+                    self.kept = {k: to_numpy(self.torch, v) for k, v in self.kept.items()}
+                    self.descriptors = {}
+                    share.release()
+            a = to_numpy(self.torch, t)
+            if twin in self.kept and self._equal(a, self.kept[twin]):
+                self.same_as[key] = twin
+                continue
+            self.kept[key] = a
+
+    def result(self, out: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """What the candidate's result says of the arrays: ``transport`` (``ipc`` or ``npz``), ``arrays`` (IPC
+        descriptors), ``npz`` (the host copies and ``extra``, e.g. a ``setup()``'s integer tensors; None when
+        there is nothing to save), ``same_as``, ``transport_note``."""
+        import numpy as np
+
+        host = {**(self.kept if not self.ipc else {}), **extra}
+        npz = None
+        if host:
+            npz = out + ".npz"
+            np.savez(npz, **host)
+        return {"transport": "ipc" if self.ipc else "npz", "arrays": self.descriptors, "npz": npz,
+                "same_as": self.same_as, "transport_note": self.note}
+
+
 def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
     """Correctness, candidate side. Inputs set A: call 1 and call 2 (outputs poisoned with NaN, then with
     :data:`~pytest_kopt.child.inputs.SECOND_POISON`, so an element left unwritten shows; in-place outputs get set A's
     values again); set B (new values written into the same input buffers, so a result cached by pointer shows):
     call 3; set B again in new buffers: call 4. Returned outputs are taken from each call's return value and their
-    memory poisoned after the copy. Saves ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays (one equal to its
-    twin of :data:`~pytest_kopt.child.transfer.REPEATS` is left out and named in ``same_as``) and reports the
+    memory poisoned after the copy. Keeps ``cand1__``, ``cand2__``, ``candB__``, ``candC__`` arrays for the judge
+    (:class:`Keeper`: CUDA IPC on a GPU unless ``req["transport"]`` is ``npz``, else an ``.npz``) and reports the
     spec and the returned outputs' names for the reference process (``calls: 1``: the first call only)."""
-    import numpy as np
-
     cand = Candidate(req)
     torch, inp = cand.torch, cand.inputs
     ptrs = {n: t.data_ptr() for n, t in inp.tensors.items()}
     pristine = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
     inout = any(s["role"] == "inout" for s in inp.spec)
-    arrays: dict[str, Any] = {}
+    keep = Keeper(torch, cand.device, ipc=req.get("transport", "ipc") == "ipc")
     t0 = time.perf_counter()
     got = cand.run()
     first_ms = (time.perf_counter() - t0) * 1e3
@@ -87,7 +149,9 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
         return {"spec": inp.spec, "guards": found, "outputs": inp.outputs, "returned": sorted(got)}
     names = sorted(got)
     dtypes = {n: str(t.dtype).replace("torch.", "") for n, t in cand.results(got).items()}
-    _host(torch, cand.results(got), "cand1", arrays)
+    t_keep = time.perf_counter()
+    keep.add("cand1", cand.results(got))
+    keep_s = time.perf_counter() - t_keep
     _spoil(torch, got, inp)
     if req.get("calls", 3) >= 2:
         if inout or getattr(cand.kernel, "fmt", None) == "gpumode":
@@ -96,30 +160,29 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
             inp.fill(req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept)
         inp.poison_outputs(second=True)
         got = cand.run()
-        _host(torch, cand.results(got), "cand2", arrays)
+        keep.add("cand2", cand.results(got))
         _spoil(torch, got, inp)
         inp.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
         got = cand.run()
-        _host(torch, cand.results(got), "candB", arrays)
+        keep.add("candB", cand.results(got))
         _spoil(torch, got, inp)
         # set B's values again, in freshly allocated buffers: tells "cached by address" from "ignores its inputs"
         cand.inputs = Inputs(torch, inp.spec, inp.scalars, cand.device)
         cand.inputs.fill(req["plan"], int(req["seed_b"]), cand.ref, cand.dims, cand.kept)
         got = cand.run()
-        _host(torch, cand.results(got), "candC", arrays)
+        keep.add("candC", cand.results(got))
         cand.inputs = inp
     setup_sha = hashlib.sha256()
+    setup_arrays = {}
     for name, t in sorted(cand.kept.items()):
-        arrays[f"setup__{name}"] = t.numpy()
+        setup_arrays[f"setup__{name}"] = t.numpy()
         setup_sha.update(name.encode() + t.numpy().tobytes())
     t_save = time.perf_counter()
-    same = repeats(arrays)
-    np.savez(req["out"] + ".npz", **{k: a for k, a in arrays.items() if k not in same})
-    return {"save_s": time.perf_counter() - t_save, "same_as": same, "spec": inp.spec,
+    shared = keep.result(req["out"], setup_arrays)
+    return {"save_s": keep_s + time.perf_counter() - t_save, **shared, "spec": inp.spec,
             "setup_sha": setup_sha.hexdigest(),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
-            "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes, "first_call_ms": first_ms,
-            "npz": req["out"] + ".npz"}
+            "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes, "first_call_ms": first_ms}
 
 
 def reference_results(torch: Any, ref: Any, inp: Inputs, req: dict[str, Any]) -> dict[str, Any]:
@@ -171,24 +234,75 @@ def reference_results(torch: Any, ref: Any, inp: Inputs, req: dict[str, Any]) ->
     return out
 
 
-def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
-    """Correctness, reference side, in its own process (the candidate can neither see nor patch it): the same
-    inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A and set B, and on set A with
-    float inputs rounded to bf16 and fp16 (for the tolerance sanity check). Saves ``ref__``, ``refB__``,
-    ``low_bf16__``, ``low_fp16__`` arrays."""
+def _setup_arrays(torch: Any, req: dict[str, Any], device: str) -> dict[str, Any]:
+    """The integer tensors a candidate's ``setup()`` chose (``setup__`` members of its ``.npz``), on ``device``."""
     import numpy as np
-    import torch
 
-    ref = load_reference(req["ref"], req.get("seed"))
-    if not callable(getattr(ref, "reference", None)):
-        raise HarnessError("contract", f"{req['ref']}: reference is not a function")
+    if not req.get("setup_npz"):
+        return {}
+    with np.load(req["setup_npz"]) as data:
+        return {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device) for k in data.files
+                if k.startswith("setup__")}
+
+
+class RefEntry(NamedTuple):
+    """The reference's outputs for one case, kept in its process: ``arrays`` (``ref__``/``refB__`` tensors on the
+    case's device), ``tolerances`` per output (:func:`tolerances`), the tolerance-sanity ``warnings``, ``nbytes``."""
+
+    arrays: dict[str, Any]
+    tolerances: dict[str, dict[str, Any]]
+    warnings: list[str]
+    nbytes: int
+
+
+#: The reference's outputs per case key (the pytest process's digest of the reference file, spec, plan, seeds,
+#: dims, device and tolerance overrides), least recently used first: the branches of an iteration share seeds and
+#: dims, so the reference runs once per case in this process.
+_REFS: "OrderedDict[str, RefEntry]" = OrderedDict()
+#: Share of the device's memory (on the CPU: bytes) the kept outputs may take; older cases are dropped first.
+REF_CACHE_GPU_FRACTION = 0.125
+REF_CACHE_CPU_BYTES = 2 << 30
+
+
+def _tolerance_warnings(torch: Any, names: list[str], arrays: dict[str, Any],
+                        tols: dict[str, tuple[float, float]]) -> list[str]:
+    """:func:`pytest_kopt.child.verdict.tolerance_warnings` over tensors: on a GPU each comparison runs there
+    (:func:`pytest_kopt.child.judge.compare_fast`), and on the host only where that path cannot decide."""
+    from .judge import HostArrays, compare_fast, tolerance_scale_fast
+    from .verdict import compare, tolerance_scale, tolerance_warning
+
+    host = HostArrays(torch, arrays)
+    out: list[str] = []
+    for name in names:
+        atol, rtol = tols[name]
+        for tag, label in (("low_bf16", "bf16"), ("low_fp16", "fp16")):
+            low, r = arrays.get(f"{tag}__{name}"), arrays[f"ref__{name}"]
+            if low is None:
+                continue
+            fast = compare_fast(torch, low, r, atol, rtol) if low.device.type == "cuda" else None
+            if fast is None:
+                if compare(name, host[f"{tag}__{name}"], host[f"ref__{name}"], atol, rtol).ok:
+                    out.append(tolerance_warning(name, label, atol, rtol, tolerance_scale(
+                        host[f"{tag}__{name}"], host[f"ref__{name}"], atol, rtol)))
+            elif fast:
+                out.append(tolerance_warning(name, label, atol, rtol,
+                                             tolerance_scale_fast(torch, low, r, atol, rtol)))
+    return out
+
+
+def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEntry, bool]:
+    """The reference's outputs for the request's case, from this process's cache (``req["ref_key"]``) or computed:
+    the same inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A and set B, and on
+    set A with float inputs rounded to bf16 and fp16 for the tolerance sanity check (whose warnings are computed
+    here, then those outputs dropped). Returns (entry, True when it came from the cache). Raises
+    HarnessError('contract') when the reference writes a buffer the candidate lists as an input."""
+    key = req.get("ref_key")
+    if key and key in _REFS:
+        _REFS.move_to_end(key)
+        return _REFS[key], True
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
-    given = {}
-    if req.get("setup_npz"):
-        with np.load(req["setup_npz"]) as data:
-            given = {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device)
-                     for k in data.files if k.startswith("setup__")}
+    given = _setup_arrays(torch, req, device)
     inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
     arrays: dict[str, Any] = {}
     names: list[str] = []
@@ -199,7 +313,8 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
         outs = reference_results(torch, ref, inp, req)
         names = list(outs)
         written_ok.update(data_outputs(ref, outs))
-        _host(torch, outs, tag, arrays)
+        for name, t in outs.items():  # the input set's buffers are refilled for the next call
+            arrays[f"{tag}__{name}"] = t.detach().clone()
 
     inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
     before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
@@ -227,27 +342,68 @@ def mode_reference(req: dict[str, Any]) -> dict[str, Any]:
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
     call("refB")
-    npz_sha = save_npz(req["out"] + ".npz", arrays)
     tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in names}
-    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha, "tolerances": tol}
+    # only for tolerances someone chose: the defaults would warn on every first kernel
+    chosen = [n for n, t in tol.items() if "default" not in (t["atol_source"], t["rtol_source"])]
+    warns = _tolerance_warnings(torch, chosen, arrays, {n: (t["atol"], t["rtol"]) for n, t in tol.items()}) \
+        if chosen else []
+    kept = {k: v for k, v in arrays.items() if not k.startswith("low_")}
+    entry = RefEntry(kept, tol, warns, sum(t.numel() * t.element_size() for t in kept.values()))
+    if key:
+        budget = (REF_CACHE_GPU_FRACTION * torch.cuda.get_device_properties(0).total_memory if device == "cuda"
+                  else REF_CACHE_CPU_BYTES)
+        while _REFS and sum(e.nbytes for e in _REFS.values()) + entry.nbytes > budget:
+            _REFS.popitem(last=False)
+        if entry.nbytes <= budget:
+            _REFS[key] = entry
+    return entry, False
 
 
-def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
-    """The reference on set A with every floating-point buffer in float64 (the values of set A, upcast): what the
-    reference computes when rounding is out of the picture, to tell whether the reference itself meets its
-    tolerance. Saves ``hi__`` arrays. Raises HarnessError('contract') when the reference does not run in float64."""
+def candidate_arrays(torch: Any, req: dict[str, Any], device: str) -> tuple[dict[str, Any], str | None]:
+    """The candidate's arrays as its result describes them (``req["cand"]``: ``transport``, ``arrays`` (IPC
+    descriptors), ``npz``, ``same_as``): on ``cuda`` as tensors of this process's own (imported from IPC, or the
+    ``.npz``'s arrays moved there), on the CPU as numpy arrays. A ``same_as`` pair is honoured only as
+    :data:`~pytest_kopt.child.transfer.REPEATS` allows, and only where the name itself is absent. Returns (arrays,
+    None), or ({}, why) when an IPC descriptor cannot be read (a forged or unmappable one)."""
     import numpy as np
-    import torch
 
-    ref = load_reference(req["ref"], req.get("seed"))
+    from . import share
+
+    c = req.get("cand") or {}
+    out: dict[str, Any] = {}
+    if c.get("npz"):
+        with np.load(c["npz"]) as z:
+            for k in z.files:
+                if k.startswith("cand"):
+                    out[k] = torch.from_numpy(z[k]).to(device) if device == "cuda" else z[k]
+    descriptors = c.get("arrays") if isinstance(c.get("arrays"), dict) else {}
+    for k, desc in descriptors.items():
+        if not (isinstance(k, str) and k.startswith("cand")):
+            continue
+        try:
+            out[k] = share.import_copy(torch, desc)
+        except share.ShareError as exc:
+            return {}, f"{k}: {exc}"
+    given = c.get("same_as") if isinstance(c.get("same_as"), dict) else {}
+    for k, v in given.items():
+        if isinstance(k, str) and isinstance(v, str) and k not in out and v in out \
+                and any(k.startswith(a) and v == b + k.removeprefix(a) for a, b in REPEATS):
+            out[k] = out[v]
+    return out, None
+
+
+def _fp64_unmet(torch: Any, ref: Any, req: dict[str, Any], entry: RefEntry,
+                tols: dict[str, tuple[float, float]]) -> str | None:
+    """After a numerical failure: the reference on set A with every floating-point buffer in float64 (the values
+    of set A, upcast), compared with its own outputs at the task's tolerance. Returns the comparison's text when
+    the reference itself is outside it (no kernel computing in another order can then pass reliably), else None;
+    also None when the reference does not run in float64 (nothing can be said)."""
+    from .judge import HostArrays
+    from .verdict import compare
+
     device, dims = req["device"], req["dims"]
-    given = {}
-    if req.get("setup_npz"):
-        with np.load(req["setup_npz"]) as data:
-            given = {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device)
-                     for k in data.files if k.startswith("setup__")}
     native = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
-    native.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    native.fill(req["plan"], int(req["seed"]), ref, dims, _setup_arrays(torch, req, device))
     wide = [{**b, "dtype": "float64" if getattr(torch, b["dtype"]).is_floating_point else b["dtype"],
              "stride": list(b["stride"])} for b in req["spec"]]
     hi = Inputs(torch, wide, native.scalars, device)
@@ -256,31 +412,144 @@ def mode_reference_fp64(req: dict[str, Any]) -> dict[str, Any]:
     hi.poison_outputs()
     try:
         outs = reference_results(torch, ref, hi, req)
-    except HarnessError as exc:
-        raise HarnessError("contract", f"{req['ref']}: reference() does not run in float64 ({exc})") from exc
-    npz_sha = save_npz(req["out"] + ".npz", {f"hi__{n}": to_numpy(torch, t) for n, t in outs.items()})
-    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha}
+    except HarnessError:
+        return None
+    host = HostArrays(torch, {**entry.arrays, **{f"hi__{n}": t for n, t in outs.items()}})
+    for name, (atol, rtol) in tols.items():
+        if f"hi__{name}" not in host:
+            continue
+        c = compare(name, host[f"ref__{name}"], host[f"hi__{name}"], atol, rtol)
+        if not c.ok:
+            return "against float64 " + c.describe(atol, rtol)
+    return None
 
 
-def mode_check_outputs(req: dict[str, Any]) -> dict[str, Any]:
-    """Reference side of the timing gate's output check: the reference on the inputs saved from a timed call."""
-    import numpy as np
+def verdict_of(torch: Any, outputs: list[str], cand: dict[str, Any], refs: dict[str, Any],
+               tols: dict[str, tuple[float, float]], poisons: dict[str, Any] | None) -> dict[str, Any]:
+    """The verdict (:class:`pytest_kopt.child.verdict.Verdict` as a dict) on the candidate's and the reference's
+    arrays: the fast path where every array is a CUDA tensor and it can decide a pass
+    (:func:`pytest_kopt.child.judge.judge_fast`), else the numpy judge over host copies."""
+    from .judge import HostArrays, judge_fast
+    from .verdict import judge
+
+    arrays = {**cand, **refs}
+    if arrays and all(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in arrays.values()):
+        figures = judge_fast(torch, outputs, arrays, tols, poisons)
+        if figures is not None:
+            return {"status": "PASSED", "message": "", "details": [], "figures": figures, "warnings": [],
+                    "path": "device"}
+    host = HostArrays(torch, {k: a for k, a in arrays.items() if isinstance(a, torch.Tensor)})
+    plain = {k: a for k, a in arrays.items() if not isinstance(a, torch.Tensor)}
+    v = judge(outputs, _Merged(host, plain), tols, check_tolerance=False, second_poison=poisons)
+    return {"status": v.status, "message": v.message, "details": list(v.details), "figures": v.figures,
+            "warnings": list(v.warnings), "path": "host"}
+
+
+class _Merged(Mapping):
+    """Host arrays made on demand (:class:`~pytest_kopt.child.judge.HostArrays`) beside arrays already on the host."""
+
+    def __init__(self, lazy: Mapping[str, Any], plain: dict[str, Any]) -> None:
+        self.lazy, self.plain = lazy, plain
+
+    def __getitem__(self, key: str) -> Any:
+        return self.plain[key] if key in self.plain else self.lazy[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.plain or key in self.lazy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self.plain, *(k for k in self.lazy if k not in self.plain)])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
+    """Correctness, the judge, in the reference's process (the candidate can neither see nor patch it): the
+    reference's outputs for the case (:func:`reference_outputs`, kept in this process), the candidate's arrays
+    (:func:`candidate_arrays`), and the verdict (:func:`verdict_of`); after a numerical failure, whether the
+    reference meets its own tolerance against float64 (``unmet``). Only figures leave this process: ``outputs``
+    (the reference's names), ``tolerances``, ``tolerance_warnings``, ``missing`` (candidate arrays that are not
+    there), ``unreadable`` (an IPC descriptor that could not be read), ``verdict`` (None when arrays are missing),
+    ``unmet``, ``reference_cached``, ``phase_s``."""
     import torch
 
     ref = load_reference(req["ref"], req.get("seed"))
-    dims = req["dims"]
+    if not callable(getattr(ref, "reference", None)):
+        raise HarnessError("contract", f"{req['ref']}: reference is not a function")
+    phase: dict[str, float] = {}
+    t0 = time.perf_counter()
+    entry, cached = reference_outputs(torch, ref, req)
+    phase["reference"] = time.perf_counter() - t0
+    outputs = list(entry.tolerances)
+    tols = {n: (t["atol"], t["rtol"]) for n, t in entry.tolerances.items()}
+    base = {"outputs": outputs, "tolerances": entry.tolerances, "tolerance_warnings": entry.warnings,
+            "reference_cached": cached, "verdict": None, "unmet": None, "missing": [], "unreadable": None,
+            "phase_s": phase}
+    t0 = time.perf_counter()
+    cand, unreadable = candidate_arrays(torch, req, req["device"])
+    phase["import"] = time.perf_counter() - t0
+    if unreadable:
+        return {**base, "unreadable": unreadable}
+    missing = [f"{p}__{o}" for o in outputs for p in ("cand1", "cand2", "candB", "candC") if f"{p}__{o}" not in cand]
+    if missing or not outputs:
+        return {**base, "missing": missing}
+    t0 = time.perf_counter()
+    v = verdict_of(torch, outputs, cand, entry.arrays, tols, req.get("poisons"))
+    phase["judge"] = time.perf_counter() - t0
+    unmet = None
+    if v["status"] == "INCORRECT_NUMERICAL":
+        t0 = time.perf_counter()
+        unmet = _fp64_unmet(torch, ref, req, entry, tols)
+        phase["self_check"] = time.perf_counter() - t0
+    return {**base, "verdict": v, "unmet": unmet}
+
+
+def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
+    """The timing gate's output check, in the reference's process: the reference on the inputs of the timed
+    process's check call (its ``in__`` arrays, IPC or ``.npz``) and the verdict on that call's outputs
+    (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing`` and ``verdict`` as :func:`mode_judge` does."""
+    import numpy as np
+    import torch
+
+    from . import share
+
+    ref = load_reference(req["ref"], req.get("seed"))
+    device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
-    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, req["device"])
-    with np.load(req["inputs_npz"]) as data:
-        for s in inp.spec:
-            if s["role"] in ("input", "inout"):
-                t = inp.tensors[s["name"]]
-                t.copy_(torch.from_numpy(data[f"in__{s['name']}"]).to(t.dtype))
+    c = req.get("cand") or {}
+    given: dict[str, Any] = {}
+    if c.get("npz"):
+        with np.load(c["npz"]) as z:
+            given = {k: z[k] for k in z.files}
+    for k, desc in (c.get("arrays") if isinstance(c.get("arrays"), dict) else {}).items():
+        try:
+            given[k] = share.import_copy(torch, desc)
+        except share.ShareError as exc:
+            return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": f"{k}: {exc}"}
+    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    for s in inp.spec:
+        if s["role"] in ("input", "inout"):
+            src = given.get(f"in__{s['name']}")
+            if src is None:
+                return {"outputs": [], "tolerances": {}, "missing": [f"in__{s['name']}"], "verdict": None,
+                        "unreadable": None}
+            t = inp.tensors[s["name"]]
+            t.copy_((src if isinstance(src, torch.Tensor) else torch.from_numpy(src)).to(device=device,
+                                                                                          dtype=t.dtype))
     inp.poison_outputs()
     outs = reference_results(torch, ref, inp, req)
-    npz_sha = save_npz(req["out"] + ".npz", {f"ref__{n}": to_numpy(torch, t) for n, t in outs.items()})
-    return {"npz": req["out"] + ".npz", "npz_sha": npz_sha,
-            "tolerances": {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}}
+    tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}
+    outputs = list(outs)
+    cand = {k: (torch.from_numpy(v).to(device) if device == "cuda" and not isinstance(v, torch.Tensor) else v)
+            for k, v in given.items() if k.startswith("cand1__")}
+    missing = [f"cand1__{o}" for o in outputs if f"cand1__{o}" not in cand]
+    base = {"outputs": outputs, "tolerances": tol, "missing": missing, "verdict": None, "unreadable": None}
+    if missing or not outputs:
+        return base
+    v = verdict_of(torch, outputs, cand, {f"ref__{n}": t for n, t in outs.items()},
+                   {n: (t["atol"], t["rtol"]) for n, t in tol.items()}, None)
+    return {**base, "verdict": v}
 
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:

@@ -1,19 +1,17 @@
 """The ``correctness`` gate: one item per case (validation seed, or boundary shape), the candidate and the reference
-each in its own harness process, the verdict here (:mod:`pytest_kopt.gates.verdict`)."""
+each in its own harness process; the verdict is the judge's, in the reference's process
+(:func:`pytest_kopt.child.correctness.mode_judge`), and only its figures come back here."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import time
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ..artifacts import CorrectnessRecord, read_dict, write_json
-from ..child.transfer import REPEATS
 from ..child.inputs import SECOND_POISON
 from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
@@ -21,7 +19,7 @@ from ..settings import dims_label
 from .build import BuildResult, built
 from .context import Context, Outcome
 from .request import harness_request
-from .trust import digest, local_sources, read_verified
+from .trust import digest, local_sources
 
 
 class KoptToleranceWarning(UserWarning):
@@ -59,36 +57,6 @@ def case_label(case: Mapping[str, Any]) -> str:
     return f"seed={case['seed']}"
 
 
-class LazyArrays(Mapping):
-    """A read-only mapping over the members of open ``np.load`` npz files, each read on first access and kept;
-    later files win on a repeated name. ``same_as`` maps a name that was not saved to the member holding its values
-    (the candidate's process leaves out an array equal to its twin, :data:`pytest_kopt.child.transfer.REPEATS`);
-    only those pairs are honoured, and only where the name itself is absent."""
-
-    def __init__(self, *npz: Any, same_as: Mapping[str, str] | None = None) -> None:
-        self._src = {name: z for z in npz for name in z.files}
-        given = same_as if isinstance(same_as, Mapping) else {}  # anything else from the candidate's process: none
-        self._alias = {k: v for k, v in given.items() if isinstance(k, str) and isinstance(v, str)
-                       and k not in self._src and v in self._src
-                       and any(k.startswith(a) and v == b + k.removeprefix(a) for a, b in REPEATS)}
-        self._cache: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._cache:
-            member = self._alias.get(name, name)
-            self._cache[name] = self[member] if member != name else self._src[name][name]
-        return self._cache[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._src or name in self._alias  # without reading a member
-
-    def __iter__(self) -> Any:
-        return iter([*self._src, *self._alias])
-
-    def __len__(self) -> int:
-        return len(self._src) + len(self._alias)
-
-
 def fingerprint(ctx: Context, res: BuildResult, case: Mapping[str, Any], device: str) -> str:
     """What a case's verdict depends on: the build, the reference and the kernel's neighbours, the dims, the case,
     the device, the tolerance overrides and the value regimes."""
@@ -96,46 +64,38 @@ def fingerprint(ctx: Context, res: BuildResult, case: Mapping[str, Any], device:
                   ctx.settings.atol, ctx.settings.rtol, ctx.regimes)
 
 
-def reference_outputs(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
-    """Run (or reuse) the reference in its own harness process on the candidate's spec; returns ``{"tolerances",
-    "tolerance_warnings", "npz_bytes", "cache_hit"}``. Shared through the session's signed cache under
-    ``<cache>/refs/`` (:meth:`pytest_kopt.gates.trust.Trust.cached`), keyed by the reference file, spec, scalars,
-    plan, seeds, dims, device, tolerance overrides and any integer inputs taken from ``setup``. The
-    tolerance-sanity warnings (:func:`pytest_kopt.gates.verdict.tolerance_warnings`) are computed once, with the
-    outputs. Raises KernelRuntimeError (TAMPERED when the outputs changed under it twice) or the harness's errors."""
-    import numpy as np
+def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> str:
+    """What the reference's outputs for a case depend on: the reference file and its neighbours, the candidate's
+    spec and scalars, the plan, both seeds, the dims, the device, the tolerance overrides, the integer inputs
+    taken from ``setup()`` and the names of the returned outputs. The judge's process keeps the outputs under it
+    (:func:`pytest_kopt.child.correctness.reference_outputs`), so the branches of an iteration reuse them."""
+    return digest(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
+                  req["seed_b"], req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"),
+                  cand.get("returned"))
 
-    from .verdict import tolerance_warnings
 
-    key = digest(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"], req["seed_b"],
-                 req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"), cand.get("returned"))
+def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
+    """Run the judge in the reference's warm process (``mode`` ``judge``, or ``check_timed`` for a timed call's
+    outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock. Returns the judge's
+    result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors."""
+    poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
+    jreq = {**req, "mode": mode, "spec": cand["spec"], "scalars": cand.get("scalars", {}),
+            "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}, "poisons": poisons,
+            "ref_key": reference_key(ctx, req, cand),
+            "cand": {"transport": cand.get("transport"), "arrays": cand.get("arrays") or {}, "npz": cand.get("npz"),
+                     "same_as": cand.get("same_as") or {}}}
+    return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
+                        timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
+                        lock=ctx.device_lock(req["device"]), server=ctx.server("reference"))
 
-    def compute() -> tuple[dict[str, Any], bytes, str]:
-        rreq = {**req, "mode": "reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
-                "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}}
-        for attempt in (1, 2):  # a file changed under it is computed once more, then reported
-            result = ctx.pool.run(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                                  path=str(ctx.ref), workdir=ctx.work, lock=ctx.device_lock(req["device"]),
-                                  server=ctx.server("reference"))
-            try:  # checked against the hash its process sent; judged from these bytes only
-                data = read_verified(Path(result["npz"]), result.get("npz_sha"), "correctness", ctx.display)
-                break
-            except KernelRuntimeError:
-                if attempt == 2:
-                    raise
-            finally:
-                Path(result["npz"]).unlink(missing_ok=True)
-        tols = {n: (t["atol"], t["rtol"]) for n, t in result["tolerances"].items()}
-        with np.load(io.BytesIO(data)) as z:
-            # only for tolerances someone chose: the defaults would warn on every first kernel
-            chosen = [n for n, t in result["tolerances"].items() if "default" not in (t["atol_source"], t["rtol_source"])]
-            warns = tolerance_warnings(chosen, LazyArrays(z), tols) if chosen else []
-        # the bytes were just checked against this hash: the cache stores it without hashing them again
-        return {"tolerances": result["tolerances"], "tolerance_warnings": warns}, data, result["npz_sha"]
 
-    payload, data, hit = ctx.trust.cached(ctx.cache_dir / "refs", key, compute, gate="correctness",
-                                          display=ctx.display)
-    return {**payload, "npz_bytes": data, "cache_hit": hit}
+def verdict_from(doc: dict[str, Any]) -> Any:
+    """The judge's verdict as a :class:`~pytest_kopt.child.verdict.Verdict`."""
+    from ..child.verdict import Verdict  # numpy: imported where a verdict is read, never at plugin import
+
+    return Verdict(status=str(doc["status"]), message=str(doc.get("message") or ""),
+                   details=tuple(str(d) for d in doc.get("details") or ()),
+                   figures=dict(doc.get("figures") or {}), warnings=tuple(str(w) for w in doc.get("warnings") or ()))
 
 
 #: dtypes Triton's interpreter (TRITON_INTERPRET=1) does not compute right: triton 3.8 raises
@@ -180,10 +140,6 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
 
 def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
                 record: dict[str, Any]) -> Outcome:
-    import numpy as np
-
-    from .verdict import judge
-
     seed = int(case["seed"])
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
@@ -199,67 +155,59 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                         workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("candidate"),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
-    for key, (status, what) in GUARD_STATUS.items():
-        if cand["guards"].get(key):
-            raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
-                                 path=ctx.display, status=status, fix="write results into the output buffers "
-                                 "in place and leave the inputs untouched", details=replay)
-    interpreter_unsound(ctx, device, cand["spec"], cand.get("dtypes"))
-    # where a seed's wall time goes (s): the candidate's process (inputs, 4 calls, npz), the reference's (cached
-    # across candidates), and the judge here
-    phase_s = {"candidate": time.perf_counter() - clock, "candidate_save": cand.get("save_s")}
     try:
+        for key, (status, what) in GUARD_STATUS.items():
+            if cand["guards"].get(key):
+                raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
+                                     path=ctx.display, status=status, fix="write results into the output buffers "
+                                     "in place and leave the inputs untouched", details=replay)
+        interpreter_unsound(ctx, device, cand["spec"], cand.get("dtypes"))
+        # where a seed's wall time goes (s): the candidate's process (inputs, 4 calls, keeping the outputs), and the
+        # judge in the reference's (its outputs, computed once per case in that process; the candidate's imported;
+        # the verdict)
+        phase_s: dict[str, Any] = {"candidate": time.perf_counter() - clock, "candidate_save": cand.get("save_s")}
         clock = time.perf_counter()
-        ref = reference_outputs(ctx, req, cand)
-        phase_s["reference"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        tols = {n: (t["atol"], t["rtol"]) for n, t in ref["tolerances"].items()}
-        # which outputs are judged is the reference process's answer, never the candidate's (its process could
-        # report no outputs at all); every call's array of each must be there
-        outputs = list(ref["tolerances"])
-        theirs = set(cand.get("outputs") or [])
-        if theirs and set(outputs) != theirs:  # named differently: say so, never judge one output as another
-            raise ContractError(f"seed={seed}: the candidate's outputs are {', '.join(sorted(theirs))} but the "
-                                f"reference's are {', '.join(outputs)}", gate="correctness", path=ctx.display,
-                                details=replay, fix="name the outputs alike: setup()'s \"outputs\" (or the keys "
-                                "of the dict run_kernel returns) and ref.py's outputs = [...] (or the keys of the "
-                                "dict reference returns); a returned tuple without names is out0, out1, ...")
-        with np.load(cand["npz"]) as c, np.load(io.BytesIO(ref["npz_bytes"])) as r:
-            arrays = LazyArrays(c, r, same_as=cand.get("same_as"))
-            missing = [f"{p}__{o}" for o in outputs for p in ("cand1", "cand2", "candB", "candC")
-                       if f"{p}__{o}" not in c.files and f"{p}__{o}" not in arrays]
-            if missing or not outputs:
-                raise KernelRuntimeError(f"seed={seed}: the candidate's process returned no "
-                                         f"{', '.join(missing) or 'outputs'}", gate="correctness",
-                                         path=ctx.display, details=f"it reported outputs {cand.get('outputs')}, "
-                                         f"the reference {outputs}; {replay}",
-                                         fix="the kernel must not touch the harness (its modules, files or pipes)")
-            # members are read when the judge asks for them: the low-precision references (their warnings come
-            # with the cached reference) and set B's fresh-buffer outputs (needed only on a failure) stay on disk
-            poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
-            v = judge(outputs, arrays, tols, check_tolerance=False, second_poison=poisons)
-        phase_s["judge"] = time.perf_counter() - clock
-        if v.status == "INCORRECT_NUMERICAL":
-            unmet = reference_self_check(ctx, req, cand, ref, tols)
-            if unmet is not None:
-                first = next(iter(ref["tolerances"].values()))
-                raise ContractError(f"seed={seed}: the reference cannot meet its own tolerance: {unmet}",
-                                    gate="correctness", path=str(ctx.ref), status="UNMEETABLE_TOLERANCE",
-                                    details="\n".join(v.details) + f"\n(the kernel's comparison above; tolerances "
-                                    f"from {first['atol_source']}/{first['rtol_source']}; {replay})",
-                                    fix="loosen atol/rtol in ref.py (or --kopt-atol/--kopt-rtol) to what the "
-                                        "reference itself meets, or compute the reference in higher precision")
+        judged = judge_request(ctx, req, cand)
+        phase_s["judge_request"] = time.perf_counter() - clock
+        phase_s.update({f"judge_{k}": x for k, x in (judged.get("phase_s") or {}).items()})
     finally:
-        if os.path.exists(cand["npz"]):
+        if cand.get("npz") and os.path.exists(cand["npz"]):
             os.unlink(cand["npz"])
+    # which outputs are judged is the reference process's answer, never the candidate's (its process could report
+    # no outputs at all); every call's array of each must be there
+    outputs = list(judged["outputs"])
+    theirs = set(cand.get("outputs") or [])
+    if theirs and set(outputs) != theirs:  # named differently: say so, never judge one output as another
+        raise ContractError(f"seed={seed}: the candidate's outputs are {', '.join(sorted(theirs))} but the "
+                            f"reference's are {', '.join(outputs)}", gate="correctness", path=ctx.display,
+                            details=replay, fix="name the outputs alike: setup()'s \"outputs\" (or the keys "
+                            "of the dict run_kernel returns) and ref.py's outputs = [...] (or the keys of the "
+                            "dict reference returns); a returned tuple without names is out0, out1, ...")
+    if judged.get("unreadable") or judged.get("missing") or judged.get("verdict") is None:
+        what = f"arrays the judge could not read ({judged['unreadable']})" if judged.get("unreadable") else \
+            f"no {', '.join(judged.get('missing') or []) or 'outputs'}"
+        raise KernelRuntimeError(f"seed={seed}: the candidate's process returned {what}", gate="correctness",
+                                 path=ctx.display, details=f"it reported outputs {cand.get('outputs')}, the "
+                                 f"reference {outputs}; {replay}",
+                                 fix="the kernel must not touch the harness (its modules, files or pipes)")
+    v = verdict_from(judged["verdict"])
+    tolerances = judged["tolerances"]
+    first = next(iter(tolerances.values()))
+    if v.status == "INCORRECT_NUMERICAL" and judged.get("unmet"):
+        raise ContractError(f"seed={seed}: the reference cannot meet its own tolerance: {judged['unmet']}",
+                            gate="correctness", path=str(ctx.ref), status="UNMEETABLE_TOLERANCE",
+                            details="\n".join(v.details) + f"\n(the kernel's comparison above; tolerances "
+                            f"from {first['atol_source']}/{first['rtol_source']}; {replay})",
+                            fix="loosen atol/rtol in ref.py (or --kopt-atol/--kopt-rtol) to what the "
+                                "reference itself meets, or compute the reference in higher precision")
     if v.ok:
-        v = dataclasses.replace(v, warnings=(*v.warnings, *ref["tolerance_warnings"]))
+        v = dataclasses.replace(v, warnings=(*v.warnings, *judged["tolerance_warnings"]))
     for w in v.warnings:
         warnings.warn(KoptToleranceWarning(f"{ctx.display}: {w}"), stacklevel=1)
-    first = next(iter(ref["tolerances"].values()))
     atol, rtol = first["atol"], first["rtol"]
     record.update(v.figures, status=v.status, atol=atol, rtol=rtol, warnings=list(v.warnings),
-                  reference_cache_hit=ref["cache_hit"],
+                  reference_cache_hit=judged.get("reference_cached"), judged_on=judged["verdict"].get("path"),
+                  transport=cand.get("transport"), transport_note=cand.get("transport_note"),
                   phase_s={k: round(x, 3) for k, x in phase_s.items() if x is not None})
     figures = {"seed": seed, "regime": req["plan"]["regime"], "device": device, "atol": atol, "rtol": rtol,
                **v.figures}
@@ -278,38 +226,6 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
                             f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
                             f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")
-
-
-def reference_self_check(ctx: Context, req: dict[str, Any], cand: dict[str, Any], ref: dict[str, Any],
-                         tols: dict[str, tuple[float, float]]) -> str | None:
-    """After a numerical failure: the reference on set A against the same reference computed in float64 (its own
-    rounding out of the picture), with the task's tolerance. Returns the comparison's text when the reference
-    itself is outside it (no kernel computing in another order can then pass reliably), else None; also None when
-    the reference does not run in float64 (nothing can be said)."""
-    import numpy as np
-
-    from .verdict import compare
-
-    rreq = {**req, "mode": "reference_fp64", "spec": cand["spec"], "scalars": cand.get("scalars", {}),
-            "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}}
-    try:
-        result = ctx.pool.run(rreq, gate="correctness", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                              path=str(ctx.ref), workdir=ctx.work, lock=ctx.device_lock(req["device"]),
-                              server=ctx.server("reference"))
-    except KoptError:
-        return None
-    try:
-        data = read_verified(Path(result["npz"]), result.get("npz_sha"), "correctness", ctx.display)
-    finally:
-        Path(result["npz"]).unlink(missing_ok=True)
-    with np.load(io.BytesIO(ref["npz_bytes"])) as r, np.load(io.BytesIO(data)) as h:
-        for name, (atol, rtol) in tols.items():
-            if f"hi__{name}" not in h.files:
-                continue
-            c = compare(name, r[f"ref__{name}"], h[f"hi__{name}"], atol, rtol)
-            if not c.ok:
-                return "against float64 " + c.describe(atol, rtol)
-    return None
 
 
 def require_correct(ctx: Context, res: BuildResult, device: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..artifacts import write_json
 from ..errors import ContractError, NotApplicable, TooLargeError
-from .build import compile_env
+from .build import candidate_env, compile_env
 from .context import Context, Outcome
 from .inputs import draw_plan
 from .preflight import preflight
@@ -21,6 +21,8 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m
 #: An allowance per harness process for the CUDA context and torch's own workspace (not a measurement: what the
 #: estimate adds so that a case that fills the GPU to the last byte is refused too).
 CONTEXT_BYTES = 512 * 2**20
+#: The judge's fast path's float64 temporaries: about six of :data:`pytest_kopt.child.judge.CHUNK` (2^24) elements.
+JUDGE_BLOCK_BYTES = 6 * 8 * (1 << 24)
 _GPU_INIT_HINTS = ("NVIDIA driver", "CUDA driver", "no CUDA GPUs", "Torch not compiled with CUDA", "cuda")
 
 
@@ -39,15 +41,18 @@ def memory_estimate(spec: list[dict[str, Any]], *, l2_bytes: int, rotating_fract
 
     - ``set_bytes``: one input set (inputs and outputs), ``input_bytes``/``output_bytes`` its parts;
     - ``candidate_bytes``: the candidate's correctness process: set A, the pristine copy of its inputs and set B's
-      fresh buffers (2 sets + inputs), plus :data:`CONTEXT_BYTES`;
-    - ``reference_bytes``: the reference's: one set, the copy of its inputs before the call and of its float inputs
-      for the low-precision runs (1 set + 2 x inputs), plus :data:`CONTEXT_BYTES`;
+      fresh buffers (2 sets + inputs), the copies of its four calls' outputs it keeps for the judge (4 x
+      outputs), plus :data:`CONTEXT_BYTES`;
+    - ``reference_bytes``: the judge, in the reference's process: one set, the copy of its inputs before the call
+      and of its float inputs for the low-precision runs (1 set + 2 x inputs), its own four outputs (set A, set B,
+      bf16 and fp16 inputs) and the candidate's four, imported (8 x outputs), the fast path's float64 blocks
+      (:data:`JUDGE_BLOCK_BYTES`), plus :data:`CONTEXT_BYTES`; while it runs, the candidate's kept copies are
+      still held (4 x outputs more on the GPU);
     - ``timing_bytes``: the timing process: the rotating sets (at least one, at most what ``rotating_fraction`` of
       ``free_bytes`` holds, 8 at most) and the L2 flush buffer (2 x ``l2_bytes``), plus :data:`CONTEXT_BYTES`;
-    - ``device_bytes``: the largest of the three (harness processes take the GPU one at a time and give their
-      memory back after each request);
-    - ``host_bytes``: the pytest process while it judges: the candidate's four calls and the reference's four
-      outputs (set A, set B, bf16 and fp16 inputs), 8 x outputs.
+    - ``device_bytes``: the largest of the three (with the candidate's kept copies beside the judge);
+    - ``host_bytes``: the judge when a case fails and the numpy path words the failure: every array of both
+      sides on the host, 8 x outputs.
     """
     size = {s["name"]: numel(s["shape"]) * ITEMSIZE.get(s["dtype"], 8) for s in spec}
     # a buffer of unknown role (taken from ref.shapes(): the candidate's setup() needs real memory) counts as both
@@ -55,11 +60,11 @@ def memory_estimate(spec: list[dict[str, Any]], *, l2_bytes: int, rotating_fract
     outputs = sum(size[s["name"]] for s in spec if s["role"] in ("output", "unknown"))
     total = sum(size.values())
     sets = 1 if not free_bytes or total == 0 else max(1, min(8, int(free_bytes * rotating_fraction // total)))
-    cand = 2 * total + inputs + CONTEXT_BYTES
-    ref = total + 2 * inputs + CONTEXT_BYTES
+    cand = 2 * total + inputs + 4 * outputs + CONTEXT_BYTES
+    ref = total + 2 * inputs + 8 * outputs + min(JUDGE_BLOCK_BYTES, 6 * 8 * outputs) + CONTEXT_BYTES
     timing = sets * total + 2 * l2_bytes + CONTEXT_BYTES
     return {"set_bytes": total, "input_bytes": inputs, "output_bytes": outputs, "candidate_bytes": cand,
-            "reference_bytes": ref, "timing_bytes": timing, "device_bytes": max(cand, ref, timing),
+            "reference_bytes": ref, "timing_bytes": timing, "device_bytes": max(cand, ref + 4 * outputs, timing),
             "host_bytes": 8 * outputs}
 
 
@@ -91,11 +96,15 @@ def make_plan(ctx: Context) -> dict[str, Any]:
     base = {"kind": ctx.kind, "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
             "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
+    # both warm processes start now, so their torch imports overlap each other, this gate and the compile gate (a
+    # .cu's candidate process is first used by correctness)
+    ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
+    if ctx.kind == "cuda" and ctx.gpu:
+        ctx.pool.prestart(ctx.server("candidate"), candidate_env(ctx, "cuda"), ctx.work)
     try:
         scalars: dict[str, Any] = {}
         spec, note = None, None
         if ctx.kind != "cuda":
-            ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)  # its start overlaps the candidate's request
             # in the candidate's warm process, the one its compile (and, on a GPU, correctness) requests go to next
             cand = ctx.pool.run({**base, "mode": "plan_candidate", "env": compile_env(ctx)}, gate="plan",
                                 timeout_s=ctx.settings.gate_timeout_s, path=ctx.display, workdir=ctx.work,
@@ -134,7 +143,7 @@ def gate_plan(ctx: Context, case: Any = None) -> Outcome:
                             f"{gib(free)} free", gate="plan", path=ctx.display, figures=figures,
                             fix=f"give smaller --kopt-dims (the estimate is in this item's figures and in "
                                 f"{ctx.outdir / 'plan.json'})")
-    # the pytest process judges outputs only where correctness runs: with a GPU, or on the CPU for Triton/Python
+    # the judge copies outputs to the host only where correctness runs: with a GPU, or on the CPU for Triton/Python
     need_host = est["host_bytes"] + (est["candidate_bytes"] if cpu_run else 0)
     if host is not None and (ctx.gpu or cpu_run) and need_host > host:
         raise TooLargeError(f"the case needs about {gib(need_host)} of this machine's memory (the outputs of every "

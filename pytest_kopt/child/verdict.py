@@ -1,7 +1,9 @@
 """The correctness verdict: element-wise comparison (|out - ref| <= atol + rtol*|ref|) and the guards that turn the
 candidate's and the reference's arrays into one status (FIELD.md §2).
 
-Plain numpy, in the pytest process: the candidate's process produces arrays, never the verdict. Arrays are keyed
+Plain numpy, in the judge: the reference's harness process, where the candidate's arrays arrive and the reference's
+never leave (:func:`pytest_kopt.child.correctness.mode_judge`; its fast path on the GPU is
+:mod:`pytest_kopt.child.judge`). The candidate's process produces arrays, never the verdict. Arrays are keyed
 ``<tag>__<output>`` with tags ``cand1`` (first call), ``cand2`` (second call, same inputs), ``candB`` (new values
 in the same input buffers), ``candC`` (set B's values in new buffers), ``ref``/``refB`` (reference on those
 inputs) and ``low_bf16``/``low_fp16`` (reference on inputs rounded to that precision).
@@ -290,6 +292,13 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 details.append(f"output {name}: the reference itself is NaN/Inf at {', '.join(map(str, at_ref_nan))}"
                                "; check the reference (ref.py) before the kernel")
             continue
+        later = [(tag, arrays[f"{tag}__{name}"].shape) for tag in ("cand2", "candB", "candC")
+                 if f"{tag}__{name}" in arrays]
+        odd = [f"{tag} {list(shape)}" for tag, shape in later if shape != r.shape]
+        if odd:  # a call that returned another shape than the first (and the reference's)
+            fail("INCORRECT_SHAPE", f"output {name} has shape {list(r.shape)} on the first call but "
+                 f"{', '.join(odd)} on a later one")
+            continue
         if f"cand2__{name}" in arrays and not _same(arrays[f"cand2__{name}"], c1):
             second = compare(name, arrays[f"cand2__{name}"], r, atol, rtol)
             if not second.ok:
@@ -330,8 +339,13 @@ def tolerance_warnings(outputs: list[str], arrays: Mapping[str, np.ndarray],
         for tag, label in (("low_bf16", "bf16"), ("low_fp16", "fp16")):
             low = arrays.get(f"{tag}__{name}")
             if low is not None and compare(name, low, r, atol, rtol).ok:
-                s = tolerance_scale(low, r, atol, rtol)
-                warnings.append(f"output {name}: the reference on inputs rounded to {label} passes atol={atol:g}, "
-                                f"rtol={rtol:g}, so a {label} kernel could pass; tolerances below "
-                                f"atol={atol * s:.3g}, rtol={rtol * s:.3g} would reject it")
+                warnings.append(tolerance_warning(name, label, atol, rtol, tolerance_scale(low, r, atol, rtol)))
     return warnings
+
+
+def tolerance_warning(name: str, label: str, atol: float, rtol: float, scale: float) -> str:
+    """The warning for output ``name`` whose reference on inputs rounded to ``label`` (bf16, fp16) passes atol/rtol,
+    naming the tolerances (scaled by ``scale``, :func:`tolerance_scale`) that would reject it."""
+    return (f"output {name}: the reference on inputs rounded to {label} passes atol={atol:g}, rtol={rtol:g}, so a "
+            f"{label} kernel could pass; tolerances below atol={atol * scale:.3g}, rtol={rtol * scale:.3g} would "
+            "reject it")
