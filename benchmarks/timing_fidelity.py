@@ -1,12 +1,14 @@
-"""Timing fidelity on a GPU: kopt's timing loop vs triton.testing.do_bench vs ncu's gpu__time_duration.
+"""Timing fidelity on a GPU: kopt's timing (its default, the kernel-only CUPTI samples, and its events and graph
+modes) vs triton.testing.do_bench vs ncu's gpu__time_duration, all read against the kernels' own span measured
+independently of kopt's code.
 
-Kernels from about 5 µs to 10 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum).
-For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by ncu), kopt's
-median (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop), the same in graph mode
-(--kopt-timing graph) and do_bench's median, each
-repeated 5 times; prints two tables: medians, ratio to ncu and run-to-run spread ((max-min)/median of the 5
-medians); then the kernel-only CUPTI median the timing gate reports (its spread over the 5 runs) and every other
-figure over it.
+Kernels from about 1.5 µs to 2.7 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum of
+two kernels). For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by
+ncu); the CUPTI span (:func:`independent_span`: torch's profiler over 200 calls, each behind a read-only 120 MB
+flush, a device synchronisation and a 1 ms GPU spin, the call's records being those after the spin, told from the
+flush's by name); kopt's default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then
+``cupti_samples``); kopt's events and graph medians; do_bench's median; each repeated 5 times. Prints the table
+against the CUPTI span (ratios, and run-to-run spread (max-min)/median of the 5 medians), then the one against ncu.
 
 Usage (GPU machine): python3 benchmarks/timing_fidelity.py [--out DIR]
 """
@@ -81,10 +83,10 @@ def ncu_medians(out: Path) -> dict[str, float]:
 
 
 def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None]:
-    """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and the kernel-only
-    median (µs) its timing gate reports beside it: CUPTI activity records of the same calls through torch's profiler
-    (child/timer.kernel_times, as many calls as the gate profiles), None when the profiler gave no records."""
-    from pytest_kopt.child.timer import cupti_calls, kernel_times, make_timer
+    """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and with ``events`` the
+    kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples:
+    CUPTI activity records through torch's profiler, adaptive), None when the profiler gave no records."""
+    from pytest_kopt.child.timer import cupti_samples, make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
 
     free = torch.cuda.mem_get_info()[0]
@@ -101,8 +103,56 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float
     timer = make_timer(torch, sets, fn, refresh, {**TIMING, "method": method, "graph_calls": GRAPH_CALLS})
     r = timer.result(timer.take())
     med_ms = statistics.median(r["event_ms"])
-    cupti = kernel_times(timer, cupti_calls(med_ms)) if method == "events" else {}
+    cupti = cupti_samples(timer, med_ms) if method == "events" else {}
     return med_ms * 1e3, cupti.get("median_us")
+
+
+def independent_span(torch, kind: str, n: int, calls: int = 200) -> float | None:
+    """The kernels' own span per call (µs, median of ``calls``), measured without kopt's timer: before each call a
+    read-only flush (``torch.amax`` over 120 MB), a device synchronisation and a 1 ms GPU spin (so the call's
+    launches queue behind it); the call's device records are those after the spin and before the next call's
+    flush, the flush's told by the kernel names a flush alone launches. None when the profiler gave no records."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.ones(30 << 20, device="cuda")  # 120 MB: twice the H200's 60 MB L2
+    d, fn = make(torch, kind, n, 3)
+    fn(d)
+    torch.cuda.synchronize()
+    spin = int(1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+
+    def records(prof):
+        return sorted((e.time_range.start, e.time_range.end, str(e.name)) for e in prof.events()
+                      if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+
+    with profile(activities=[ProfilerActivity.CUDA]) as probe:
+        torch.amax(flush)
+        torch.cuda._sleep(spin)
+        torch.cuda.synchronize()
+    probe_names = [r[2] for r in records(probe)]
+    flush_names, spin_names = set(probe_names[:-1]), {probe_names[-1]}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            torch.amax(flush)
+            torch.cuda.synchronize()
+            torch.cuda._sleep(spin)
+            fn(d)
+        torch.cuda.synchronize()
+    spans, current = [], None
+    for start, end, name in records(prof):
+        if name in spin_names:
+            if current:
+                spans.append(max(e for _, e in current) - min(s for s, _ in current))
+            current = []
+        elif name in flush_names:
+            if current:
+                spans.append(max(e for _, e in current) - min(s for s, _ in current))
+            current = None
+        elif current is not None:
+            current.append((start, end))
+    if current:
+        spans.append(max(e for _, e in current) - min(s for s, _ in current))
+    return statistics.median(spans) if spans else None
 
 
 def main() -> None:
@@ -122,45 +172,45 @@ def main() -> None:
     ncu = ncu_medians(out)
     rows = []
     spread = lambda xs: 100 * (max(xs) - min(xs)) / statistics.median(xs) if xs else None  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     for name, kind, n in CASES:
+        span = [x for x in (independent_span(torch, kind, n) for _ in range(REPEATS)) if x is not None]
         runs = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
-        kopt = [e for e, _ in runs]
-        cupti = [c for _, c in runs if c is not None]
+        events = [e for e, _ in runs]
+        kopt = [c for _, c in runs if c is not None]
         graph = [kopt_median(torch, kind, n, "graph")[0] for _ in range(REPEATS)]
         d, fn = make(torch, kind, n, 2)
         db = [do_bench(lambda: fn(d), return_mode="median") * 1e3 for _ in range(REPEATS)]
-        ref = ncu.get(name)
-        k, b = statistics.median(kopt), statistics.median(db)
-        rows.append({"case": name, "ncu_us": ref, "kopt_us": k, "kopt_ratio": k / ref if ref else None,
-                     "kopt_spread_pct": 100 * (max(kopt) - min(kopt)) / k, "do_bench_us": b,
-                     "graph_us": statistics.median(graph),
-                     "graph_ratio": statistics.median(graph) / ref if ref else None,
-                     "graph_spread_pct": 100 * (max(graph) - min(graph)) / statistics.median(graph),
-                     "do_bench_ratio": b / ref if ref else None, "do_bench_spread_pct": 100 * (max(db) - min(db)) / b,
-                     "cupti_us": statistics.median(cupti) if cupti else None, "cupti_runs": len(cupti),
-                     "cupti_spread_pct": spread(cupti),
-                     "events_over_cupti": k / statistics.median(cupti) if cupti else None,
-                     "ncu_over_cupti": ref / statistics.median(cupti) if cupti and ref else None})
+        ref, c = ncu.get(name), med(span)
+        over = lambda v: None if v is None or not c else v / c  # noqa: E731
+        per_ncu = lambda v: None if v is None or not ref else v / ref  # noqa: E731
+        rows.append({"case": name, "cupti_span_us": c, "cupti_span_spread_pct": spread(span),
+                     "kopt_us": med(kopt), "kopt_runs": len(kopt), "kopt_spread_pct": spread(kopt),
+                     "kopt_over_span": over(med(kopt)),
+                     "events_us": med(events), "events_spread_pct": spread(events), "events_over_span": over(med(events)),
+                     "ncu_us": ref, "ncu_over_span": over(ref),
+                     "graph_us": med(graph), "graph_spread_pct": spread(graph), "graph_over_span": over(med(graph)),
+                     "do_bench_us": med(db), "do_bench_spread_pct": spread(db), "do_bench_over_span": over(med(db)),
+                     "events_over_ncu": per_ncu(med(events)), "graph_over_ncu": per_ncu(med(graph)),
+                     "do_bench_over_ncu": per_ncu(med(db)), "kopt_over_ncu": per_ncu(med(kopt))})
     (out / "timing_fidelity.json").write_text(json.dumps(rows, indent=1))
-    head = (f"{'case':<10} {'ncu µs':>9} {'kopt µs':>9} {'kopt/ncu':>8} {'spread':>7} {'graph µs':>9} {'gr/ncu':>7} "
-            f"{'spread':>7} {'do_bench':>9} {'db/ncu':>7} {'spread':>7}")
-    print(head)
     f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
+    pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
+    # the kernels' own span, measured apart from kopt, against which every method is read
+    print(f"{'case':<10} {'span µs':>9} {'spread':>7} {'kopt µs':>9} {'kopt/span':>9} {'spread':>7} "
+          f"{'events/span':>11} {'spread':>7} {'ncu/span':>8} {'graph/span':>10} {'do_bench/span':>13}")
     for r in rows:
-        print(f"{r['case']:<10} {f(r['ncu_us'], 1):>9} {f(r['kopt_us'], 1):>9} {f(r['kopt_ratio']):>8} "
-              f"{f(r['kopt_spread_pct'], 1):>6}% {f(r['graph_us'], 1):>9} {f(r['graph_ratio']):>7} "
-              f"{f(r['graph_spread_pct'], 1):>6}% {f(r['do_bench_us'], 1):>9} {f(r['do_bench_ratio']):>7} "
-              f"{f(r['do_bench_spread_pct'], 1):>6}%")
-    # the GPU's own kernel records (the gate's kernel-only figure), against which the others are read
+        print(f"{r['case']:<10} {f(r['cupti_span_us'], 2):>9} {pct(r['cupti_span_spread_pct']):>7} "
+              f"{f(r['kopt_us'], 2):>9} {f(r['kopt_over_span']):>9} {pct(r['kopt_spread_pct']):>7} "
+              f"{f(r['events_over_span']):>11} {pct(r['events_spread_pct']):>7} {f(r['ncu_over_span']):>8} "
+              f"{f(r['graph_over_span']):>10} {f(r['do_bench_over_span']):>13}")
     print()
-    print(f"{'case':<10} {'CUPTI µs':>9} {'spread':>7} {'runs':>5} {'events/CUPTI':>13} {'ncu/CUPTI':>10} "
-          f"{'graph/CUPTI':>12} {'do_bench/CUPTI':>15}")
+    print(f"{'case':<10} {'ncu µs':>9} {'kopt/ncu':>8} {'events/ncu':>10} {'graph/ncu':>9} {'spread':>7} "
+          f"{'do_bench/ncu':>12} {'spread':>7}")
     for r in rows:
-        c = r["cupti_us"]
-        rel = lambda v: None if v is None or not c else v / c  # noqa: E731
-        print(f"{r['case']:<10} {f(c, 2):>9} {f(r['cupti_spread_pct'], 1):>6}% {r['cupti_runs']:>5} "
-              f"{f(r['events_over_cupti']):>13} {f(r['ncu_over_cupti']):>10} {f(rel(r['graph_us'])):>12} "
-              f"{f(rel(r['do_bench_us'])):>15}")
+        print(f"{r['case']:<10} {f(r['ncu_us'], 1):>9} {f(r['kopt_over_ncu']):>8} {f(r['events_over_ncu']):>10} "
+              f"{f(r['graph_over_ncu']):>9} {pct(r['graph_spread_pct']):>7} {f(r['do_bench_over_ncu']):>12} "
+              f"{pct(r['do_bench_spread_pct']):>7}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ DEFAULT_GATE_TIMEOUT_S = 60.0
 DEFAULT_NCU_TIMEOUT_S = 300.0
 #: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
 SEED_COUNT = 5
-TIMING_METHODS = ("events", "graph")
+TIMING_METHODS = ("cupti", "events", "graph")
 NUMERICS_MODES = ("reference", "strict", "approximate")
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
@@ -68,9 +68,10 @@ class Settings:
     #: True: every GPU request in a fresh child process; False (default): one warm child per kernel and one per
     #: reference file serve a kernel's correctness and timing requests (pytest_kopt.runner.HarnessServer).
     fresh_process: bool = False
-    #: Timing method: ``events`` (one CUDA event pair per call) or ``graph`` (N flush+call pairs in a CUDA graph
-    #: minus a flush-only graph; for kernels of a few µs).
-    timing_method: str = "events"
+    #: Timing method: ``cupti`` (the kernels' own span from CUPTI activity records, with one CUDA event pair per call
+    #: beside it; events when the profiler gives no records), ``events`` (one CUDA event pair per call) or
+    #: ``graph`` (N flush+call pairs in a CUDA graph minus a flush-only graph; for kernels of a few µs).
+    timing_method: str = "cupti"
     #: Largest fraction of the GPU's free memory the timing gate's rotating input sets may take (0 < f <= 0.9).
     rotating_memory: float = 0.25
     #: PR gate (``--kopt-fail-slower PCT``): the slowdown threshold in percent, None when not asked for; each
@@ -425,9 +426,9 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
         if rotating_memory > 0.9:
             raise ConfigError(f"--kopt-rotating-memory: {rotating_memory:g} is more than 0.9 of the free memory",
                               fix="give a fraction such as 0.25 (the kernel's own buffers need the rest)")
-    timing_method = str(opt("timing") or "events")
+    timing_method = str(opt("timing") or "cupti")
     if timing_method not in TIMING_METHODS:
-        raise ConfigError(f"--kopt-timing: unknown method {timing_method!r}", fix=f"choose {' or '.join(TIMING_METHODS)}")
+        raise ConfigError(f"--kopt-timing: unknown method {timing_method!r}", fix=f"choose {', '.join(TIMING_METHODS[:-1])} or {TIMING_METHODS[-1]}")
     json_path = opt("json")
     if json_path is not None and json_path != "-":
         json_path = os.fspath(Path(base, json_path)) if not os.path.isabs(json_path) else json_path

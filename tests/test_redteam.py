@@ -255,6 +255,57 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
         result.stdout.str()[-3000:]
 
 
+EXTRA_KERNEL_CU = textwrap.dedent("""\
+    #include <cuda_runtime.h>
+    // Right outputs on every call, but every third call also launches another kernel: the calls launch different
+    // work from call to call, which a kernel-only timing must not average away.
+    __global__ void k(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = 2.0f * x[i];
+    }
+    __global__ void extra(float* y) { if (threadIdx.x == 0 && y[0] != y[0]) y[0] = 0.0f; }
+    extern "C" void solve(const float* x, float* y, int n) {
+        static int calls = 0;
+        k<<<(n + 255) / 256, 256>>>(x, y, n);
+        if (++calls % 3 == 0) extra<<<1, 32>>>(y);
+    }
+""")
+RETURNS_INPUT_PY = """\
+import torch
+def setup(n, seed, device="cuda"):
+    return {"inputs": {"x": torch.empty(n, device=device)}, "outputs": ["y"]}
+def run_kernel(x):
+    return x  # the input itself: right values, no GPU work at all
+"""
+IDENTITY_REF = "atol = 0.0\nrtol = 0.0\ndef reference(x, **_):\n    return x.clone()\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
+def test_kernel_only_timing_catches_calls_that_differ_or_launch_nothing(pytester: pytest.Pytester) -> None:
+    """On a GPU, with the default kernel-only (CUPTI) timing: a kernel whose calls launch different kernels from call
+    to call is SUSPECT and says so; a candidate that returns its input (right values, no GPU work) is SUSPECT for
+    launching nothing; both pass correctness. The honest kernel's timing passes on the CUPTI basis."""
+    (pytester.path / "extra.cu").write_text(EXTRA_KERNEL_CU)
+    (pytester.path / "honest.cu").write_text(GPU_TEMPLATE.replace("BODY", "y[i] = 2.0f * x[i];"))
+    pytester.makepyfile(ref=SCALE_REF, same=RETURNS_INPUT_PY, idref=IDENTITY_REF)
+    args = ["--kopt-seeds", "3", "-p", "no:cacheprovider", "-k", "correctness or timing", "--kopt-dims", "n=1048576"]
+    pytester.runpytest_subprocess("--kopt-baseline", "honest.cu", "--kopt-candidate", "extra.cu", "--kopt-ref",
+                                  "ref.py", "--kopt-json", "a.json", *args, timeout=600)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "same.py", "--kopt-ref", "idref.py", "--kopt-json",
+                                           "b.json", *args, timeout=600)
+    items = [i for f in ("a.json", "b.json") for i in json.loads((pytester.path / f).read_text())["items"]]
+    got = {(i["nodeid"].split("::")[0], i["gate"]): i for i in items if i["gate"] in ("correctness", "timing")}
+    out = result.stdout.str()[-3000:]
+    assert all(got[(k, "correctness")]["status"] == "PASSED" for k in ("honest.cu", "extra.cu", "same.py")), out
+    assert got[("honest.cu", "timing")]["status"] == "PASSED"
+    assert got[("honest.cu", "timing")]["figures"]["timing_basis"] == "cupti"
+    assert got[("extra.cu", "timing")]["status"] == "SUSPECT"
+    assert "different kernels from call to call" in got[("extra.cu", "timing")]["message"]
+    assert got[("same.py", "timing")]["status"] == "SUSPECT", out
+    assert "launched no GPU work" in got[("same.py", "timing")]["message"]
+
+
 RACY_CU = textwrap.dedent("""\
     #include <cuda_runtime.h>
     // A shared-memory race: each thread reads its neighbour warp's slot without __syncthreads(). On most runs the

@@ -341,7 +341,7 @@ def test_settings_is_frozen(tmp_path):
     ("timeout", "-5", "--kopt-timeout", "must be > 0"),
     ("ncu_timeout", "0", "--kopt-ncu-timeout", "'0' must be > 0"),
     ("ncu_timeout", "soon", "--kopt-ncu-timeout", "is not a number"),
-    ("timing", "cupti", "--kopt-timing", "unknown method 'cupti'"),
+    ("timing", "kineto", "--kopt-timing", "unknown method 'kineto'"),
     ("rotating_memory", "0", "--kopt-rotating-memory", "'0' must be > 0"),
     ("rotating_memory", "0.95", "--kopt-rotating-memory", "more than 0.9"),
 ])
@@ -355,7 +355,7 @@ def test_timing_options_reach_settings(tmp_path):
     """--kopt-timing, --kopt-rotating-memory and --kopt-fresh-process with their defaults."""
     _files(tmp_path)
     plain = build_settings(_getter(baseline="k.cu", ref="ref.py"), tmp_path)
-    assert (plain.timing_method, plain.rotating_memory, plain.fresh_process) == ("events", 0.25, False)
+    assert (plain.timing_method, plain.rotating_memory, plain.fresh_process) == ("cupti", 0.25, False)
     s = build_settings(_getter(baseline="k.cu", ref="ref.py", timing="graph", rotating_memory="0.5",
                                fresh_process=True), tmp_path)
     assert (s.timing_method, s.rotating_memory, s.fresh_process) == ("graph", 0.5, True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -161,6 +162,8 @@ class Timer:
     def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
                  refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
         self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
+        for thread in _WARMUP:  # CUPTI's start-up must not run beside the samples
+            thread.join(timeout=60.0)
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
         # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
@@ -257,12 +260,13 @@ class Timer:
     def result(self, reason: str | None) -> dict[str, Any]:
         """The side-stream probe, then every figure: per-sample lists (ms) and the stop reason.
 
-        Probe: without the stream hold, launch and synchronise the whole device 30 times; work the events did not
-        see (another stream, a background thread) lengthens these host-clock times beyond launch + event + sync."""
+        Probe: without the stream hold, launch and synchronise the whole device :func:`probe_calls` times; work the
+        events did not see (another stream, a background thread) lengthens these host-clock times beyond launch +
+        event + sync."""
         torch = self.torch
         host_ms: list[float] = []
         t0 = time.perf_counter()
-        for j in range(30):
+        for j in range(probe_calls(statistics.median(self.event_ms) if self.event_ms else 1.0)):
             s = self.sets[j % len(self.sets)]
             torch.cuda.synchronize()
             h0 = time.perf_counter()
@@ -277,6 +281,12 @@ class Timer:
                 "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
                 "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method,
                 "phase_s": self.phase_s}
+
+
+def probe_calls(median_ms: float) -> int:
+    """Calls of the side-stream probe (:meth:`Timer.result`) for a kernel whose event median is ``median_ms``: about
+    0.1 s of them, at least 5 and at most 30 (a 25 ms kernel gets 5, where 30 cost 0.77 s on the H200)."""
+    return max(5, min(30, int(100.0 / max(median_ms, 1e-3))))
 
 
 class EventsTimer(Timer):
@@ -482,25 +492,62 @@ def calls_by_launch(records: list[tuple[float, float, str, int]], launches: Mapp
 
 
 def cupti_calls(median_ms: float) -> int:
-    """How many calls :func:`kernel_times` profiles for a kernel whose event median is ``median_ms`` (ms): about
-    0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50), so the profile costs at
-    most about 1.3 s per timing item."""
+    """How many calls the first batch of :func:`cupti_samples` profiles for a kernel whose event median is
+    ``median_ms`` (ms): about 0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50)."""
     return max(5, min(50, int(300.0 / max(median_ms, 1e-3))))
 
 
-def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
-    """Kernel-only time of one call from the GPU's own records (CUPTI activity records through torch's profiler,
-    Kineto): ``calls`` calls, each after the L2 flush; per call the span from its first kernel's start to its last
-    kernel's end, every kernel (and memset/memcpy) it launched on any stream counted. The flush's records are told
-    apart by when the host launched them (:func:`calls_by_launch`, ``"split": "launch"``); where the profiler's
-    records do not link device work to its launches, by the names a profiled flush alone launched (``"split":
-    "names"``, which reads a call that launches the flush's kernel as flushes). Returns ``median_us``, ``p10_us``,
-    ``p90_us``, ``calls`` (calls with records), ``empty_calls`` (calls that launched nothing),
-    ``kernels_per_call`` (the distinct counts seen: more than one means the call launches different work from call
-    to call), ``kernels`` (names, first call), ``split``, or ``{"error": reason}`` when the profiler gave no
-    records (CUPTI can deliver nothing to a second profiler session in one process). The events timing measures
-    launch gaps and the flush's tail as well: about 2 µs more on an H200 (measured with this method,
-    2026-12-01)."""
+#: The kernel-only (CUPTI) samples' stopping rule: at least ``min_samples`` calls, then batches until the median's
+#: relative standard error is under ``target_rse`` (half the events' 0.5%: the spread of 5 repeated medians, about
+#: 4.6 standard errors for n = 5, then stays under 1%), ``budget_s`` of profiling or ``max_samples`` calls.
+CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200}
+
+
+_WARMUP: list[threading.Thread] = []
+
+
+def warm_profiler() -> None:
+    """Start, once per process, a background thread that opens and closes one CUDA profiler session: CUPTI's first
+    session in a process costs about 4 s (H200, 2026-12-03: 4.09 s, then 0.005 s for each later one), paid here
+    while a warm harness process waits for its first request instead of inside a timing item.
+    :func:`kernel_times` waits for it. A failure is left for :func:`kernel_times` to meet and report."""
+    if _WARMUP:
+        return
+
+    def run() -> None:
+        try:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]):
+                torch.cuda.synchronize()
+        except Exception:  # reported by the first real session, if it fails too
+            pass
+
+    thread = threading.Thread(target=run, name="kopt-profiler-warmup", daemon=True)
+    _WARMUP.append(thread)
+    thread.start()
+
+
+def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
+                 flush_names: set[str] | None = None, start: int = 0) -> dict[str, Any]:
+    """Kernel-only time of ``calls`` calls from the GPU's own records (CUPTI activity records through torch's
+    profiler, Kineto), each after the L2 flush; per call the span from its first kernel's start to its last
+    kernel's end, every kernel (and memset/memcpy) it launched on any stream counted. Before each flush, inside the
+    flush's range: a GPU spin of ``hold_us`` (default :data:`KERNEL_TIMES_HOLD_US`: time for the host to queue a
+    call of several launches while the profiler slows it) and, from the second pass over the input sets (or every
+    call, for a call that changes its in-place outputs), fresh values in the set the call uses (call number
+    ``start`` + i); none of it counted.
+
+    The flush's records are told apart by when the host launched them (:func:`calls_by_launch`, ``"split":
+    "launch"``); where the profiler's records do not link device work to its launches, by the names a profiled
+    flush alone launched (``flush_names``, measured here when not given; ``"split": "names"``, which reads a call
+    that launches the flush's kernel as flushes). Returns ``spans_us`` (per call with records, in call order),
+    ``median_us``, ``p10_us``, ``p90_us``, ``calls``, ``empty_calls`` (calls that launched nothing),
+    ``kernels_per_call`` (the distinct counts seen), ``launch_sets`` (each distinct sorted list of kernel names a
+    call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
+    or ``{"error": reason}`` when the profiler gave no records. The events timing measures launch gaps and the
+    flush's tail as well: about 2 µs more on an H200 (docs/timing.md)."""
     torch = timer.torch
     try:
         from torch.autograd import DeviceType
@@ -516,23 +563,32 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
                 out.append((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id)))
         return sorted(out)
 
+    for thread in _WARMUP:  # one profiler session at a time in a process
+        thread.join(timeout=60.0)
+    hold = max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US) if hold_us is None else hold_us
+    refresh_every = bool(timer.t.get("refresh_every_call"))
     torch.cuda.synchronize()
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as probe:
-            timer.hold(max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US))
-            timer.flush()
-            torch.cuda.synchronize()
-        flush_events = device_records(probe)
-        flush_names = {n for _, _, n, _ in flush_events}
+        if flush_names is None:
+            with profile(activities=[ProfilerActivity.CUDA]) as probe:
+                timer.hold(hold)
+                timer.flush()
+                torch.cuda.synchronize()
+            flush_events = device_records(probe)
+            flush_names = {n for _, _, n, _ in flush_events}
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(calls):
+                k = start + i
+                s = timer.sets[k % len(timer.sets)]
                 with record_function(FLUSH_RANGE):
                     # a GPU spin first, so the call's launches queue behind the flush and its span holds no
                     # launch gap: the host runs slower while it is profiled (a 2-kernel torch.sum read 12.1 µs
-                    # behind a 2x hold_us spin, 9.2 µs without CPU records, H200); 1 ms is 50 ms for 50 calls
-                    timer.hold(max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US))
+                    # behind a 2x hold_us spin, 9.2 µs without CPU records, H200)
+                    timer.hold(hold)
+                    if refresh_every or k >= len(timer.sets):
+                        timer.refresh(s, 1_000_000 + k)  # values no event sample used
                     timer.flush()
-                timer.launch(timer.sets[i % len(timer.sets)])
+                timer.launch(s)
             torch.cuda.synchronize()
         records = device_records(prof)
         host = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CPU]
@@ -551,15 +607,70 @@ def kernel_times(timer: Timer, calls: int = 50) -> dict[str, Any]:
         if not flush_names:
             return {"error": f"{unmatched} of {len(records)} device records have no launch, and a flush alone "
                              "gave no records to tell the flush by"}
-        segments = call_segments([(a, b, n) for a, b, n, _ in records], flush_names, len(flush_events))
+        per_flush = max(1, sum(1 for r in records if r[2] in flush_names) // max(1, calls))
+        segments = call_segments([(a, b, n) for a, b, n, _ in records], flush_names, per_flush)
         split = "names"
     spans = [max(e for _, e, _ in seg) - min(s for s, _, _ in seg) for seg in segments if seg]
+    sets: dict[tuple[str, ...], int] = {}
+    for seg in segments:
+        if seg:
+            names = tuple(sorted(n for _, _, n in seg))
+            sets[names] = sets.get(names, 0) + 1
+    base: dict[str, Any] = {"calls": len(spans), "empty_calls": sum(1 for seg in segments if not seg),
+                            "split": split, "flush_names": sorted(flush_names), "spans_us": spans,
+                            "launch_sets": [{"kernels": list(k), "calls": n} for k, n in sets.items()]}
     if not spans:
-        return {"error": "no kernel of the call was recorded between the flushes", "calls": 0,
-                "empty_calls": len(segments), "split": split}
-    spans.sort()
-    q = lambda f: spans[min(len(spans) - 1, int(f * (len(spans) - 1)))]  # noqa: E731
-    return {"median_us": statistics.median(spans), "p10_us": q(0.1), "p90_us": q(0.9), "calls": len(spans),
-            "empty_calls": sum(1 for seg in segments if not seg),
+        return {**base, "error": "no kernel of the call was recorded between the flushes"}
+    ordered = sorted(spans)
+    q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
+    return {**base, "median_us": statistics.median(spans), "p10_us": q(0.1), "p90_us": q(0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
-            "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else [], "split": split}
+            "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
+
+
+def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
+    """Kernel-only samples (:func:`kernel_times`) in batches until :data:`CUPTI`'s rule stops them: the first batch
+    :func:`cupti_calls` calls behind a 1 ms spin each; when every call of it launched one kernel (whose span no
+    launch gap can lengthen), later batches spin only the event timer's hold. Returns :func:`kernel_times`'s
+    fields over all batches, plus ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error``
+    (when the first batch fails; a later batch's failure ends the sampling with ``batch_error``)."""
+    from ..stats import should_stop
+
+    t0 = time.perf_counter()
+    first = kernel_times(timer, cupti_calls(median_ms))
+    if "error" in first:
+        return {**first, "profile_s": time.perf_counter() - t0}
+    out = dict(first)
+    out["batches"] = 1
+    single = first["kernels_per_call"] == [1] and not first["empty_calls"]
+    reason = None
+    while True:
+        spans_ms = [x / 1e3 for x in out["spans_us"]]
+        reason = should_stop(spans_ms, time.perf_counter() - t0, target_rse=CUPTI["target_rse"],
+                             min_samples=CUPTI["min_samples"], budget_s=CUPTI["budget_s"],
+                             max_samples=CUPTI["max_samples"])
+        if reason is not None:
+            break
+        n = min(CUPTI["batch_max"], CUPTI["max_samples"] - len(out["spans_us"]), max(20, len(out["spans_us"])))
+        nxt = kernel_times(timer, n, hold_us=timer.hold_us if single else None,
+                           flush_names=set(out["flush_names"]), start=out["calls"] + out["empty_calls"])
+        if "error" in nxt and not nxt.get("spans_us"):
+            out["batch_error"] = nxt["error"]
+            reason = "batch_error"
+            break
+        out["batches"] += 1
+        out["spans_us"] = out["spans_us"] + nxt["spans_us"]
+        out["calls"] += nxt["calls"]
+        out["empty_calls"] += nxt["empty_calls"]
+        out["kernels_per_call"] = sorted(set(out["kernels_per_call"]) | set(nxt.get("kernels_per_call") or []))
+        merged = {tuple(d["kernels"]): d["calls"] for d in out["launch_sets"]}
+        for d in nxt["launch_sets"]:
+            merged[tuple(d["kernels"])] = merged.get(tuple(d["kernels"]), 0) + d["calls"]
+        out["launch_sets"] = [{"kernels": list(k), "calls": c} for k, c in merged.items()]
+        if nxt["split"] != "launch":
+            out["split"] = nxt["split"]
+    ordered = sorted(out["spans_us"])
+    q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
+    out.update(median_us=statistics.median(ordered), p10_us=q(0.1), p90_us=q(0.9), stop_reason=reason,
+               profile_s=time.perf_counter() - t0)
+    return out

@@ -11,8 +11,8 @@ from . import HarnessError
 from .inputs import Inputs, check_spec
 from .kernels import Candidate
 from .formats import load_reference
-from .timer import GraphTimer, Timer, cupti_calls, kernel_times, make_timer
-from .transfer import to_numpy
+from .timer import GraphTimer, Timer, cupti_samples, make_timer
+from .correctness import Keeper
 
 #: Timers of parties timed in alternating rounds, kept in a warm harness process between requests (round key ->
 #: (Timer, finish function)). One interleaved measurement at a time.
@@ -71,10 +71,9 @@ def _scalars(inp: Inputs) -> dict[str, Any]:
 
 
 def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
-    """Time the candidate over rotating input sets (:mod:`pytest_kopt.child.timer`). Saves the last timed call's
-    inputs and outputs to ``<out>.npz`` so the parent can check them against the reference in another process."""
-    import numpy as np
-
+    """Time the candidate over rotating input sets (:mod:`pytest_kopt.child.timer`). Keeps the inputs and outputs of
+    a check call on the last timed set (:class:`~pytest_kopt.child.correctness.Keeper`) for the judge in the
+    reference's process (:func:`~pytest_kopt.child.correctness.mode_check_timed`)."""
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
         cand = Candidate(req)
         torch = cand.torch
@@ -96,25 +95,20 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
         timer = make_timer(torch, sets, launch, refresh, t)
 
         def finish(result: dict[str, Any]) -> dict[str, Any]:
+            # kernel-only time from the GPU's own records, beside the events
+            t0 = time.perf_counter()
+            med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
+            cupti = cupti_samples(timer, med_ms) if req.get("mode") == "timing" else None
+            timer.phase_s["cupti"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             last = sets[(len(result["event_ms"]) - 1) % len(sets)]
-            cand.inputs = last
+            cand.inputs = last  # the profiled calls went over every set: the check call is on this one
             inout = any(s["role"] == "inout" for s in last.spec)
             if inout:  # the timed calls changed the in-place outputs: fresh values for the check call
                 refresh(last, -1)
-            arrays = {f"in__{s['name']}": to_numpy(torch, last.tensors[s["name"]])
-                      for s in last.spec if s["role"] in ("input", "inout")}
+            keep = Keeper(torch, "cuda")  # for the judge in the reference's process: CUDA IPC, else an .npz
+            keep.add("in", {s["name"]: last.tensors[s["name"]] for s in last.spec if s["role"] in ("input", "inout")})
             got: dict[str, Any] = {}
-            # kernel-only time from the GPU's own records, beside the events (a candidate changing its in-place
-            # outputs is profiled on them as they are: only its time is read)
-            med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
-            calls = cupti_calls(med_ms)
-            t0 = time.perf_counter()
-            cupti = kernel_times(timer, calls) if req.get("mode") == "timing" else None
-            timer.phase_s["cupti"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            cand.inputs = last  # the profiled calls went over every set: the check call is on the saved one
-            if inout:
-                refresh(last, -1)
             if isinstance(timer, GraphTimer) and timer.graph_method == "cuda_graph" and not cand.returned \
                     and not inout:
                 # what was timed is the graph: poison the outputs, replay it and check *its* results (a kernel that
@@ -124,8 +118,8 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             else:
                 got = cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
             # the check call rewrote the outputs from the saved inputs; a stale timed output shows up too
-            arrays.update({f"cand1__{n}": to_numpy(torch, t) for n, t in cand.results(got).items()})
-            np.savez(req["out"] + ".npz", **arrays)
+            keep.add("cand1", cand.results(got))
+            shared = keep.result(req["out"], {})
             timer.phase_s["check_call"] = time.perf_counter() - t0
             workload = None
             if callable(getattr(cand.ref, "workload_model", None)):
@@ -134,7 +128,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
                 except Exception as exc:
                     raise HarnessError("contract", f"{req['ref']}: workload_model(**dims) raised "
                                        f"{type(exc).__name__}: {exc}") from exc
-            return {**result, "workload": workload, "spec": cand.inputs.spec, "npz": req["out"] + ".npz",
+            return {**result, **shared, "workload": workload, "spec": cand.inputs.spec,
                     "returned": sorted(got), "cupti": cupti,
                     "scalars": _scalars(cand.inputs), "gpu": torch.cuda.get_device_name(0),
                     "gpu_uuid": device_uuid(torch), "phase_s": timer.phase_s}
@@ -165,7 +159,17 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
         def refresh(s: Inputs, k: int) -> None:
             s.fill(req["plan"], int(req["seed"]) + 104729 * (k + 1), ref, dims, {})
 
-        return make_timer(torch, sets, launch, refresh, t), lambda result: result
+        timer = make_timer(torch, sets, launch, refresh, t)
+
+        def finish(result: dict[str, Any]) -> dict[str, Any]:
+            # the reference's kernel-only time too, so a speedup compares like with like
+            t0 = time.perf_counter()
+            med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
+            cupti = cupti_samples(timer, med_ms)
+            timer.phase_s["cupti"] = time.perf_counter() - t0
+            return {**result, "cupti": cupti}
+
+        return timer, finish
 
     return timed(req, prepare)
 

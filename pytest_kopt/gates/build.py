@@ -294,6 +294,45 @@ def ensure_built(ctx: Context) -> BuildResult:
     return res
 
 
+def build_quietly(ctx: Context) -> None:
+    """:func:`ensure_built` for a build started ahead of its compile item (:class:`BuildAhead`): a failure is
+    remembered in ``compile_error.json`` as usual, and the compile item reports it when it runs."""
+    try:
+        ensure_built(ctx)
+    except (KoptError, Blocked, OSError):
+        pass
+
+
+class BuildAhead:
+    """The ``.cu`` kernels of a session built side by side: when the first compile item of a process runs, nvcc
+    starts for every other ``.cu`` kernel whose compile item this process collected, at most one build per CPU, in
+    threads; each compile item then finds its build done or waits for it on the build folder's lock. So one process
+    compiles as many kernels at once as xdist workers would, without their start-up; under xdist, a build another
+    worker has started is waited for, never run twice (the content-addressed cache and its lock)."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+
+    def start(self, ctxs: list[Context]) -> int:
+        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process; returns how many were
+        started (0 after the first call)."""
+        if self.pool is not None:
+            return 0
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1)),
+                                       thread_name_prefix="kopt-build")
+        for c in todo:
+            self.pool.submit(build_quietly, c)
+        return len(todo)
+
+    def wait(self) -> None:
+        """Wait for the builds still running (at session end: nvcc must not outlive the session)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
 def built(ctx: Context) -> BuildResult:
     """:func:`ensure_built` for a gate that needs the build: any failure to build is Blocked by compile (the
     compile item reports it), never this gate's own failure."""

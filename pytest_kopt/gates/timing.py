@@ -5,7 +5,6 @@ loop's decisions use, and the GPU's measured peaks."""
 from __future__ import annotations
 
 import dataclasses
-import io
 import statistics
 import time
 import uuid
@@ -18,10 +17,10 @@ from ..errors import HardwareError, IncorrectError, KernelRuntimeError, KoptErro
 from ..settings import dims_label
 from .build import built, ensure_built
 from .context import Context, Outcome
-from .correctness import require_correct
+from .correctness import judge_request, require_correct, verdict_from
 from .gpus import same_device
 from .request import harness_request
-from .trust import digest, local_sources, read_verified
+from .trust import digest, local_sources
 
 #: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
 #: 0.5% (nvbench's default noise target) with at least 10 samples and 0.2 s, or 2 s / 2000 samples; up to 8
@@ -32,6 +31,8 @@ TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 
 GRAPH_CALLS = 20
 #: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
 ROUND_S = 0.05
+#: ms per µs: CUPTI spans come in µs.
+_US = 1e-3
 
 Party = tuple[dict[str, Any], "str | None", str]  # (request, warm server identity, display path)
 
@@ -124,7 +125,9 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
     GPUs of one model, hit them all alike. ``ctxs``: built, correct kernels of one session. Returns, per kernel,
     ``{"median_ms", "samples_ms", "stop_reason", "gpu_uuid"}`` (ms). Raises the harness's errors
     (:class:`~pytest_kopt.errors.KoptError`: a kernel that no longer builds, crashes or times out). Outputs are not
-    judged again: each kernel passed its correctness seeds and timed-output check earlier in the session."""
+    judged again: each kernel passed its correctness seeds and timed-output check earlier in the session. The samples
+    are every kernel's kernel-only (CUPTI) spans under ``--kopt-timing cupti`` when each kernel has them, else the
+    CUDA event samples (``timing_basis``)."""
     parties: list[Party] = []
     for c in ctxs:
         r = timing_request(c, "cuda")
@@ -135,11 +138,17 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
         for i in range(len(parties)):
             rounds.start(i)
         finals = rounds.finish()
+    # one basis for every kernel of the decision: the kernel-only spans when each has them (the timing gate's
+    # default), else the events
+    spans = [(f.get("cupti") or {}).get("spans_us") for f in finals]
+    cupti = ctxs[0].settings.timing_method == "cupti" and all(spans)
     out = []
-    for f in finals:
+    for f, sp in zip(finals, spans):
         if f.get("npz"):
             Path(f["npz"]).unlink(missing_ok=True)
-        out.append({"median_ms": statistics.median(f["event_ms"]), "samples_ms": f["event_ms"],
+        samples = [x * _US for x in sp] if cupti and sp else f["event_ms"]
+        out.append({"median_ms": statistics.median(samples), "samples_ms": samples,
+                    "timing_basis": "cupti" if cupti else f.get("method", "events"),
                     "stop_reason": f["stop_reason"], "gpu_uuid": f.get("gpu_uuid")})
     return out
 
@@ -147,7 +156,7 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
 def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
     """The reference timed in its own process on the candidate's spec (``--kopt-fresh-process``, where no rounds
     alternate): shared through the session's signed cache per (reference, spec, dims, GPU), so a session's
-    candidates share one measurement of it. Returns ``{"event_ms", "stop_reason"}``."""
+    candidates share one measurement of it. Returns ``{"event_ms", "stop_reason", "cupti"}``."""
     key = digest("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
                  req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
 
@@ -156,7 +165,8 @@ def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) ->
         result = ctx.pool.run(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                               path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
                               server=ctx.server("reference"))
-        return {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"]}, None
+        return {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"],
+                "cupti": result.get("cupti")}, None
 
     payload, _, _ = ctx.trust.cached(ctx.cache_dir / "refs", f"{key}.timing", compute, gate="timing",
                                      display=ctx.display)
@@ -172,9 +182,10 @@ def device_peaks(ctx: Context) -> dict[str, Any] | None:
         return None
 
     def compute() -> tuple[dict[str, Any], None]:
+        # in the reference's warm process (torch imported, its context made): a fresh process costs ~5 s to start
         with ctx.gpu_lock():
-            result = ctx.pool.run({"mode": "peaks"}, gate="timing", timeout_s=300.0, path=ctx.display,
-                                  workdir=ctx.work)
+            result = ctx.pool.run({"mode": "peaks"}, gate="timing", timeout_s=300.0,
+                                  path=ctx.display, workdir=ctx.work, server=ctx.server("reference"))
         return {k: result[k] for k in ("dram_bytes_per_s", "bf16_flops", "fp32_flops", "gpu", "method")}, None
 
     payload, _, _ = ctx.trust.cached(ctx.cache_dir / "peaks", gpu["uuid"], compute, signed=False, gate="timing",
@@ -203,33 +214,19 @@ def bench_head(ctx: Context, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any]) -> Any:
-    """The reference, in its own process, on the inputs of the last timed call; returns the verdict on the timed
-    call's outputs. Raises KernelRuntimeError when the timed process returned no outputs."""
-    import numpy as np
-
-    from .verdict import judge
-
-    check: dict[str, Any] = {}
+    """The judge, in the reference's process, on the timed process's check call: the reference on that call's
+    inputs, the verdict on its outputs (:func:`pytest_kopt.child.correctness.mode_check_timed`). Raises
+    KernelRuntimeError when the timed process handed over no outputs (or none the judge could read)."""
     try:
-        creq = {**req, "mode": "check_outputs", "spec": result["spec"], "scalars": result.get("scalars", {}),
-                "returned": result.get("returned"), "inputs_npz": result["npz"], "env": {}}
-        check = ctx.pool.run(creq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
-                             path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
-                             server=ctx.server("reference"))
-        data = read_verified(Path(check["npz"]), check.get("npz_sha"), "timing", ctx.display)
-        with np.load(result["npz"]) as c, np.load(io.BytesIO(data)) as r:
-            arrays = {**{k: c[k] for k in c.files if k.startswith("cand1__")}, **{k: r[k] for k in r.files}}
-        outputs = [k.removeprefix("ref__") for k in arrays if k.startswith("ref__")]
-        missing = [o for o in outputs if f"cand1__{o}" not in arrays]
-        if missing or not outputs:
-            raise KernelRuntimeError(f"the timed call's process returned no {', '.join(missing) or 'outputs'}",
-                                     gate="timing", path=ctx.display,
-                                     fix="the kernel must not touch the harness (its modules, files or pipes)")
-        return judge(outputs, arrays, {n: (t["atol"], t["rtol"]) for n, t in check["tolerances"].items()})
+        judged = judge_request(ctx, req, result, mode="check_timed")
     finally:
-        for f in (result.get("npz"), check.get("npz")):
-            if f:
-                Path(f).unlink(missing_ok=True)
+        if result.get("npz"):
+            Path(result["npz"]).unlink(missing_ok=True)
+    if judged.get("unreadable") or judged.get("missing") or judged.get("verdict") is None:
+        what = judged.get("unreadable") or ", ".join(judged.get("missing") or []) or "outputs"
+        raise KernelRuntimeError(f"the timed call's process returned no {what}", gate="timing", path=ctx.display,
+                                 fix="the kernel must not touch the harness (its modules, files or pipes)")
+    return verdict_from(judged["verdict"])
 
 
 def _measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
@@ -366,66 +363,127 @@ def shapes_summary(ctx: Context) -> dict[str, Any]:
     return doc
 
 
+def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any],
+                 base_result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Which samples a timing reports and every decision reads, and why. ``--kopt-timing cupti`` (the default):
+    the kernel-only spans from CUPTI (:func:`pytest_kopt.child.timer.cupti_samples`) of the kernel, its reference
+    and a PR gate's baseline alike, so no ratio mixes two clocks; CUDA events for all of them when the profiler
+    gave any party none (``note`` says why). ``events``/``graph``: those samples. Returns ``{"basis", "kernel",
+    "reference", "baseline" (ms lists; baseline None without one), "note"}``. A candidate whose profiled calls
+    launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught, never timed by events instead."""
+    events = {"basis": result.get("method", "events"),
+              "kernel": result["event_ms"], "reference": ref_result["event_ms"],
+              "baseline": base_result["event_ms"] if base_result else None, "note": None}
+    if ctx.settings.timing_method != "cupti":
+        return events
+    cupti = result.get("cupti") or {}
+    if not cupti.get("spans_us") and cupti.get("empty_calls"):
+        return {**events, "basis": "cupti", "kernel": [], "note": "no profiled call launched any GPU work"}
+    parties = [("kernel", result), ("reference", ref_result)] + ([("baseline", base_result)] if base_result else [])
+    missing = [(who, (p.get("cupti") or {}).get("error") or "no CUPTI pass") for who, p in parties
+               if not (p.get("cupti") or {}).get("spans_us")]
+    if missing:
+        return {**events, "note": "timed by CUDA events: CUPTI gave no kernel-only samples for the " + "; ".join(
+            f"{who} ({why[:120]})" for who, why in missing)}
+    spans = {who: [x * _US for x in p["cupti"]["spans_us"]] for who, p in parties}
+    return {"basis": "cupti", "kernel": spans["kernel"], "reference": spans["reference"],
+            "baseline": spans.get("baseline"), "note": None}
+
+
+def cupti_suspects(cupti: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the kernel-only records say of a call that does not do its work every time: calls that launched no GPU
+    work, or calls that launched different kernels (by the sorted list of kernel names) from one call to the next.
+    Returns (finding, fix) pairs."""
+    out: list[tuple[str, str]] = []
+    empty, calls = int(cupti.get("empty_calls") or 0), int(cupti.get("calls") or 0)
+    if empty:
+        out.append((f"{empty} of {empty + calls} profiled calls launched no GPU work (a result computed once and "
+                    "replayed, or work skipped on some calls)",
+                    "launch the kernel's work on every call; a call that does no GPU work has no kernel time"))
+    sets = cupti.get("launch_sets") or []
+    if len(sets) > 1:
+        shown = "; ".join(f"{', '.join(d['kernels'])[:120] or 'nothing'} in {d['calls']} call(s)" for d in sets[:3])
+        out.append((f"the calls launched different kernels from call to call ({shown})",
+                    "launch the same work on every call; if the work truly depends on the input values, time it "
+                    "with --kopt-timing events"))
+    return out
+
+
 def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
     t_peaks = time.perf_counter()
     peaks = device_peaks(ctx)
     t_peaks = time.perf_counter() - t_peaks
     req = harness_request(ctx, "timing", device, ctx.settings.seeds[0], res, timing=timing_policy(ctx))
     result, ref_result, base_result, verdict = _measure(ctx, req)
+    if ref_result is None:
+        ref_result = reference_timing(ctx, req, result)
+    basis = timing_basis(ctx, result, ref_result, base_result)
     first_attempt: dict[str, Any] | None = None
-    k0 = stats.describe(result["event_ms"]) if verdict.ok and statistics.median(result["event_ms"]) > 0 else None
+    k0 = stats.describe(basis["kernel"]) if verdict.ok and basis["kernel"] and \
+        statistics.median(basis["kernel"]) > 0 else None
     if k0 is not None and k0.stability == "unstable" and result.get("method") != "graph":
         # before failing, find out why; where a cause can be taken out of the measurement, measure once more
         causes = unstable_causes(result)
         first_attempt = {"robust_cv": k0.robust_cv, "median_ms": k0.median_ms, "samples": k0.n,
-                         "causes": causes["causes"], "remeasured": causes["remedy"]}
+                         "causes": causes["causes"], "remeasured": causes["remedy"], "basis": basis["basis"]}
         if causes["remedy"]:
             if causes["wait_s"]:
                 time.sleep(causes["wait_s"])
             req = {**req, "timing": {**req["timing"], "hold_us": causes["hold_us"]}}
             result, ref_result, base_result, verdict = _measure(ctx, req)
-    if not verdict.ok or statistics.median(result["event_ms"]) <= 0:
-        # judged before any statistics: a timed call that did no work (a graph captured empty) has a median of the
-        # flush noise around 0, which no distribution describes; the bench.json left says why timing is not valid
+            if ref_result is None:
+                ref_result = reference_timing(ctx, req, result)
+            basis = timing_basis(ctx, result, ref_result, base_result)
+    cupti = result.get("cupti") or {}
+    nothing = (basis["basis"] == "cupti" and not basis["kernel"]) or statistics.median(result["event_ms"]) <= 0
+    if not verdict.ok or nothing:
+        # judged before any statistics: a timed call that did no work (a graph captured empty, a call that launches
+        # nothing) has a median of noise around 0, which no distribution describes; the bench.json left says why
+        # timing is not valid
         write_json(ctx.outdir / "bench.json", {
-            **bench_head(ctx, result), "timing_valid": False, "median_ms": None, "samples_ms": result["event_ms"],
-            "timed_output_check": verdict.status,
+            **bench_head(ctx, result), "timing_valid": False, "median_ms": None, "samples_ms": basis["kernel"],
+            "event_samples_ms": result["event_ms"], "timing_basis": basis["basis"],
+            "timed_output_check": verdict.status, "kernel_time": {"method": "cupti", **cupti} if cupti else None,
             "timing_method": {**req["timing"], "method": result.get("graph_method") or result.get("method")}})
         if not verdict.ok:
             raise IncorrectError(f"a timed call's output is wrong: {verdict.message}", gate="timing",
                                  path=ctx.display, status=verdict.status, details="\n".join(verdict.details),
                                  fix="the kernel behaves differently while timed (cached results, stale pointers)")
-        raise TimingError(f"the timed calls' median is {statistics.median(result['event_ms']) * 1e3:.3f} µs, not "
-                          "above zero: the timed work did nothing measurable", gate="timing", path=ctx.display,
+        what = ("its profiled calls launched no GPU work (CUPTI recorded no kernel, memset or copy between the "
+                "flushes)" if basis["basis"] == "cupti" and not basis["kernel"] else
+                f"the timed calls' median is {statistics.median(result['event_ms']) * 1e3:.3f} µs, not above zero")
+        raise TimingError(f"{what}: the timed work did nothing measurable", gate="timing", path=ctx.display,
                           status="SUSPECT", fix="the kernel must launch its work on the current stream inside "
-                                                "solve()/run_kernel(), also while a CUDA graph is captured")
+                                                "solve()/run_kernel(), on every call and also while a CUDA graph is "
+                                                "captured")
     pinned = (ctx.env.get("gpu") or {}).get("uuid") if ctx.env.get("pinned") else None
     if not same_device(result.get("gpu_uuid"), pinned):
         raise HardwareError(f"the timed process ran on {result.get('gpu_uuid')}, not on {pinned}, the GPU this "
                             "worker is pinned to", gate="timing", path=ctx.display,
                             fix="leave CUDA_VISIBLE_DEVICES to pytest-kopt (--kopt-gpus) in the kernel's process")
-    if ref_result is None:
-        ref_result = reference_timing(ctx, req, result)
-    k = stats.describe(result["event_ms"])
-    r = stats.describe(ref_result["event_ms"])
+    k = stats.describe(basis["kernel"])
+    r = stats.describe(basis["reference"])
+    ke = stats.describe(result["event_ms"])
     host_med = statistics.median(result["host_ms"])
-    # expected host time of one un-held call: its launch + the kernel + a synchronise round trip (calibrated)
-    gap = host_med - k.median_ms - result["host_launch_ms"] - result["host_overhead_ms"]
+    # expected host time of one un-held call: its launch + the kernel + a synchronise round trip (calibrated);
+    # against the event median, the clock the host's own time is comparable with
+    gap = host_med - ke.median_ms - result["host_launch_ms"] - result["host_overhead_ms"]
     wm = result.get("workload") or {}
     floor = stats.roofline_floor_ms(wm.get("flops"), wm.get("bytes_min"),
                                     max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
                                     or None, (peaks or {}).get("dram_bytes_per_s"))
     throttled = result.get("throttled")
-    speedup, sp_lo, sp_hi = stats.bootstrap_ratio_ci(ref_result["event_ms"], result["event_ms"])
+    speedup, sp_lo, sp_hi = stats.bootstrap_ratio_ci(basis["reference"], basis["kernel"])
     # graph samples are differences of two replays: their spread is the flush's, so judge the median's precision
-    graph = result.get("method") == "graph"
+    graph = basis["basis"] == "graph"
     stability = stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if graph else k.stability
-    basis = "median_rse" if graph else "robust_cv"
+    stat_basis = "median_rse" if graph else "robust_cv"
     figures: dict[str, Any] = {"median_ms": k.median_ms, "mean_ms": k.mean_ms, "min_ms": k.min_ms,
                                "p10_ms": k.p10_ms, "p90_ms": k.p90_ms, "ci95_low_ms": k.ci95_low_ms,
                                "ci95_high_ms": k.ci95_high_ms, "robust_cv": round(k.robust_cv, 5),
-                               "median_rse": round(k.median_rse, 5), "stability": stability, "stability_basis": basis,
-                               "samples": k.n,
+                               "median_rse": round(k.median_rse, 5), "stability": stability,
+                               "stability_basis": stat_basis, "samples": k.n, "timing_basis": basis["basis"],
+                               "events_median_ms": ke.median_ms,
                                "stop_reason": result["stop_reason"], "rotating_sets": result["rotating_sets"],
                                "timing_method": result.get("graph_method") or result.get("method", "events"),
                                "host_gap_ms": gap, "ref_median_ms": r.median_ms, "speedup_vs_ref": speedup,
@@ -433,66 +491,79 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                                "gpu_uuid": result.get("gpu_uuid")}  # as the timed process reported it
     if throttled is not None:
         figures["throttled_samples"] = sum(throttled)
-    cupti = result.get("cupti") or {}
     if cupti.get("median_us") is not None:
-        figures["cupti_median_ms"] = cupti["median_us"] / 1e3
+        figures["cupti_median_ms"] = cupti["median_us"] * _US
     if wm.get("flops") is not None:
         figures["gflops"] = wm["flops"] / (k.median_ms * 1e-3) / 1e9
     if wm.get("bytes_min") is not None:
         figures["gbytes_per_s"] = wm["bytes_min"] / (k.median_ms * 1e-3) / 1e9
     if floor is not None:
         figures["roofline_floor_ms"] = floor
-    suspect = []
+    suspect: list[tuple[str, str]] = []
     if floor is not None and k.median_ms < floor:
-        suspect.append(f"median {stats.fmt_ms(k.median_ms)} is under the roofline floor {stats.fmt_ms(floor)} "
-                       f"(bytes_min / measured bandwidth, flops / measured peak, each with {stats.FLOOR_HEADROOM:g}x "
-                       "headroom)")
+        suspect.append((f"median {stats.fmt_ms(k.median_ms)} is under the roofline floor {stats.fmt_ms(floor)} "
+                        f"(bytes_min / measured bandwidth, flops / measured peak, each with {stats.FLOOR_HEADROOM:g}x "
+                        "headroom)", "check workload_model's flops and bytes_min; synchronise all work inside "
+                                     "solve()/run_kernel()"))
     # work outside the timed stream: the host saw the device busy far longer than the events did
-    if gap > max(0.02, 0.25 * k.median_ms):
-        suspect.append(f"the host clock (synchronised) saw {stats.fmt_ms(host_med)} per call but CUDA events "
-                       f"{stats.fmt_ms(k.median_ms)} (work on another stream or a background thread?)")
+    if gap > max(0.02, 0.25 * ke.median_ms):
+        suspect.append((f"the host clock (synchronised) saw {stats.fmt_ms(host_med)} per call but CUDA events "
+                        f"{stats.fmt_ms(ke.median_ms)} (work on another stream or a background thread?)",
+                        "synchronise all work inside solve()/run_kernel(): launch it on the current stream"))
+    if basis["basis"] == "cupti" or (ctx.settings.timing_method == "cupti" and cupti.get("spans_us")):
+        suspect += cupti_suspects(cupti)
     timing_valid = stability != "unstable" and not suspect
     dist = {f: getattr(k, f) for f in k.__dataclass_fields__}
+    clock = {"cupti": "cupti_kernel_span", "graph": "cuda_graph_events"}.get(basis["basis"], "cuda_events")
     bench = {**bench_head(ctx, result), "race_safe": race_safe(ctx), "timing_valid": timing_valid,
-             "average_ms": k.mean_ms, "median_ms": k.median_ms,
-             "robust_cv": k.robust_cv, "stability": stability, "stability_basis": basis, "distribution": dist,
-             "samples_ms": result["event_ms"], "host_ms": result["host_ms"], "throttled": throttled,
+             "average_ms": k.mean_ms, "median_ms": k.median_ms, "timing_basis": basis["basis"],
+             "timing_basis_note": basis["note"],
+             "robust_cv": k.robust_cv, "stability": stability, "stability_basis": stat_basis, "distribution": dist,
+             "samples_ms": basis["kernel"], "event_samples_ms": result["event_ms"],
+             "events": {f: getattr(ke, f) for f in ke.__dataclass_fields__},
+             "host_ms": result["host_ms"], "throttled": throttled,
              "nvml": result.get("nvml"), "stop_reason": result["stop_reason"],
-             "reference": {**{f: getattr(r, f) for f in r.__dataclass_fields__}, "samples_ms": ref_result["event_ms"]},
+             "reference": {**{f: getattr(r, f) for f in r.__dataclass_fields__}, "samples_ms": basis["reference"],
+                           "event_samples_ms": ref_result["event_ms"]},
              "speedup_vs_ref": speedup, "speedup_ci95": [sp_lo, sp_hi], "workload": wm or None,
              "gflops": figures.get("gflops"), "gbytes_per_s": figures.get("gbytes_per_s"),
-             "roofline_floor_ms": floor, "peaks": peaks, "suspect": suspect, "timed_output_check": verdict.status,
-             "timing_method": {**req["timing"], "clock": "cuda_events", "l2_flush_bytes": result.get("flush_bytes"),
+             "roofline_floor_ms": floor, "peaks": peaks, "suspect": [text for text, _ in suspect],
+             "timed_output_check": verdict.status,
+             "timing_method": {**req["timing"], "clock": clock, "l2_flush_bytes": result.get("flush_bytes"),
                                "rotating_sets": result["rotating_sets"], "fresh_values_every_call": True,
                                "graph_method": result.get("graph_method"), "graph_note": result.get("graph_note"),
                                "graph_hold": result.get("graph_hold"),
                                "interleaved_with_reference": not ctx.settings.fresh_process},
              "seeds": list(ctx.settings.seeds), "timing_seed": ctx.settings.seeds[0],
-             # the kernels' own execution span from CUPTI activity records (child/timer.kernel_times), beside the
-             # event time above, which also holds launch gaps and the flush's tail
-             "kernel_time": {"method": "cupti", **cupti} if cupti else None}
+             # the kernels' own execution span from CUPTI activity records (child/timer.cupti_samples): the basis by
+             # default; beside it the event time, which also holds launch gaps and the flush's tail
+             "kernel_time": {"method": "cupti", **{k2: v for k2, v in cupti.items() if k2 != "spans_us"}}
+             if cupti else None}
     # where the item's wall time went (s): the GPU's peaks (cached after the first session), the measurement and
     # the output check as this process saw them, and each timed process's own phases
     bench["phase_s"] = {"peaks": round(t_peaks, 3), **result.get("gate_phase_s", {}),
-                        "candidate": {k: round(v, 3) for k, v in (result.get("phase_s") or {}).items()},
-                        "reference": {k: round(v, 3) for k, v in (ref_result.get("phase_s") or {}).items()}}
+                        "candidate": {k2: round(v, 3) for k2, v in (result.get("phase_s") or {}).items()},
+                        "reference": {k2: round(v, 3) for k2, v in (ref_result.get("phase_s") or {}).items()}}
     if first_attempt is not None:  # an unstable first measurement, its causes and what was done about them
         bench["first_attempt"] = first_attempt
     if base_result is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
-        bench["pr_baseline"] = {"kernel": str(ctx.settings.baseline), "samples_ms": base_result["event_ms"],
+        bench["pr_baseline"] = {"kernel": str(ctx.settings.baseline), "samples_ms": basis["baseline"],
+                                "event_samples_ms": base_result["event_ms"], "timing_basis": basis["basis"],
                                 "stop_reason": base_result["stop_reason"]}
     path = write_json(ctx.outdir / "bench.json", bench)
     if suspect:
-        raise TimingError("; ".join(suspect), gate="timing", path=ctx.display, status="SUSPECT",
-                          fix="synchronise all work inside solve()/run_kernel(); check workload_model's bytes_min")
+        raise TimingError("; ".join(text for text, _ in suspect), gate="timing", path=ctx.display, status="SUSPECT",
+                          fix="; ".join(dict.fromkeys(fix for _, fix in suspect)))
+    ms = stats.fmt_ms
     if stability == "unstable":
         what = (f"the median's relative standard error {k.median_rse:.1%} > 4.0% (graph samples, robust CV "
                 f"{k.robust_cv:.3f})" if graph else f"robust CV {k.robust_cv:.3f} > 0.10")
         why = unstable_causes(result)["causes"] if not graph else []
         again = f" (measured twice: {first_attempt['remeasured']})" if first_attempt and first_attempt["remeasured"] \
             else ""
-        raise TimingError(f"timing is unstable: {what} over {k.n} samples (median {stats.fmt_ms(k.median_ms)})"
-                          f"{again}; why: {'; '.join(why) or 'no cause found'}", gate="timing", path=ctx.display,
+        raise TimingError(f"timing is unstable: {what} over {k.n} {basis['basis']} samples (median "
+                          f"{ms(k.median_ms)}){again}; why: {'; '.join(why) or 'no cause found'}", gate="timing",
+                          path=ctx.display,
                           fix="make sure nothing else runs on the GPU; keep host work (allocations, copies, "
                               "synchronisations) out of solve()/run_kernel(); a kernel of a few µs needs more "
                               "samples or --kopt-timing graph")
@@ -503,14 +574,16 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                   f"{'; '.join(first_attempt['causes'])}), measured again {first_attempt['remeasured']}")
     if throttled:
         extra += f", {sum(throttled)} throttled samples"
-    if cupti.get("median_us") is not None:
-        extra += f"; kernel-only (CUPTI) {stats.fmt_ms(cupti['median_us'] / 1e3)}"
-        if len(cupti.get("kernels_per_call") or []) > 1:
-            extra += f" (the call launches {cupti['kernels_per_call']} kernels from call to call)"
-    elif cupti.get("error"):
+    if basis["basis"] == "cupti":
+        extra += f"; CUDA events {ms(ke.median_ms)}"
+    elif cupti.get("median_us") is not None:
+        extra += f"; kernel-only (CUPTI) {ms(cupti['median_us'] * _US)}"
+    if basis["note"]:
+        extra += f"; {basis['note']}"
+    elif cupti.get("error") and basis["basis"] != "cupti":
         extra += f"; no CUPTI time ({cupti['error'][:80]})"
-    ms = stats.fmt_ms
-    return Outcome(figures, f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] "
+    what = {"cupti": "kernel-only (CUPTI)", "graph": "graph", "events": "events"}.get(basis["basis"], basis["basis"])
+    return Outcome(figures, f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] {what} "
                             f"(robust CV {k.robust_cv:.3f}, {stability}, n={k.n}, {result['stop_reason']}), "
-                            f"reference {stats.fmt_ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]"
+                            f"reference {ms(r.median_ms)}, speedup {speedup:.2f}x [{sp_lo:.2f}, {sp_hi:.2f}]"
                             f"{extra}", (str(path),))

@@ -105,9 +105,11 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """End this process's warm harness processes (the pool's atexit hook would, later)."""
+    """Wait for the builds started ahead, and end this process's warm harness processes (the pool's atexit hook
+    would, later)."""
     state = session.config.stash.get(STATE, None)
     if state is not None:
+        state.builds.wait()
         state.pool.shutdown()
 
 

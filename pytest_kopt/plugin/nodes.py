@@ -79,6 +79,10 @@ class KoptItem(pytest.Item):
         failure with its status and exit code; figures go to ``user_properties`` (and so to junit XML)."""
         state = self.config.stash[STATE]
         ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
+        if self.gate.name == "compile":  # the other kernels' nvcc runs start beside this one
+            others = {i.path: i for i in self.session.items if isinstance(i, KoptItem) and i.gate.name == "compile"
+                      and i.path != self.path}
+            state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in others.values()])
         self.user_properties += [("kopt_gate", self.gate.name), ("kopt_kernel", str(ctx.kernel)),
                                  ("kopt_case", self.label or None)]
         try:

@@ -30,8 +30,9 @@ OPTIONS = (
     ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
-    ("timing", "Timing method: events (default; CUDA events around each call) or graph (20 L2-flush+call pairs "
-               "in a CUDA graph minus a flush-only graph, for kernels of a few µs)", "METHOD"),
+    ("timing", "Timing method: cupti (default; the kernels' own span from CUPTI activity records, CUDA events "
+               "beside it), events (CUDA events around each call) or graph (20 L2-flush+call pairs in a CUDA graph "
+               "minus a flush-only graph)", "METHOD"),
     ("rotating-memory", "Largest fraction of free GPU memory the timing gate's rotating input sets may take "
                         "(default 0.25; at least one set is always used)", "FRACTION"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),

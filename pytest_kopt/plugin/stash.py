@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ..gates.build import BuildAhead
 from ..gates.context import BlockLog, Context
 from ..proc.pool import HarnessPool
 from ..gates.trust import Trust
@@ -17,7 +18,7 @@ from ..settings import Settings
 @dataclass
 class SessionState:
     """The settings (parsed once), the detected environment (``env.json``; the controller's, handed to workers),
-    the session's MAC key, this process's harness pool and block log, and the ``CUDA_VISIBLE_DEVICES`` to give
+    the session's MAC key, this process's harness pool, block log and builds started ahead, and the ``CUDA_VISIBLE_DEVICES`` to give
     back at unconfigure when this process pinned itself to a GPU (``restore_visible``: True and the old value)."""
 
     settings: Settings
@@ -25,6 +26,7 @@ class SessionState:
     trust: Trust = field(default_factory=Trust)
     pool: HarnessPool = field(default_factory=HarnessPool)
     blocks: BlockLog = field(default_factory=BlockLog)
+    builds: BuildAhead = field(default_factory=BuildAhead)
     restore_visible: tuple[bool, str | None] = (False, None)
     kernels: frozenset[Path] = frozenset()
 
