@@ -300,3 +300,58 @@ def test_roofline_zero_flop_workload_uses_bytes_only():
     # a transpose: 0 FLOP; 5e9 B / (4e12 B/s * 1.25) = 1e-3 s = 1 ms
     assert roofline_floor_ms(0.0, 5e9, 1e15, 4e12) == pytest.approx(1.0, rel=1e-12)
     assert roofline_floor_ms(0.0, 5e9, None, 4e12) == pytest.approx(1.0, rel=1e-12)
+
+
+# -- the timing basis (pytest_kopt.gates.timing) ------------------------------------------------------------------
+
+def _party(events: list[float], spans_us: list[float] | None, **cupti) -> dict:
+    c = dict(cupti)
+    if spans_us is not None:
+        c["spans_us"] = spans_us
+    return {"event_ms": events, "method": "events", "cupti": c or None}
+
+
+def _ctx(method: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(settings=SimpleNamespace(timing_method=method))
+
+
+def test_the_basis_is_cupti_for_every_party_or_events_for_all():
+    """Under cupti the kernel, its reference and a PR baseline are all read from their CUPTI spans (ms), so no ratio
+    mixes two clocks; one party without spans puts all of them on events, saying which and why; under events the
+    spans are ignored."""
+    from pytest_kopt.gates.timing import timing_basis
+
+    k, r, b = _party([0.012, 0.013], [9.0, 9.5]), _party([0.030], [28.0]), _party([0.02], [18.0])
+    got = timing_basis(_ctx("cupti"), k, r, b)
+    assert got["basis"] == "cupti" and got["kernel"] == pytest.approx([0.009, 0.0095], rel=1e-12)
+    assert got["reference"] == pytest.approx([0.028]) and got["baseline"] == pytest.approx([0.018])
+    assert got["note"] is None
+    r_bad = _party([0.030], None, error="the profiler delivered no CUDA records")
+    got = timing_basis(_ctx("cupti"), k, r_bad, b)
+    assert got["basis"] == "events" and got["kernel"] == [0.012, 0.013] and got["baseline"] == [0.02]
+    assert "reference (the profiler delivered no CUDA records)" in got["note"]
+    assert timing_basis(_ctx("events"), k, r)["basis"] == "events"
+
+
+def test_a_kernel_that_launches_nothing_is_never_timed_by_events_instead():
+    """Every profiled call empty: the cupti basis with no samples (the gate fails it), not a fall back to the
+    events, whose median of an empty call is the event pair's own noise."""
+    from pytest_kopt.gates.timing import timing_basis
+
+    k = _party([0.002, 0.002], [], empty_calls=50, calls=0, error="no kernel of the call was recorded")
+    got = timing_basis(_ctx("cupti"), k, _party([0.03], [28.0]))
+    assert got["basis"] == "cupti" and got["kernel"] == [] and "no GPU work" in got["note"]
+
+
+def test_cupti_suspects_name_skipped_and_varying_calls():
+    from pytest_kopt.gates.timing import cupti_suspects
+
+    assert cupti_suspects({"calls": 50, "empty_calls": 0, "launch_sets": [{"kernels": ["k"], "calls": 50}]}) == []
+    (empty,) = cupti_suspects({"calls": 25, "empty_calls": 25, "launch_sets": [{"kernels": ["k"], "calls": 25}]})
+    assert empty[0].startswith("25 of 50 profiled calls launched no GPU work")
+    (vary,) = cupti_suspects({"calls": 30, "empty_calls": 0,
+                              "launch_sets": [{"kernels": ["k"], "calls": 20}, {"kernels": ["extra", "k"], "calls": 10}]})
+    assert "different kernels from call to call (k in 20 call(s); extra, k in 10 call(s))" in vary[0]
+    assert "--kopt-timing events" in vary[1]

@@ -1,4 +1,4 @@
-"""What runs in a harness process: the candidate, the reference, timing and profiling, never the verdict.
+"""What runs in a harness process: the candidate, the reference and the judge, timing and profiling.
 
 The pytest process never imports torch or touches CUDA: a gate writes a request, runs it in a child process (so a
 crash, a trap or a hang of the kernel takes down only that child) and reads back the result. Nothing in this
@@ -16,11 +16,14 @@ The contract, in one place:
   ``params`` (``solve``'s parameters: name, dtype, role), ``ref``, ``dims``, ``seed``/``seed_b``, ``device``,
   ``plan`` (the input plan, :func:`pytest_kopt.gates.inputs.draw_plan`), ``atol``/``rtol`` (overrides or None),
   ``timing`` (the timing policy), and per mode ``spec``/``scalars`` (the candidate's buffers, for the
-  reference), ``round`` (one round of an interleaved timing), ``inputs_npz``, ``setup_npz``.
+  reference), ``round`` (one round of an interleaved timing), ``setup_npz``, and for the judge ``cand`` (what
+  the candidate's process kept: IPC descriptors or an ``.npz``), ``poisons`` and ``ref_key``.
 - Result: ``<out>.json`` with ``ok`` true and the mode's figures, or ``ok`` false with ``category``
-  (``contract``, ``compile`` or ``runtime``), ``message``, ``fix`` (or None) and ``traceback``; arrays go to
-  ``<out>.npz`` with keys ``<tag>__<buffer>`` (see :mod:`pytest_kopt.child.verdict`), and the reference's modes
-  put the SHA-256 of that file's bytes in their result (``npz_sha``).
+  (``contract``, ``compile`` or ``runtime``), ``message``, ``fix`` (or None) and ``traceback``. A candidate's
+  arrays, keyed ``<tag>__<buffer>`` (see :mod:`pytest_kopt.child.verdict`), stay on the GPU and are described in
+  the result (``arrays``: :mod:`pytest_kopt.child.share`), or go to ``<out>.npz`` on the CPU; the judge, in the
+  reference's process, reads them and answers with the verdict's figures only. The arrays a process exported
+  live until its next request.
 - After a failed request a warm process ends: a CUDA error can leave its context unusable.
 """
 

@@ -378,7 +378,7 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
         return events
     cupti = result.get("cupti") or {}
     if not cupti.get("spans_us") and cupti.get("empty_calls"):
-        return {**events, "basis": "cupti", "kernel": [], "note": "no profiled call launched any GPU work"}
+        return {**events, "basis": "cupti", "kernel": [], "note": "the profiled calls launched no GPU work"}
     parties = [("kernel", result), ("reference", ref_result)] + ([("baseline", base_result)] if base_result else [])
     missing = [(who, (p.get("cupti") or {}).get("error") or "no CUPTI pass") for who, p in parties
                if not (p.get("cupti") or {}).get("spans_us")]
