@@ -9,7 +9,8 @@
 #   saved     --kopt-save / --kopt-compare on the tiled SGEMM
 #   pr        the PR gate on (naive, tiled), (tiled, tiled), (tiled, naive) SGEMM at 4096^3
 #   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates)
-#   fidelity  benchmarks/timing_fidelity.py (kopt events and graph, do_bench, ncu)
+#   fidelity  benchmarks/timing_fidelity.py (kopt's default, events and graph, do_bench, ncu, against the kernels'
+#             own span measured apart from kopt)
 #   formats   kernels as people write them: the autotuned Triton matmul (4 configs) through every gate, a GPU MODE
 #             problem (3 test shapes, 2 benchmark shapes), a KernelBench problem, a 3-shape PR gate
 #   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
@@ -38,6 +39,20 @@ for s in $sections; do
         --kopt-ref examples/softmax_triton/ref.py --kopt-dims M=4096,N=1024 --kopt-json "$OUT/main_softmax.json" \
         > "$OUT/main_softmax.log" 2>&1
       echo "softmax rc=$?"; sed -n '/kopt gates/,$p' "$OUT/main_softmax.log"
+      # where each item's time went: the timing's basis and phases, each seed's transport, judge path and phases
+      python3 - <<'PY' | tee "$OUT/main_records.txt"
+import glob, json
+for f in sorted(glob.glob(".kopt/examples/**/bench.json", recursive=True)):
+    b = json.load(open(f)); kt = b.get("kernel_time") or {}
+    print(f, "basis", b.get("timing_basis"), b.get("timing_basis_note") or "", "median_ms", b.get("median_ms"),
+          "events", (b.get("events") or {}).get("median_ms"), "n", len(b.get("samples_ms") or []),
+          {k: kt.get(k) for k in ("calls", "batches", "stop_reason", "empty_calls", "kernels_per_call", "split")})
+    print("  phase_s", json.dumps(b.get("phase_s")))
+for f in sorted(glob.glob(".kopt/examples/**/correctness/*.json", recursive=True)):
+    r = json.load(open(f))
+    print(f.split(".kopt/")[-1], r.get("status"), r.get("transport"), r.get("transport_note") or "",
+          r.get("judged_on"), "ref cached", r.get("reference_cache_hit"), r.get("phase_s"))
+PY
       wall main $rc $t0 ;;
     tests)
       # -v names each test as it finishes and --durations its time, so a call cut off by its limit still says
@@ -82,7 +97,7 @@ PY
       timeout 200 python3 benchmarks/loop_speed.py --jobs 8 > "$OUT/speed.log" 2>&1
       wall speed $? $t0; cat "$OUT/speed.log" ;;
     fidelity)
-      left=$(( 580 - ($(date +%s) - T0) ))
+      left=$(( ${KOPT_VERIFY_S:-580} - ($(date +%s) - T0) ))
       [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
       wall fidelity $? $t0; tail -20 "$OUT/fidelity.log" 2>/dev/null ;;
     formats)
