@@ -5,8 +5,7 @@ independently of kopt's code.
 Kernels from about 1.5 µs to 2.7 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum of
 two kernels). For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by
 ncu); the CUPTI span (:func:`independent_span`: torch's profiler over 200 calls, each behind a read-only 120 MB
-flush, a device synchronisation and a 1 ms GPU spin, the call's records being those after the spin, told from the
-flush's by name); kopt's default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then
+flush, a device synchronisation and a 1 ms GPU spin, the call's records being those right after the spin); kopt's default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then
 ``cupti_samples``); kopt's events and graph medians; do_bench's median; each repeated 5 times. Prints the table
 against the CUPTI span (ratios, and run-to-run spread (max-min)/median of the 5 medians), then the one against ncu.
 
@@ -109,9 +108,10 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float
 
 def independent_span(torch, kind: str, n: int, calls: int = 200) -> float | None:
     """The kernels' own span per call (µs, median of ``calls``), measured without kopt's timer: before each call a
-    read-only flush (``torch.amax`` over 120 MB), a device synchronisation and a 1 ms GPU spin (so the call's
-    launches queue behind it); the call's device records are those after the spin and before the next call's
-    flush, the flush's told by the kernel names a flush alone launches. None when the profiler gave no records."""
+    read-only flush (``torch.amax`` over 120 MB) and a device synchronisation, then a 1 ms GPU spin (so the call's
+    launches queue behind it) and the call, and a synchronisation after it. A call's device records are those that
+    start after its spin ends, up to the first gap over 5 µs (its kernels run back to back behind the spin; the next
+    flush comes after a host synchronisation). None when the profiler gave no records."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -119,37 +119,38 @@ def independent_span(torch, kind: str, n: int, calls: int = 200) -> float | None
     d, fn = make(torch, kind, n, 3)
     fn(d)
     torch.cuda.synchronize()
-    spin = int(1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_980_000
+    spin = int(1e-3 * khz * 1e3)
 
     def records(prof):
         return sorted((e.time_range.start, e.time_range.end, str(e.name)) for e in prof.events()
                       if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start)
 
     with profile(activities=[ProfilerActivity.CUDA]) as probe:
-        torch.amax(flush)
         torch.cuda._sleep(spin)
         torch.cuda.synchronize()
-    probe_names = [r[2] for r in records(probe)]
-    flush_names, spin_names = set(probe_names[:-1]), {probe_names[-1]}
+    spin_names = {r[2] for r in records(probe)}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             torch.amax(flush)
             torch.cuda.synchronize()
             torch.cuda._sleep(spin)
             fn(d)
-        torch.cuda.synchronize()
-    spans, current = [], None
+            torch.cuda.synchronize()
+    spans, current, last_end = [], None, 0.0
     for start, end, name in records(prof):
         if name in spin_names:
-            if current:
-                spans.append(max(e for _, e in current) - min(s for s, _ in current))
-            current = []
-        elif name in flush_names:
+            current, last_end = [], end
+            continue
+        if current is None:
+            continue
+        if start - last_end > 5.0:  # the next flush: the call has ended
             if current:
                 spans.append(max(e for _, e in current) - min(s for s, _ in current))
             current = None
-        elif current is not None:
-            current.append((start, end))
+            continue
+        current.append((start, end))
+        last_end = max(last_end, end)
     if current:
         spans.append(max(e for _, e in current) - min(s for s, _ in current))
     return statistics.median(spans) if spans else None

@@ -190,3 +190,12 @@ def test_arrays_cross_between_processes_by_cuda_ipc(tmp_path) -> None:
     finally:
         os.kill(child.pid, signal.SIGCONT)
         child.communicate("\n", timeout=60)
+
+
+def test_an_inf_output_fails_even_where_the_bound_overflows() -> None:
+    """atol + rtol*|ref| past float64's range is inf, and inf <= inf: an Inf output where the reference is finite
+    failed nowhere (the numpy judge passed it with max abs err inf, the fast path with 0); it fails on both paths."""
+    out, ref = np.array([np.inf, 2.0]), np.array([1.0, 2.0])
+    c = compare("y", out, ref, 1e308, 1e308)
+    assert not c.ok and c.nonfinite == 1
+    assert compare_fast(torch, torch.from_numpy(out), torch.from_numpy(ref), 1e308, 1e308) is False

@@ -540,3 +540,147 @@ def test_a_module_planted_in_the_working_directory_is_never_imported(pytester: p
     assert (pytester.path / "statistics.py").is_file(), result.stdout.str()[-2000:]
     assert not (pytester.path / "imported").exists(), "a harness process imported the planted statistics.py"
     assert result.ret == 0, result.stdout.str()[-2000:]
+
+
+# --------------------------------------------------------------- forged reports of the candidate's own process
+# The candidate's process is the kernel's: harness code there can be patched. The judge (in the reference's
+# process) checks what it is handed before it uses it (red team on the judge's move, 2026-12-03).
+
+GATHER_REF = """\
+atol = 1e-6
+rtol = 1e-6
+def shapes(M, N):
+    return {"x": ((M, N), "float32"), "idx": ((M,), "int64"), "y": ((M, N), "float32")}
+def reference(x, idx, y, **_):
+    y.copy_(x[idx])
+"""
+HONEST_GATHER = """\
+import torch
+def setup(M, N, seed, device="cuda"):
+    idx = torch.arange(M, device=device).flip(0)
+    return {"inputs": {"x": torch.empty(M, N, device=device), "idx": idx, "y": torch.empty(M, N, device=device)},
+            "outputs": ["y"]}
+def run_kernel(x, idx, y):
+    y.copy_(x[idx])
+"""
+# a wrong gather (row 0 everywhere) whose process ships idx = zeros to the judge while reporting the honest
+# indices' hash: before, the wrong kernel passed and the honest one, judged next, met a poisoned reference
+FORGED_SETUP = HONEST_GATHER.replace("y.copy_(x[idx])", "y.copy_(x[0].expand_as(y))") + """
+import numpy as np
+from pytest_kopt.child import correctness as _c
+_result = _c.Keeper.result
+def _forged(self, out, extra):
+    return _result(self, out, {k: np.zeros_like(v) if k == "setup__idx" else v for k, v in extra.items()})
+_c.Keeper.result = _forged
+"""
+# a constant kernel whose process says its float input came from setup() and ships zeros for it
+FORGED_SPEC = """\
+import torch
+import pytest_kopt.child.kernels as _k
+_orig = _k.spec_from_setup
+def _forged(torch_, result, path, keep=True, inplace=()):
+    spec, scalars, kept, returned = _orig(torch_, result, path, keep=keep, inplace=inplace)
+    for s in spec:
+        if s["name"] == "x":
+            s["source"] = "setup"
+            kept["x"] = torch.zeros(s["shape"], dtype=torch.float32)
+    return spec, scalars, kept, returned
+_k.spec_from_setup = _forged
+def setup(M, N, seed, device="cuda"):
+    x = torch.empty(M, N, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+def run_kernel(x, y):
+    y.fill_(1.0 / x.shape[-1])
+"""
+# a wrong layer norm that picks its own eps (a dim): the reference must get the dims'
+EPS_REF = """\
+atol = 1e-4
+rtol = 1e-4
+def shapes(M, N):
+    return {"x": ((M, N), "float32"), "b": ((N,), "float32"), "y": ((M, N), "float32")}
+def reference(x, b, y, eps, **_):
+    m = x.mean(-1, keepdim=True)
+    v = x.var(-1, unbiased=False, keepdim=True)
+    y.copy_((x - m) / (v + eps).sqrt() + b)
+"""
+EPS_CAND = """\
+import torch
+def setup(M, N, seed, eps, device="cuda"):
+    return {"inputs": {"x": torch.empty(M, N, device=device), "b": torch.empty(N, device=device),
+                       "y": torch.empty(M, N, device=device), "eps": 1e30}, "outputs": ["y"]}
+def run_kernel(x, b, y, eps):
+    y.copy_(b.expand_as(y))
+"""
+# a result that names a file outside the harness's work folder as its .npz
+FOREIGN_NPZ = """\
+import os
+import torch
+from pytest_kopt.child import correctness as _c
+_result = _c.Keeper.result
+def _forged(self, out, extra):
+    got = _result(self, out, extra)
+    return {**got, "npz": os.path.join(os.getcwd(), "victim.npz")}
+_c.Keeper.result = _forged
+def setup(M, N, seed, device="cuda"):
+    x = torch.empty(M, N, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+def run_kernel(x, y):
+    y.copy_(torch.softmax(x, dim=-1))
+"""
+
+
+def test_the_judge_checks_what_the_candidates_process_reports(pytester: pytest.Pytester) -> None:
+    """A wrong gather that ships other setup() arrays than it reports is refused (RUNTIME_ERROR, on the kernel), and
+    the honest gather judged next in the same session passes (the judge's kept reference is not poisoned); a spec
+    that marks a float input as the candidate's is refused; a scalar that contradicts a dim is a CONTRACT_ERROR on
+    the kernel; an .npz outside the work folder is refused and not deleted."""
+    shutil.copy(Path(__file__).parent / "redteam" / "ref_softmax.py", pytester.path / "ref_softmax.py")
+    pytester.makepyfile(ref_gather=GATHER_REF, honest_gather=HONEST_GATHER, forged_setup=FORGED_SETUP,
+                        forged_spec=FORGED_SPEC, eps_ref=EPS_REF, eps_cand=EPS_CAND, foreign_npz=FOREIGN_NPZ)
+    victim = pytester.path / "victim.npz"
+    victim.write_bytes(b"keep me")
+    runs = [("forged_setup.py", ["--kopt-candidate", "honest_gather.py"], "ref_gather.py", "M=8,N=16"),
+            ("forged_spec.py", [], "ref_softmax.py", "M=8,N=64"),
+            ("eps_cand.py", [], "eps_ref.py", "M=8,N=64,eps=1e-5"),
+            ("foreign_npz.py", [], "ref_softmax.py", "M=8,N=64")]
+    got = {}
+    for i, (base, extra, ref, dims) in enumerate(runs):
+        result = pytester.runpytest_subprocess("--kopt-baseline", base, *extra, "--kopt-ref", ref, "--kopt-dims", dims,
+                                               "--kopt-seeds", "3", "-k", "correctness", "--kopt-json", f"r{i}.json",
+                                               "-p", "no:cacheprovider", "-p", "no:xdist", timeout=300)
+        for it in json.loads((pytester.path / f"r{i}.json").read_text())["items"]:
+            got[it["nodeid"].split("::")[0]] = (it["status"], it.get("message") or "", result.stdout.str()[-2000:])
+    assert got["forged_setup.py"][0] == "RUNTIME_ERROR" and "setup_sha" in got["forged_setup.py"][1], got
+    assert got["honest_gather.py"][0] == "PASSED", got["honest_gather.py"]
+    assert got["forged_spec.py"][0] == "RUNTIME_ERROR" and "float inputs are drawn" in got["forged_spec.py"][1]
+    assert got["eps_cand.py"][0] == "CONTRACT_ERROR" and "eps=1e+30 (dims: 1e-05)" in got["eps_cand.py"][1]
+    assert got["foreign_npz.py"][0] == "RUNTIME_ERROR" and "outside its work folder" in got["foreign_npz.py"][1]
+    assert victim.read_bytes() == b"keep me"
+
+
+REF_SHAPE_ON_B = """\
+atol = 1e-6
+rtol = 1e-6
+calls = [0]
+def reference(x, **_):
+    calls[0] += 1
+    return x[:-1].clone() if calls[0] > 3 else x.clone()
+"""
+RETURNS_COPY = """\
+import torch
+def setup(n, seed, device="cuda"):
+    return {"inputs": {"x": torch.empty(n, device=device)}, "outputs": ["y"]}
+def run_kernel(x):
+    return x.clone()
+"""
+
+
+def test_a_reference_whose_output_shape_changes_with_the_values_is_a_contract_error(pytester: pytest.Pytester) -> None:
+    """The reference returns another shape on set B than on set A: a CONTRACT_ERROR naming the reference, where
+    before the comparison raised ValueError and the item blamed the kernel."""
+    pytester.makepyfile(ref=REF_SHAPE_ON_B, k=RETURNS_COPY)
+    pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                  "--kopt-seeds", "3", "-k", "correctness", "--kopt-json", "r.json",
+                                  "-p", "no:cacheprovider", timeout=300)
+    (item,) = [i for i in json.loads((pytester.path / "r.json").read_text())["items"] if i["gate"] == "correctness"]
+    assert item["status"] == "CONTRACT_ERROR" and "other shapes" in item["message"], item

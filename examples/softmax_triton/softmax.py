@@ -17,9 +17,8 @@ def softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl.con
 
 
 def setup(M, N, seed, device="cuda"):
-    """Inputs for one seed: x ~ N(0, 1) of shape [M, N] fp32, y the output of the same shape."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(M, N, generator=g, device=device, dtype=torch.float32)
+    """The buffers: x of shape [M, N] fp32 and y, the output, of the same shape (the harness fills x's values)."""
+    x = torch.empty(M, N, device=device, dtype=torch.float32)
     y = torch.empty_like(x)
     return {"inputs": {"x": x, "y": y}, "outputs": ["y"]}
 

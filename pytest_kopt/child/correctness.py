@@ -240,9 +240,41 @@ def _setup_arrays(torch: Any, req: dict[str, Any], device: str) -> dict[str, Any
 
     if not req.get("setup_npz"):
         return {}
-    with np.load(req["setup_npz"]) as data:
+    with np.load(req["setup_npz"], allow_pickle=False) as data:
         return {k.removeprefix("setup__"): torch.from_numpy(data[k]).to(device) for k in data.files
                 if k.startswith("setup__")}
+
+
+def check_candidate_report(torch: Any, req: dict[str, Any]) -> str | None:
+    """What the judge checks of the candidate's report before it uses it (its process is the kernel's, so the
+    report may be forged): a spec of well-formed buffers in which only integer or bool inputs come from ``setup()``
+    (float inputs are always drawn by the harness: a report that marks one ``setup`` would choose the values the
+    reference runs on); ``setup()``'s arrays that hash to the ``setup_sha`` the candidate reported (the reference's
+    outputs are kept under a key made from it). Returns why the report is unusable, or None."""
+    import hashlib
+
+    spec = req.get("spec")
+    if not isinstance(spec, list) or not spec:
+        return "no buffer spec"
+    for b in spec:
+        if not (isinstance(b, dict) and isinstance(b.get("name"), str) and b.get("role") in ("input", "output", "inout")
+                and isinstance(b.get("shape"), list) and isinstance(b.get("stride"), list)
+                and isinstance(getattr(torch, str(b.get("dtype")), None), torch.dtype)):
+            return f"a malformed buffer in its spec: {str(b)[:120]}"
+        if b.get("source") == "setup" and getattr(torch, b["dtype"]).is_floating_point:
+            return f"its spec marks the float buffer {b['name']!r} as chosen by setup() (float inputs are drawn)"
+    if not isinstance(req.get("scalars", {}), dict):
+        return "malformed scalars"
+    try:
+        given = _setup_arrays(torch, {**req, "setup_npz": req.get("setup_npz")}, "cpu")
+    except (OSError, ValueError, TypeError, EOFError) as exc:
+        return f"its setup arrays could not be read ({type(exc).__name__})"
+    h = hashlib.sha256()
+    for name, t in sorted(given.items()):
+        h.update(name.encode() + t.numpy().tobytes())
+    if given and h.hexdigest() != req.get("setup_sha"):
+        return "its setup() arrays are not the ones its process reported (setup_sha)"
+    return None
 
 
 class RefEntry(NamedTuple):
@@ -303,7 +335,7 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
     given = _setup_arrays(torch, req, device)
-    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    inp = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, device)
     arrays: dict[str, Any] = {}
     names: list[str] = []
     written_ok: set[int] = set()
@@ -342,6 +374,12 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
             call(f"low_{'bf16' if dtype == 'bfloat16' else 'fp16'}")
     inp.fill(req["plan"], int(req["seed_b"]), ref, dims, given)
     call("refB")
+    odd = [f"{n}: {list(arrays[f'ref__{n}'].shape)} then {list(arrays[f'refB__{n}'].shape)}" for n in names
+           if f"ref__{n}" not in arrays or arrays[f"ref__{n}"].shape != arrays[f"refB__{n}"].shape]
+    if odd:
+        raise HarnessError("contract", f"{req['ref']}: reference() returned outputs of other shapes (or names) on "
+                           f"a second set of inputs of the same shapes ({'; '.join(odd)})",
+                           fix="return outputs whose shapes depend on the dims only")
     tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in names}
     # only for tolerances someone chose: the defaults would warn on every first kernel
     chosen = [n for n, t in tol.items() if "default" not in (t["atol_source"], t["rtol_source"])]
@@ -364,18 +402,25 @@ def candidate_arrays(torch: Any, req: dict[str, Any], device: str) -> tuple[dict
     descriptors), ``npz``, ``same_as``): on ``cuda`` as tensors of this process's own (imported from IPC, or the
     ``.npz``'s arrays moved there), on the CPU as numpy arrays. A ``same_as`` pair is honoured only as
     :data:`~pytest_kopt.child.transfer.REPEATS` allows, and only where the name itself is absent. Returns (arrays,
-    None), or ({}, why) when an IPC descriptor cannot be read (a forged or unmappable one)."""
+    None), or ({}, why) when an IPC descriptor or the ``.npz`` cannot be read (a forged or unmappable one), or an
+    array is not numeric."""
     import numpy as np
 
     from . import share
 
-    c = req.get("cand") or {}
+    c = req.get("cand") if isinstance(req.get("cand"), dict) else {}
     out: dict[str, Any] = {}
     if c.get("npz"):
-        with np.load(c["npz"]) as z:
-            for k in z.files:
-                if k.startswith("cand"):
-                    out[k] = torch.from_numpy(z[k]).to(device) if device == "cuda" else z[k]
+        try:
+            with np.load(str(c["npz"]), allow_pickle=False) as z:
+                for k in z.files:
+                    if k.startswith("cand"):
+                        a = z[k]
+                        if a.dtype.kind not in "biufc":
+                            return {}, f"{k}: an array of dtype {a.dtype} (not a number)"
+                        out[k] = torch.from_numpy(a).to(device) if device == "cuda" else a
+        except (OSError, ValueError, TypeError, EOFError, KeyError) as exc:  # not an .npz this harness wrote
+            return {}, f"its .npz could not be read ({type(exc).__name__}: {str(exc)[:120]})"
     descriptors = c.get("arrays") if isinstance(c.get("arrays"), dict) else {}
     for k, desc in descriptors.items():
         if not (isinstance(k, str) and k.startswith("cand")):
@@ -402,7 +447,7 @@ def _fp64_unmet(torch: Any, ref: Any, req: dict[str, Any], entry: RefEntry,
     from .verdict import compare
 
     device, dims = req["device"], req["dims"]
-    native = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    native = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, device)
     native.fill(req["plan"], int(req["seed"]), ref, dims, _setup_arrays(torch, req, device))
     wide = [{**b, "dtype": "float64" if getattr(torch, b["dtype"]).is_floating_point else b["dtype"],
              "stride": list(b["stride"])} for b in req["spec"]]
@@ -474,6 +519,10 @@ def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
     ``unmet``, ``reference_cached``, ``phase_s``."""
     import torch
 
+    bad = check_candidate_report(torch, req)
+    if bad:
+        return {"outputs": [], "tolerances": {}, "tolerance_warnings": [], "reference_cached": False,
+                "verdict": None, "unmet": None, "missing": [], "unreadable": bad, "phase_s": {}}
     ref = load_reference(req["ref"], req.get("seed"))
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
@@ -514,20 +563,27 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
 
     from . import share
 
+    bad = check_candidate_report(torch, req)
+    if bad:
+        return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": bad}
     ref = load_reference(req["ref"], req.get("seed"))
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
-    c = req.get("cand") or {}
+    c = req.get("cand") if isinstance(req.get("cand"), dict) else {}
     given: dict[str, Any] = {}
     if c.get("npz"):
-        with np.load(c["npz"]) as z:
-            given = {k: z[k] for k in z.files}
+        try:
+            with np.load(str(c["npz"]), allow_pickle=False) as z:
+                given = {k: z[k] for k in z.files if z[k].dtype.kind in "biufc"}
+        except (OSError, ValueError, TypeError, EOFError) as exc:
+            return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None,
+                    "unreadable": f"its .npz could not be read ({type(exc).__name__})"}
     for k, desc in (c.get("arrays") if isinstance(c.get("arrays"), dict) else {}).items():
         try:
             given[k] = share.import_copy(torch, desc)
         except share.ShareError as exc:
             return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": f"{k}: {exc}"}
-    inp = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, device)
+    inp = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, device)
     for s in inp.spec:
         if s["role"] in ("input", "inout"):
             src = given.get(f"in__{s['name']}")

@@ -47,7 +47,7 @@ def compare_fast(torch: Any, out: Any, ref: Any, atol: float, rtol: float) -> di
         bound = absr * rtol
         bound += atol
         both = fo & fr
-        ok_elem = (err <= bound) & fr
+        ok_elem = (err <= bound) & both
         if not bool(both.all()):
             # the same non-finite value on both sides passes there (NaN with NaN, +-Inf with the same Inf)
             ok_elem |= ~fo & ~fr & ((o == r) | (torch.isnan(o) & torch.isnan(r)))

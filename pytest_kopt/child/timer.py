@@ -162,8 +162,7 @@ class Timer:
     def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
                  refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
         self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
-        for thread in _WARMUP:  # CUPTI's start-up must not run beside the samples
-            thread.join(timeout=60.0)
+        wait_for_profiler()  # CUPTI's start-up must not run beside the samples
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
         # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
@@ -529,15 +528,21 @@ def warm_profiler() -> None:
     thread.start()
 
 
+def wait_for_profiler() -> None:
+    """Wait for :func:`warm_profiler`'s session to end (at most 60 s)."""
+    for thread in _WARMUP:
+        thread.join(timeout=60.0)
+
+
 def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                  flush_names: set[str] | None = None, start: int = 0) -> dict[str, Any]:
     """Kernel-only time of ``calls`` calls from the GPU's own records (CUPTI activity records through torch's
     profiler, Kineto), each after the L2 flush; per call the span from its first kernel's start to its last
     kernel's end, every kernel (and memset/memcpy) it launched on any stream counted. Before each flush, inside the
-    flush's range: a GPU spin of ``hold_us`` (default :data:`KERNEL_TIMES_HOLD_US`: time for the host to queue a
-    call of several launches while the profiler slows it) and, from the second pass over the input sets (or every
-    call, for a call that changes its in-place outputs), fresh values in the set the call uses (call number
-    ``start`` + i); none of it counted.
+    flush's range: from the second pass over the input sets (or every call, for a call that changes its in-place
+    outputs) fresh values in the set the call uses (call number ``start`` + i), the flush, and a GPU spin of
+    ``hold_us`` (default :data:`KERNEL_TIMES_HOLD_US`: time for the host to queue a call of several launches while
+    the profiler slows it); none of it counted.
 
     The flush's records are told apart by when the host launched them (:func:`calls_by_launch`, ``"split":
     "launch"``); where the profiler's records do not link device work to its launches, by the names a profiled
@@ -563,8 +568,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                 out.append((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id)))
         return sorted(out)
 
-    for thread in _WARMUP:  # one profiler session at a time in a process
-        thread.join(timeout=60.0)
+    wait_for_profiler()  # one profiler session at a time in a process
     hold = max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US) if hold_us is None else hold_us
     refresh_every = bool(timer.t.get("refresh_every_call"))
     torch.cuda.synchronize()
@@ -581,13 +585,14 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                 k = start + i
                 s = timer.sets[k % len(timer.sets)]
                 with record_function(FLUSH_RANGE):
-                    # a GPU spin first, so the call's launches queue behind the flush and its span holds no
-                    # launch gap: the host runs slower while it is profiled (a 2-kernel torch.sum read 12.1 µs
-                    # behind a 2x hold_us spin, 9.2 µs without CPU records, H200)
-                    timer.hold(hold)
+                    # fresh values, the flush, then a GPU spin (as the event samples have it): the call's launches
+                    # queue behind the spin, so its span holds no launch gap (the host runs slower while it is
+                    # profiled: a 2-kernel torch.sum read 12.1 µs behind a 2x hold_us spin, 9.2 µs without CPU
+                    # records, H200), and the flush's memory traffic has drained when the call starts
                     if refresh_every or k >= len(timer.sets):
                         timer.refresh(s, 1_000_000 + k)  # values no event sample used
                     timer.flush()
+                    timer.hold(hold)
                 timer.launch(s)
             torch.cuda.synchronize()
         records = device_records(prof)

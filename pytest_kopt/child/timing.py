@@ -148,7 +148,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
         ref = load_reference(req["ref"], req.get("seed"))
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])
-        first = Inputs(torch, req["spec"], {**dims, **req.get("scalars", {})}, "cuda")
+        first = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, "cuda")
         first.fill(req["plan"], int(req["seed"]), ref, dims, {})
         t = req["timing"]
         sets = rotating_sets(torch, first, req["plan"], int(req["seed"]), ref, dims, {}, t)

@@ -136,8 +136,9 @@ def _block(o_all: np.ndarray, r_all: np.ndarray, start: int, atol: float, rtol: 
         if fr.any():
             max_ref = float(absr[fr].max())
         same_nonfinite = ~fo & ~fr & ((o == r) | (np.isnan(o) & np.isnan(r)))
-        # a non-finite ref makes the bound inf (rtol > 0): only the same non-finite value may pass there
-        bad = ~(((err <= atol + rtol * absr) & fr) | same_nonfinite)
+        # the tolerance applies where both sides are finite (a bound that overflows to inf, atol + rtol*|ref| past
+        # 1.8e308, must not pass an Inf output); elsewhere only the same non-finite value passes
+        bad = ~(((err <= atol + rtol * absr) & fr & fo) | same_nonfinite)
         nonfinite = int(np.count_nonzero(~fo & fr))
         missed = int(np.count_nonzero(fo & ~fr))
         for j, (side, fin) in enumerate(((o, fo), (r, fr))):

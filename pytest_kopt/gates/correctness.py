@@ -9,6 +9,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..artifacts import CorrectnessRecord, read_dict, write_json
@@ -81,12 +82,41 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
     poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
     jreq = {**req, "mode": mode, "spec": cand["spec"], "scalars": cand.get("scalars", {}),
             "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}, "poisons": poisons,
-            "ref_key": reference_key(ctx, req, cand),
+            "ref_key": reference_key(ctx, req, cand), "setup_sha": cand.get("setup_sha"),
             "cand": {"transport": cand.get("transport"), "arrays": cand.get("arrays") or {}, "npz": cand.get("npz"),
                      "same_as": cand.get("same_as") or {}}}
     return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
                         timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
                         lock=ctx.device_lock(req["device"]), server=ctx.server("reference"))
+
+
+def check_report(ctx: Context, cand: Any, req: dict[str, Any], gate: str, replay: str = "") -> None:
+    """The candidate's result as its process reported it, before anything here uses it (that process is the
+    kernel's): the fields of the harness's result, an ``.npz`` only inside this kernel's work folder, and no scalar of
+    ``setup()``'s that contradicts a dim of the same name (the reference is given the dims). Raises
+    KernelRuntimeError for a result the harness did not write, ContractError for a contradicting scalar."""
+    fix = "the kernel must not touch the harness (its modules, files or pipes)"
+    ok = (isinstance(cand, dict) and isinstance(cand.get("guards", {}), dict)
+          and isinstance(cand.get("spec"), list) and all(isinstance(b, dict) and isinstance(b.get("name"), str)
+                                                         and isinstance(b.get("dtype"), str) and "role" in b
+                                                         for b in cand["spec"])
+          and isinstance(cand.get("scalars", {}), dict) and isinstance(cand.get("outputs", []), list)
+          and isinstance(cand.get("returned", []), (list, type(None))))
+    npz = cand.get("npz") if isinstance(cand, dict) else None
+    if npz is not None:
+        p = Path(str(npz))
+        ok = ok and isinstance(npz, str) and p.suffix == ".npz" and p.resolve().parent == ctx.work.resolve()
+    if not ok:
+        raise KernelRuntimeError("the candidate's process returned a result the harness did not write (a field of "
+                                 "the wrong kind, or an .npz outside its work folder)", gate=gate, path=ctx.display,
+                                 details=f"{str(cand)[:600]}; {replay}".strip("; "), fix=fix)
+    clash = {k: (v, req["dims"][k]) for k, v in cand.get("scalars", {}).items() if k in req["dims"]
+             and v != req["dims"][k]}
+    if clash:
+        shown = ", ".join(f"{k}={v!r} (dims: {d!r})" for k, (v, d) in clash.items())
+        raise ContractError(f"setup() gives {shown}: a value the dims already set", gate=gate, path=ctx.display,
+                            fix="leave dims to --kopt-dims (the reference is given those); return other names "
+                                "for values of setup()'s own", details=replay or None)
 
 
 def verdict_from(doc: dict[str, Any]) -> Any:
@@ -155,6 +185,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                         workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("candidate"),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
+    check_report(ctx, cand, req, "correctness", replay)
     try:
         for key, (status, what) in GUARD_STATUS.items():
             if cand["guards"].get(key):
@@ -171,8 +202,12 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
         phase_s["judge_request"] = time.perf_counter() - clock
         phase_s.update({f"judge_{k}": x for k, x in (judged.get("phase_s") or {}).items()})
     finally:
-        if cand.get("npz") and os.path.exists(cand["npz"]):
+        if cand.get("npz") and os.path.isfile(cand["npz"]):  # inside the work folder (check_report)
             os.unlink(cand["npz"])
+    if judged.get("unreadable"):
+        raise KernelRuntimeError(f"seed={seed}: the candidate's process reported arrays the judge could not use: "
+                                 f"{judged['unreadable']}", gate="correctness", path=ctx.display, details=replay,
+                                 fix="the kernel must not touch the harness (its modules, files or pipes)")
     # which outputs are judged is the reference process's answer, never the candidate's (its process could report
     # no outputs at all); every call's array of each must be there
     outputs = list(judged["outputs"])
@@ -183,9 +218,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                             details=replay, fix="name the outputs alike: setup()'s \"outputs\" (or the keys "
                             "of the dict run_kernel returns) and ref.py's outputs = [...] (or the keys of the "
                             "dict reference returns); a returned tuple without names is out0, out1, ...")
-    if judged.get("unreadable") or judged.get("missing") or judged.get("verdict") is None:
-        what = f"arrays the judge could not read ({judged['unreadable']})" if judged.get("unreadable") else \
-            f"no {', '.join(judged.get('missing') or []) or 'outputs'}"
+    if judged.get("missing") or judged.get("verdict") is None:
+        what = f"no {', '.join(judged.get('missing') or []) or 'outputs'}"
         raise KernelRuntimeError(f"seed={seed}: the candidate's process returned {what}", gate="correctness",
                                  path=ctx.display, details=f"it reported outputs {cand.get('outputs')}, the "
                                  f"reference {outputs}; {replay}",
