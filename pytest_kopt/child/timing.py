@@ -106,7 +106,8 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             inout = any(s["role"] == "inout" for s in last.spec)
             if inout:  # the timed calls changed the in-place outputs: fresh values for the check call
                 refresh(last, -1)
-            keep = Keeper(torch, "cuda")  # for the judge in the reference's process: CUDA IPC, else an .npz
+            # for the judge in the reference's process: CUDA IPC, else (or in a fresh process) an .npz
+            keep = Keeper(torch, "cuda", ipc=req.get("transport", "ipc") == "ipc")
             keep.add("in", {s["name"]: last.tensors[s["name"]] for s in last.spec if s["role"] in ("input", "inout")})
             got: dict[str, Any] = {}
             if isinstance(timer, GraphTimer) and timer.graph_method == "cuda_graph" and not cand.returned \

@@ -23,7 +23,8 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     inputs of validation seed number ``index`` (value ``seed``) at ``dims`` (None: the session's). ``timing``: the
     timing policy, for the timing modes. Triton and Python candidates get their build's ``TRITON_CACHE_DIR``, and
     ``TRITON_INTERPRET=1`` on the CPU; an ``@triton.autotune`` kernel runs the config its build pinned
-    (``autotune_pin``: kernel name -> config kwargs), never tuning again."""
+    (``autotune_pin``: kernel name -> config kwargs), never tuning again. ``transport``: how the candidate's
+    process hands arrays to the judge (``ipc``; ``npz`` with ``--kopt-fresh-process``, where it ends first)."""
     dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
     env = candidate_env(ctx, device)
@@ -31,4 +32,7 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
             "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
             "arch": ctx.arch, "env": env, "timing": timing, "inplace": inplace_outputs(ctx),
-            "autotune_pin": {name: c["config"] for name, c in res.autotune.items()}}
+            "autotune_pin": {name: c["config"] for name, c in res.autotune.items()},
+            # a fresh process ends with its request, and its exported allocations with it: the judge, which runs
+            # after it, reads its arrays from an .npz then
+            "transport": "npz" if ctx.settings.fresh_process else "ipc"}
