@@ -231,7 +231,7 @@ PHASE_CU = textwrap.dedent("""\
 @pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
 def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     """On a GPU: work hidden on a side stream is caught at correctness (its stream is ordered with nothing, so its
-    results race the harness), SUSPECT, or counted (when it fills the GPU, the caller's stream waits for it and the
+    results race the harness), SUSPECT, UNSTABLE_TIMING (its kernels overlap the next calls' spans), or counted (when it fills the GPU, the caller's stream waits for it and the
     events see its full cost, so the attack gains nothing); side work the events cannot
     see (one block) is SUSPECT; a kernel that stops working once timing starts fails the timed-output check; the
     honest kernel's timing passes."""
@@ -255,7 +255,9 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     corr = [i["status"] for i in doc["items"] if i["gate"] == "correctness" and i["nodeid"].startswith("side_stream")]
     # its side stream is ordered with nothing: the harness's next write of the inputs can race its kernel, so
     # correctness may catch it first (H200, 2026-12-03: INCORRECT_NUMERICAL on set B once arrays crossed by IPC)
-    assert side["status"] == "SUSPECT" or corr[0].startswith("INCORRECT") or \
+    # or its kernels, left running across calls, make the kernel-only spans unstable (H200, 2026-12-03: robust CV
+    # 0.86 over 400 spans, median 160 ms against the honest 53 µs)
+    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or corr[0].startswith("INCORRECT") or \
         (side["status"] == "PASSED" and side["figures"]["median_ms"] > 10 * honest_ms), result.stdout.str()[-3000:]
 
 
