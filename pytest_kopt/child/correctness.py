@@ -8,7 +8,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from . import HarnessError
 from .inputs import Inputs, check_spec, poison, returned_outputs
@@ -172,15 +172,11 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
         got = cand.run()
         keep.add("candC", cand.results(got))
         cand.inputs = inp
-    setup_sha = hashlib.sha256()
-    setup_arrays = {}
-    for name, t in sorted(cand.kept.items()):
-        setup_arrays[f"setup__{name}"] = t.numpy()
-        setup_sha.update(name.encode() + t.numpy().tobytes())
+    setup_arrays = {f"setup__{name}": t.numpy() for name, t in cand.kept.items()}
     t_save = time.perf_counter()
     shared = keep.result(req["out"], setup_arrays)
     return {"save_s": keep_s + time.perf_counter() - t_save, **shared, "spec": inp.spec,
-            "setup_sha": setup_sha.hexdigest(),
+            "setup_sha": setup_digest(cand.kept),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
             "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes, "first_call_ms": first_ms}
 
@@ -234,6 +230,15 @@ def reference_results(torch: Any, ref: Any, inp: Inputs, req: dict[str, Any]) ->
     return out
 
 
+def setup_digest(arrays: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a ``setup()``'s integer tensors (CPU tensors by name): what the candidate reports as
+    ``setup_sha`` and the judge checks the arrays it loads against."""
+    h = hashlib.sha256()
+    for name, t in sorted(arrays.items()):
+        h.update(name.encode() + t.numpy().tobytes())
+    return h.hexdigest()
+
+
 def _setup_arrays(torch: Any, req: dict[str, Any], device: str) -> dict[str, Any]:
     """The integer tensors a candidate's ``setup()`` chose (``setup__`` members of its ``.npz``), on ``device``."""
     import numpy as np
@@ -251,8 +256,6 @@ def check_candidate_report(torch: Any, req: dict[str, Any]) -> str | None:
     (float inputs are always drawn by the harness: a report that marks one ``setup`` would choose the values the
     reference runs on); ``setup()``'s arrays that hash to the ``setup_sha`` the candidate reported (the reference's
     outputs are kept under a key made from it). Returns why the report is unusable, or None."""
-    import hashlib
-
     spec = req.get("spec")
     if not isinstance(spec, list) or not spec:
         return "no buffer spec"
@@ -266,13 +269,10 @@ def check_candidate_report(torch: Any, req: dict[str, Any]) -> str | None:
     if not isinstance(req.get("scalars", {}), dict):
         return "malformed scalars"
     try:
-        given = _setup_arrays(torch, {**req, "setup_npz": req.get("setup_npz")}, "cpu")
+        given = _setup_arrays(torch, req, "cpu")
     except (OSError, ValueError, TypeError, EOFError) as exc:
         return f"its setup arrays could not be read ({type(exc).__name__})"
-    h = hashlib.sha256()
-    for name, t in sorted(given.items()):
-        h.update(name.encode() + t.numpy().tobytes())
-    if given and h.hexdigest() != req.get("setup_sha"):
+    if given and setup_digest(given) != req.get("setup_sha"):
         return "its setup() arrays are not the ones its process reported (setup_sha)"
     return None
 
@@ -397,10 +397,12 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
     return entry, False
 
 
-def candidate_arrays(torch: Any, req: dict[str, Any], device: str) -> tuple[dict[str, Any], str | None]:
+def candidate_arrays(torch: Any, req: dict[str, Any], device: str,
+                     prefixes: tuple[str, ...] = ("cand",)) -> tuple[dict[str, Any], str | None]:
     """The candidate's arrays as its result describes them (``req["cand"]``: ``transport``, ``arrays`` (IPC
     descriptors), ``npz``, ``same_as``): on ``cuda`` as tensors of this process's own (imported from IPC, or the
-    ``.npz``'s arrays moved there), on the CPU as numpy arrays. A ``same_as`` pair is honoured only as
+    ``.npz``'s arrays moved there), on the CPU as numpy arrays; those whose names start with one of ``prefixes``.
+    A ``same_as`` pair is honoured only as
     :data:`~pytest_kopt.child.transfer.REPEATS` allows, and only where the name itself is absent. Returns (arrays,
     None), or ({}, why) when an IPC descriptor or the ``.npz`` cannot be read (a forged or unmappable one), or an
     array is not numeric."""
@@ -414,7 +416,7 @@ def candidate_arrays(torch: Any, req: dict[str, Any], device: str) -> tuple[dict
         try:
             with np.load(str(c["npz"]), allow_pickle=False) as z:
                 for k in z.files:
-                    if k.startswith("cand"):
+                    if k.startswith(prefixes):
                         a = z[k]
                         if a.dtype.kind not in "biufc":
                             return {}, f"{k}: an array of dtype {a.dtype} (not a number)"
@@ -423,7 +425,7 @@ def candidate_arrays(torch: Any, req: dict[str, Any], device: str) -> tuple[dict
             return {}, f"its .npz could not be read ({type(exc).__name__}: {str(exc)[:120]})"
     descriptors = c.get("arrays") if isinstance(c.get("arrays"), dict) else {}
     for k, desc in descriptors.items():
-        if not (isinstance(k, str) and k.startswith("cand")):
+        if not (isinstance(k, str) and k.startswith(prefixes)):
             continue
         try:
             out[k] = share.import_copy(torch, desc)
@@ -483,30 +485,9 @@ def verdict_of(torch: Any, outputs: list[str], cand: dict[str, Any], refs: dict[
         if figures is not None:
             return {"status": "PASSED", "message": "", "details": [], "figures": figures, "warnings": [],
                     "path": "device"}
-    host = HostArrays(torch, {k: a for k, a in arrays.items() if isinstance(a, torch.Tensor)})
-    plain = {k: a for k, a in arrays.items() if not isinstance(a, torch.Tensor)}
-    v = judge(outputs, _Merged(host, plain), tols, check_tolerance=False, second_poison=poisons)
+    v = judge(outputs, HostArrays(torch, arrays), tols, check_tolerance=False, second_poison=poisons)
     return {"status": v.status, "message": v.message, "details": list(v.details), "figures": v.figures,
             "warnings": list(v.warnings), "path": "host"}
-
-
-class _Merged(Mapping):
-    """Host arrays made on demand (:class:`~pytest_kopt.child.judge.HostArrays`) beside arrays already on the host."""
-
-    def __init__(self, lazy: Mapping[str, Any], plain: dict[str, Any]) -> None:
-        self.lazy, self.plain = lazy, plain
-
-    def __getitem__(self, key: str) -> Any:
-        return self.plain[key] if key in self.plain else self.lazy[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.plain or key in self.lazy
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([*self.plain, *(k for k in self.lazy if k not in self.plain)])
-
-    def __len__(self) -> int:
-        return len(list(iter(self)))
 
 
 def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
@@ -558,10 +539,7 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     """The timing gate's output check, in the reference's process: the reference on the inputs of the timed
     process's check call (its ``in__`` arrays, IPC or ``.npz``) and the verdict on that call's outputs
     (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing`` and ``verdict`` as :func:`mode_judge` does."""
-    import numpy as np
     import torch
-
-    from . import share
 
     bad = check_candidate_report(torch, req)
     if bad:
@@ -569,20 +547,9 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     ref = load_reference(req["ref"], req.get("seed"))
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
-    c = req.get("cand") if isinstance(req.get("cand"), dict) else {}
-    given: dict[str, Any] = {}
-    if c.get("npz"):
-        try:
-            with np.load(str(c["npz"]), allow_pickle=False) as z:
-                given = {k: z[k] for k in z.files if z[k].dtype.kind in "biufc"}
-        except (OSError, ValueError, TypeError, EOFError) as exc:
-            return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None,
-                    "unreadable": f"its .npz could not be read ({type(exc).__name__})"}
-    for k, desc in (c.get("arrays") if isinstance(c.get("arrays"), dict) else {}).items():
-        try:
-            given[k] = share.import_copy(torch, desc)
-        except share.ShareError as exc:
-            return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": f"{k}: {exc}"}
+    given, unreadable = candidate_arrays(torch, req, device, prefixes=("in__", "cand1__"))
+    if unreadable:
+        return {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": unreadable}
     inp = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, device)
     for s in inp.spec:
         if s["role"] in ("input", "inout"):
@@ -591,14 +558,12 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
                 return {"outputs": [], "tolerances": {}, "missing": [f"in__{s['name']}"], "verdict": None,
                         "unreadable": None}
             t = inp.tensors[s["name"]]
-            t.copy_((src if isinstance(src, torch.Tensor) else torch.from_numpy(src)).to(device=device,
-                                                                                          dtype=t.dtype))
+            t.copy_(torch.as_tensor(src).to(device=device, dtype=t.dtype))
     inp.poison_outputs()
     outs = reference_results(torch, ref, inp, req)
     tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}
     outputs = list(outs)
-    cand = {k: (torch.from_numpy(v).to(device) if device == "cuda" and not isinstance(v, torch.Tensor) else v)
-            for k, v in given.items() if k.startswith("cand1__")}
+    cand = {k: v for k, v in given.items() if k.startswith("cand1__")}
     missing = [f"cand1__{o}" for o in outputs if f"cand1__{o}" not in cand]
     base = {"outputs": outputs, "tolerances": tol, "missing": missing, "verdict": None, "unreadable": None}
     if missing or not outputs:

@@ -143,13 +143,16 @@ def tolerance_scale_fast(torch: Any, low: Any, ref: Any, atol: float, rtol: floa
 
 class HostArrays(Mapping):
     """A read-only mapping of tensors as numpy arrays, each copied to the host on first access (bf16 and fp8 as
-    float32) and kept: the numpy judge reads only the arrays its guards need."""
+    float32) and kept: the numpy judge reads only the arrays its guards need. A value that is already a numpy
+    array (read from an ``.npz`` on the CPU) is passed through."""
 
     def __init__(self, torch: Any, tensors: Mapping[str, Any]) -> None:
         self._torch, self._src, self._cache = torch, tensors, {}
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._cache:
+            if not isinstance(self._src[name], self._torch.Tensor):
+                return self._src[name]
             t = host_dtype(self._torch, self._src[name]).detach()
             self._cache[name] = t.cpu().numpy().copy() if t.device.type != "cpu" else t.numpy()
         return self._cache[name]

@@ -33,9 +33,9 @@ GRAPH_CALLS = 20
 ROUND_S = 0.05
 #: ms per µs: CUPTI spans come in µs.
 _US = 1e-3
-#: A kernel-only median under the event median / 1.5 - 20 µs is SUSPECT: calls that do their work when not profiled
-#: only. Honest calls differ by launch gaps and the flush's tail: 1.5 to 2.5 µs on an H200 (events/CUPTI 2.77 at
-#: 1.4 µs, 1.06 at 44 µs; timing_fidelity.py, 2026-12-03).
+#: A kernel-only median under (the event median - 20 µs) / 1.5 is SUSPECT: calls that do their work when not profiled
+#: only. Honest calls differ by launch gaps and the flush's tail: 2.5 to 3 µs on an H200 (events/span 2.795 at
+#: 1.41 µs, 1.061 at 43.7 µs, 1.049 at 60.3 µs; timing_fidelity.py, 2026-12-03).
 EVENTS_OVER_KERNEL = 1.5
 EVENTS_GAP_MS = 0.020
 
@@ -519,7 +519,7 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
     if basis["basis"] == "cupti" or (ctx.settings.timing_method == "cupti" and cupti.get("spans_us")):
         suspect += cupti_suspects(cupti)
     if basis["basis"] == "cupti" and ke.median_ms > EVENTS_OVER_KERNEL * k.median_ms + EVENTS_GAP_MS:
-        # honest calls differ by launch gaps and the flush's tail (1.5 to 2.5 µs on an H200, docs/timing.md)
+        # honest calls differ by launch gaps and the flush's tail (2.5 to 3 µs on an H200, EVENTS_OVER_KERNEL)
         suspect.append((f"CUDA events saw {stats.fmt_ms(ke.median_ms)} per call but the kernels' own records "
                         f"{stats.fmt_ms(k.median_ms)} (more than {EVENTS_OVER_KERNEL:g}x + "
                         f"{EVENTS_GAP_MS * 1e3:g} µs): the calls do work the profiled calls did not",
