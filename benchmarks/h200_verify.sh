@@ -68,8 +68,14 @@ import glob, json
 for f in sorted(glob.glob("/tmp/kl/loop/**/correctness/*.json", recursive=True)):
     r = json.load(open(f))
     print("phase_s", f.split("/loop/")[-1], r.get("reference_cache_hit"), r.get("phase_s"))
+for f in sorted(glob.glob("/tmp/kl/loop/**/bench.json", recursive=True)):
+    print("bench phase_s", f.split("/loop/")[-1], json.dumps(json.load(open(f)).get("phase_s")))
+for f in sorted(glob.glob("/tmp/kl/loop/**/*ncu_top.json", recursive=True)):
+    t = json.load(open(f))
+    print("ncu phase_s", f.split("/loop/")[-1], t.get("set"), json.dumps([{k: a.get(k) for k in ("ok", "started_ahead_s", "phase_s")} for a in t.get("attempts") or []]))
 PY
-      wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log"; grep "^phase_s" "$OUT/loop.log" | head -8 ;;
+      wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log"; grep "^phase_s" "$OUT/loop.log" | head -8
+      grep -E "^(bench|ncu) phase_s" "$OUT/loop.log" ;;
     saved)
       for step in "--kopt-save main" "--kopt-compare main"; do
         timeout 90 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm_tiled/gemm_tiled.cu \

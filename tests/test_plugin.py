@@ -294,6 +294,31 @@ def test_gpu_interleaved_reference_and_fresh_process(pytester: pytest.Pytester) 
 
 @pytest.mark.gpu
 @needs_nvcc
+def test_gpu_profile_started_ahead_is_used(pytester: pytest.Pytester) -> None:
+    """On a GPU with ncu: the timing gate starts the ncu item's profile (full set: a 1M-element scale takes
+    microseconds), and the ncu item lets it run; its report is read like a fresh one's. Without the timing item
+    nothing starts ahead and the ncu item starts its own."""
+    if hardware.find_tool("ncu") is None:
+        pytest.skip("ncu not found")
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    for outdir, select in (("ahead", "not roofline"), ("own", "not timing and not roofline")):
+        result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=1048576",
+                     "--kopt-seeds", "7", "--kopt-outdir", outdir, "-k", select)
+        assert result.ret == 0, result.stdout.str()[-3000:]
+        top = json.loads((pytester.path / outdir / "k.cu" / "ncu_top.json").read_text())
+        (attempt,) = top["attempts"]
+        assert top["set"] == "full" and attempt["ok"] and top["duration_ms"] > 0, top["attempts"]
+        assert top["kernel"].startswith("scale"), top["kernel"]
+        if outdir == "ahead":
+            # started before the timing measured, so by the ncu item's turn it had long been waiting
+            assert attempt["started_ahead_s"] > 1.0 and attempt["phase_s"]["start"] < 0.5, attempt
+        else:
+            assert attempt["started_ahead_s"] is None and attempt["phase_s"]["start"] > 0.0, attempt
+
+
+@pytest.mark.gpu
+@needs_nvcc
 def test_gpu_pr_gate_times_the_baseline_in_the_candidates_rounds(pytester: pytest.Pytester) -> None:
     """On a GPU, --kopt-fail-slower: the candidate's timing gate times the baseline in its own rounds
     (bench.json pr_baseline) and the comparison uses those samples; the same kernel against itself is not SLOWER."""

@@ -32,6 +32,47 @@ def test_prestarted_process_serves_the_first_request_and_is_ended_at_shutdown(tm
     assert started.proc.poll() is not None and not pool.live
 
 
+def test_only_the_timing_processes_load_the_profiler(tmp_path: Path) -> None:
+    """The candidate's and the reference's correctness processes (``check``, ``judge``) start with --no-profiler, so
+    their requests never wait for CUPTI's start (seconds); the timing processes warm it up while idle. A reference
+    process is never stopped between requests, a candidate's always."""
+    pool = HarnessPool()
+    roles = ("check:/k.cu", "candidate:/k.cu", "judge:/r.py", "reference:/r.py")
+    try:
+        for identity in roles:
+            pool.prestart(identity, {}, tmp_path)
+        argv = {key[0]: srv.proc.args for key, srv in pool.starting.items()}
+        assert {k: "--no-profiler" in a for k, a in argv.items()} == {
+            "check:/k.cu": True, "candidate:/k.cu": False, "judge:/r.py": True, "reference:/r.py": False}
+        pausing = {key[0]: srv.pausing for key, srv in pool.starting.items()}
+        assert pausing == {"check:/k.cu": True, "candidate:/k.cu": True, "judge:/r.py": False,
+                           "reference:/r.py": False}
+        # the four of one kernel fit the pool: none ends another
+        for identity in roles:
+            pool._server(identity, {}, tmp_path, gate="correctness", path="k.cu")
+        assert sorted(k[0] for k in pool.live) == sorted(roles)
+        assert all(srv.proc.poll() is None for srv in pool.live.values())
+    finally:
+        pool.shutdown()
+
+
+def test_the_shutdown_ends_what_was_started_ahead(tmp_path: Path) -> None:
+    """A profile started ahead that no gate took (its item was deselected or blocked) ends with the pool."""
+    from pytest_kopt.gates.ncu import Ahead
+    from pytest_kopt.proc.runner import FreshProcess
+
+    req = {"mode": "plan_reference", "ref": str(tmp_path / "none.py")}
+    # the wrapping tool (ncu, here a shell that ignores its target) waits like a profile waiting for its go
+    proc = FreshProcess(req, gate="ncu", workdir=tmp_path, prefix=["sh", "-c", "sleep 60", "sh"])
+    go = tmp_path / "go"
+    go.touch()
+    pool = HarnessPool()
+    pool.ahead[("k.cu", "full")] = Ahead(proc, go, 0.0)
+    assert proc.alive()
+    pool.shutdown()
+    assert not proc.alive() and not go.exists() and not pool.ahead
+
+
 def test_two_pools_keep_their_own_processes(tmp_path: Path) -> None:
     """A pool is an object, not a module global: a second pool (an in-process pytest run) neither sees nor ends the
     first one's processes."""

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,11 @@ from .plan import mode_plan_candidate, mode_plan_reference
 from .profile import mode_profile
 from .timing import mode_peaks, mode_time_reference, mode_timing
 from .triton_aot import mode_triton_build
+
+#: When this process started its harness (``time.time()``), and its start-up stamps (s after that) reported once,
+#: with its first request's result: ``imported`` (torch imported, ready to serve).
+_T0 = time.time()
+_STARTUP: dict[str, float] = {}
 
 MODES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "candidate": mode_candidate, "judge": mode_judge, "check_timed": mode_check_timed,
@@ -40,12 +46,19 @@ def handle(req_path: str) -> tuple[int, str]:
     req = json.loads(Path(req_path).read_text())
     result: dict[str, Any]
     share.release()  # the arrays the last request exported: the judge has copied them by now
-    if req.get("device") == "cuda":  # CUPTI's start-up must not run beside a request's CUDA work
-        from .timer import wait_for_profiler
+    t_in = time.time()
+    if req.get("device") == "cuda" and any(_SERVING):  # CUPTI's start-up before a request's CUDA work, not beside it
+        from .timer import warm_profiler
 
-        wait_for_profiler()
+        warm_profiler()
+    t_mode = time.time()
     try:
         result = {"ok": True, **MODES[req["mode"]](req)}
+        # where the request's time went inside this process (s): waiting for CUPTI's start-up, the mode itself, the
+        # process's age at the end; the first request also carries the process's start-up stamps
+        result["harness_s"] = {"wait_profiler": round(t_mode - t_in, 3), "mode": round(time.time() - t_mode, 3),
+                               "age": round(time.time() - _T0, 3), **_STARTUP}
+        _STARTUP.clear()
         code = 0
     except HarnessError as exc:
         result = {"ok": False, "category": exc.category, "message": str(exc), "fix": exc.fix,
@@ -62,23 +75,33 @@ def handle(req_path: str) -> tuple[int, str]:
     return code, hashlib.sha256(data).hexdigest()
 
 
-def serve(ctl_fd: int) -> int:
+def serve(ctl_fd: int, profiler: bool = True) -> int:
     """Warm-process loop (:class:`pytest_kopt.proc.pool.HarnessServer`): import torch, say ``ready`` on the control
     pipe, then run each request path read from stdin and answer ``done <seq> <code> <sha>``. Ends at EOF, or after
-    a failed request (the parent starts a fresh process: a CUDA error can leave this context unusable)."""
+    a failed request (the parent starts a fresh process: a CUDA error can leave this context unusable). A timing
+    process (``profiler``) warms CUPTI up while idle and before its first CUDA request; the others never do."""
     import gc
 
     import numpy  # noqa: F401  (imported once here, not per request)
     import torch
 
-    if torch.cuda.is_available():  # CUPTI's first session, paid while this process waits for its first request
-        from .timer import warm_profiler
+    from .timer import profiler_warm, warm_profiler
 
-        warm_profiler()
+    _STARTUP["imported"] = round(time.time() - _T0, 3)
+    _SERVING.append(profiler)
+    gpu = profiler and torch.cuda.is_available()
     ctl = os.fdopen(ctl_fd, "w", buffering=1)
     ctl.write("ready\n")
     stdin = sys.stdin  # kept: a kernel that rebinds or closes sys.stdin does not cut the request channel
-    for line in stdin:
+    while True:
+        # CUPTI's first session (seconds), paid while this process is idle: a request already on its way (the
+        # plan's, sent as soon as this process is ready) is served first
+        if gpu and not profiler_warm() and not _pending(stdin, IDLE_S):
+            _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
+            continue
+        line = stdin.readline()
+        if not line:
+            break
         if not line.strip():
             continue
         seq, _, path = line.strip().partition(" ")
@@ -96,6 +119,21 @@ def serve(ctl_fd: int) -> int:
             return 1
         ctl.write(done)
     return 0
+
+
+#: How long an idle warm process waits for a request before it warms the profiler up (s).
+IDLE_S = 0.3
+#: ``[True]`` while this process serves requests as a timing process (:func:`serve`): it warms the profiler up before
+#: its first CUDA request; ``[False]`` for the others.
+_SERVING: list[bool] = []
+
+
+def _pending(stream: Any, timeout_s: float) -> bool:
+    """True when ``stream`` has input within ``timeout_s`` (requests come one at a time, each after the answer to
+    the last, so nothing waits in its buffer)."""
+    import select
+
+    return bool(select.select([stream], [], [], timeout_s)[0])
 
 
 def _die_with_parent() -> None:
@@ -119,7 +157,7 @@ def main(argv: list[str]) -> int:
     if sys.platform.startswith("linux"):
         _die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
-        return serve(int(argv[2]))
+        return serve(int(argv[2]), profiler="--no-profiler" not in argv[3:])
     code, json_sha = handle(argv[1])
     if len(argv) > 3 and argv[2] == "--ctl":  # a fresh process: the same attestation, on its own private pipe
         with os.fdopen(int(argv[3]), "w") as ctl:

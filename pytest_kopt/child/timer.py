@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
-import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -162,7 +161,6 @@ class Timer:
     def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
                  refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
         self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
-        wait_for_profiler()  # CUPTI's start-up must not run beside the samples
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
         # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
@@ -502,36 +500,36 @@ def cupti_calls(median_ms: float) -> int:
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200}
 
 
-_WARMUP: list[threading.Thread] = []
+#: The seconds :func:`warm_profiler`'s session took, once it ran in this process.
+_WARM: dict[str, float] = {}
 
 
-def warm_profiler() -> None:
-    """Start, once per process, a background thread that opens and closes one CUDA profiler session: CUPTI's first
-    session in a process costs about 4 s (H200, 2026-12-03: 4.09 s, then 0.005 s for each later one), paid here
-    while a warm harness process waits for its first request instead of inside a timing item.
-    :func:`kernel_times` waits for it. A failure is left for :func:`kernel_times` to meet and report."""
-    if _WARMUP:
-        return
+def warm_profiler() -> float:
+    """Open and close one CUDA profiler session, once per process (later calls return at once): CUPTI's first
+    session in a process costs about 4 s (H200, 2026-12-03: 4.09 s, then 0.005 s for each later one). A warm harness
+    process runs it while it is idle (:func:`pytest_kopt.child.protocol.serve`) or, at the latest, before its first
+    CUDA request; :func:`kernel_times` before its first session. It runs in the calling thread, so it never runs
+    beside a request's CUDA work or holds the interpreter while another thread serves a request. A failure is left
+    for :func:`kernel_times` to meet and report. Returns the seconds this call took."""
+    if "s" in _WARM:
+        return 0.0
+    t0 = time.perf_counter()
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
 
-    def run() -> None:
-        try:
-            import torch
-            from torch.profiler import ProfilerActivity, profile
-
+        if torch.cuda.is_available():
             with profile(activities=[ProfilerActivity.CUDA]):
                 torch.cuda.synchronize()
-        except Exception:  # reported by the first real session, if it fails too
-            pass
-
-    thread = threading.Thread(target=run, name="kopt-profiler-warmup", daemon=True)
-    _WARMUP.append(thread)
-    thread.start()
+    except Exception:  # reported by the first real session, if it fails too
+        pass
+    _WARM["s"] = time.perf_counter() - t0
+    return _WARM["s"]
 
 
-def wait_for_profiler() -> None:
-    """Wait for :func:`warm_profiler`'s session to end (at most 60 s)."""
-    for thread in _WARMUP:
-        thread.join(timeout=60.0)
+def profiler_warm() -> bool:
+    """True once :func:`warm_profiler` ran in this process."""
+    return "s" in _WARM
 
 
 def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
@@ -568,7 +566,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                 out.append((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id)))
         return sorted(out)
 
-    wait_for_profiler()  # one profiler session at a time in a process
+    warm_profiler()  # CUPTI's start-up (a fresh process's) before the calls, not inside the first one's records
     hold = max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US) if hold_us is None else hold_us
     refresh_every = bool(timer.t.get("refresh_every_call"))
     torch.cuda.synchronize()

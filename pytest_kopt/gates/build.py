@@ -294,28 +294,34 @@ def ensure_built(ctx: Context) -> BuildResult:
     return res
 
 
-def build_quietly(ctx: Context) -> None:
+def build_quietly(ctx: Context, sass: bool = False) -> None:
     """:func:`ensure_built` for a build started ahead of its compile item (:class:`BuildAhead`): a failure is
-    remembered in ``compile_error.json`` as usual, and the compile item reports it when it runs."""
+    remembered in ``compile_error.json`` as usual, and the compile item reports it when it runs. With ``sass``,
+    the built library's SASS is dumped next (:func:`pytest_kopt.gates.sass.prefetch_sass`) for the sass item."""
     try:
-        ensure_built(ctx)
+        res = ensure_built(ctx)
     except (KoptError, Blocked, OSError):
-        pass
+        return
+    if sass and ctx.kind == "cuda":
+        from .sass import prefetch_sass
+
+        prefetch_sass(ctx.tool("cuobjdump"), res.artifact)
 
 
 class BuildAhead:
-    """The ``.cu`` kernels of a session built side by side: when the first compile item of a process runs, nvcc
-    starts for every other ``.cu`` kernel whose compile item this process collected, at most one build per CPU, in
-    threads; each compile item then finds its build done or waits for it on the build folder's lock. So one process
-    compiles as many kernels at once as xdist workers would, without their start-up; under xdist, a build another
-    worker has started is waited for, never run twice (the content-addressed cache and its lock)."""
+    """The ``.cu`` kernels of a session built side by side, from a process's first item on: nvcc starts for every
+    ``.cu`` kernel whose compile item this process collected, at most one build per CPU, in threads, while the
+    hardware, preflight and plan items run; each compile item then finds its build done or waits for it on the
+    build folder's lock. So one process compiles as many kernels at once as xdist workers would, without their
+    start-up; under xdist, a build another worker has started is waited for, never run twice (the
+    content-addressed cache and its lock). A kernel with a sass item has its SASS dumped in the same thread."""
 
     def __init__(self) -> None:
         self.pool: Any = None
 
-    def start(self, ctxs: list[Context]) -> int:
-        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process; returns how many were
-        started (0 after the first call)."""
+    def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset()) -> int:
+        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process, then the SASS dump
+        of those in ``sass`` (kernel paths); returns how many were started (0 after the first call)."""
         if self.pool is not None:
             return 0
         from concurrent.futures import ThreadPoolExecutor
@@ -324,7 +330,7 @@ class BuildAhead:
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1)),
                                        thread_name_prefix="kopt-build")
         for c in todo:
-            self.pool.submit(build_quietly, c)
+            self.pool.submit(build_quietly, c, c.kernel in sass)
         return len(todo)
 
     def wait(self) -> None:
@@ -354,10 +360,10 @@ def _build(ctx: Context, root: Path) -> BuildResult:
 
     def run_child(req: dict[str, Any]) -> dict[str, Any]:
         req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "env": compile_env(ctx)}
-        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more. In the candidate's warm
-        # process (the same environment as its correctness requests), which goes on to serve them
+        # the run of run_kernel gets --kopt-timeout; the compile of its kernels 120 s more. In the candidate's
+        # correctness process (the same environment as its correctness requests), which goes on to serve them
         return ctx.pool.run(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
-                            workdir=ctx.work, server=ctx.server("candidate"))
+                            workdir=ctx.work, server=ctx.server("check"))
 
     return build_triton(ctx.kernel, ctx.ref, ctx.build_dims, ctx.settings.seeds[0], ctx.arch, root, device,
                         ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display)
@@ -365,7 +371,8 @@ def _build(ctx: Context, root: Path) -> BuildResult:
 
 def compile_env(ctx: Context) -> dict[str, str]:
     """The environment of a Triton/Python candidate's build and plan requests: its ``TRITON_CACHE_DIR`` ({} for a
-    ``.cu``). On a GPU it is also that of its correctness and timing requests, so one warm process serves them all;
+    ``.cu``). On a GPU it is also that of its correctness and timing requests, so its correctness process serves the
+    build, plan and correctness requests, and its timing process finds the build's Triton cache;
     on the CPU those add ``TRITON_INTERPRET=1`` (:func:`candidate_env`), which the build must not have."""
     return {} if ctx.kind == "cuda" else {"TRITON_CACHE_DIR": str(triton_cache_dir(ctx))}
 

@@ -71,6 +71,11 @@ def kernel_kind(path: Path) -> str:
         return "triton" if _IMPORTS_TRITON.search(text) else "python"
 
 
+#: The warm harness processes' roles (:meth:`Context.server`); those in :data:`pytest_kopt.proc.pool.PROFILED_ROLES`
+#: warm the profiler up.
+SERVER_ROLES = ("check", "candidate", "judge", "reference")
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """Everything a gate needs: the settings, the ``env.json`` dict, the kernel and reference, the folders, and
@@ -88,6 +93,9 @@ class Context:
     trust: Trust
     #: the session's dims (the primary shape) when this context is one benchmark shape's (:meth:`at`), else None
     primary_dims: dict[str, Any] | None = None
+    #: the gates of this kernel whose items this process collected (empty when not known): a gate starts work for
+    #: a later one ahead only when that one will run here
+    collected: frozenset[str] = frozenset()
 
     def at(self, dims: dict[str, Any]) -> "Context":
         """This kernel's context at another shape: ``settings.dims`` is ``dims``, the artifacts go to
@@ -207,9 +215,15 @@ class Context:
         return self.gpu_lock() if device == "cuda" else contextlib.nullcontext()
 
     def server(self, role: str) -> str | None:
-        """Identity of the warm harness process for a request: one per candidate kernel (``candidate``) and one per
-        reference file (``reference``), so a candidate never runs in the reference's process or another
-        candidate's; None with ``--kopt-fresh-process``."""
+        """Identity of the warm harness process for a request (``<role>:<file>``), so a candidate never runs in the
+        reference's process or another candidate's; None with ``--kopt-fresh-process``. Per candidate kernel:
+        ``check`` (its plan, a Triton build, its correctness requests) and ``candidate`` (its timing and the
+        loop's re-timing); per reference file: ``judge`` (the reference's plan, the judge of every correctness
+        seed and timed output) and ``reference`` (its timing, the GPU's peaks). The timing processes warm CUPTI up
+        while idle (seconds: :func:`pytest_kopt.child.timer.warm_profiler`); the check and judge processes never
+        load the profiler, so correctness does not wait for it."""
         if self.settings.fresh_process:
             return None
-        return f"candidate:{self.kernel}" if role == "candidate" else f"reference:{self.ref}"
+        if role not in SERVER_ROLES:
+            raise ValueError(f"unknown harness role {role!r}")
+        return f"{role}:{self.kernel if role in ('check', 'candidate') else self.ref}"

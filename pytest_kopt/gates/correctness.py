@@ -76,7 +76,7 @@ def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> st
 
 
 def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
-    """Run the judge in the reference's warm process (``mode`` ``judge``, or ``check_timed`` for a timed call's
+    """Run the judge in the reference's warm judge process (``mode`` ``judge``, or ``check_timed`` for a timed call's
     outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock. Returns the judge's
     result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors."""
     poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
@@ -87,7 +87,7 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
                      "same_as": cand.get("same_as") or {}}}
     return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
                         timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
-                        lock=ctx.device_lock(req["device"]), server=ctx.server("reference"))
+                        lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
 
 
 def check_report(ctx: Context, cand: Any, req: dict[str, Any], gate: str, replay: str = "") -> None:
@@ -174,7 +174,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
-    ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)  # its torch import overlaps the candidate's request
+    ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
     hint = None
     if device == "cpu" and ctx.kind == "triton":
@@ -182,9 +182,10 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                 "takes in milliseconds; give smaller --kopt-dims for a run without a GPU (e.g. a few thousand "
                 "elements per buffer), or raise --kopt-timeout")
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("candidate"),
+                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("check"),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
+    record["call_ms"] = cand.get("call_ms")
     check_report(ctx, cand, req, "correctness", replay)
     try:
         for key, (status, what) in GUARD_STATUS.items():
@@ -201,6 +202,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
         judged = judge_request(ctx, req, cand)
         phase_s["judge_request"] = time.perf_counter() - clock
         phase_s.update({f"judge_{k}": x for k, x in (judged.get("phase_s") or {}).items()})
+        for who, res in (("candidate", cand), ("judge", judged)):  # inside each process (protocol.handle)
+            phase_s.update({f"{who}_harness_{k}": x for k, x in (res.get("harness_s") or {}).items()})
     finally:
         if cand.get("npz") and os.path.isfile(cand["npz"]):  # inside the work folder (check_report)
             os.unlink(cand["npz"])

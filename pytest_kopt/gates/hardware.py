@@ -143,12 +143,9 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def detect(attempts: int = 1) -> dict[str, Any]:
-    """Detect the environment: SKILL.md's ``env.json`` document (GPUs, tools with versions, library versions).
-
-    ``generation_allowed`` is true only with a GPU context, nvcc, ncu and cuobjdump all present (SKILL.md step 0);
-    ``can_read_counters`` stays None until the ncu gate has tried. Retries the GPU probe up to ``attempts`` times.
-    """
+def _probe_with_retries(attempts: int) -> dict[str, Any]:
+    """:func:`probe_gpus` up to ``attempts`` times (:data:`RETRY_PAUSE_S` apart) until it finds a GPU or finds no
+    driver at all; its result gains ``attempts`` (one record per probe)."""
     probe: dict[str, Any] = {}
     hw_attempts = []
     for i in range(max(1, attempts)):
@@ -158,10 +155,25 @@ def detect(attempts: int = 1) -> dict[str, Any]:
         hw_attempts.append({"attempt": i + 1, "gpus": len(probe["gpus"]), "error": probe["error"]})
         if probe["gpus"] or (probe["error"] or "").startswith(NO_DRIVER):
             break  # found, or no driver at all: another probe cannot change that
-    tools = {}
-    for name in ("nvcc", "ncu", "cuobjdump"):
-        path = find_tool(name)
-        tools[name] = {"path": path, "version": tool_version(path) if path else None}
+    return {**probe, "attempts": hw_attempts}
+
+
+def detect(attempts: int = 1) -> dict[str, Any]:
+    """Detect the environment: SKILL.md's ``env.json`` document (GPUs, tools with versions, library versions).
+
+    ``generation_allowed`` is true only with a GPU context, nvcc, ncu and cuobjdump all present (SKILL.md step 0);
+    ``can_read_counters`` stays None until the ncu gate has tried. Retries the GPU probe up to ``attempts`` times.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    # the tools' --version runs (ncu's takes about a second) overlap the GPU probe
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="kopt-tools") as pool:
+        found = {name: find_tool(name) for name in ("nvcc", "ncu", "cuobjdump")}
+        versions = {name: pool.submit(tool_version, path) for name, path in found.items() if path}
+        probe = _probe_with_retries(attempts)
+        tools = {name: {"path": path, "version": versions[name].result() if path else None}
+                 for name, path in found.items()}
+    hw_attempts = probe.pop("attempts")
     gpus = probe["gpus"]
     missing = [n for n, t in tools.items() if not t["path"]]
     reasons = []

@@ -7,16 +7,20 @@ timing gate's conditions). Metrics are read back with ``ncu --import --csv --pag
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from typing import Any
 
 from .. import registry
 from ..stats import fmt_ms
-from ..artifacts import write_json
+from ..artifacts import read_dict, write_json
 from ..child.profile import NVTX_RANGE
-from ..errors import Blocked, KernelRuntimeError, ProfilerError
+from ..errors import Blocked, KernelRuntimeError, KoptError, ProfilerError
+from ..proc.runner import FreshProcess
 from .build import built
 from .context import Context, Outcome
 from .correctness import require_correct
@@ -91,6 +95,26 @@ def import_report(ncu: str, report: Path, timeout_s: float = 120.0) -> list[NcuL
                             fix="no kernel ran inside the kopt_target range, or the report is empty") from None
 
 
+def profile_phases(t0: float, t_lock: float, t_run: float, t_read: float, at: dict[str, float]) -> dict[str, float]:
+    """Where one profile's wall seconds went, from the gate's stamps (``time.time()``: start, lock taken, ncu
+    ended, report read) and the harness's (``at`` of :func:`pytest_kopt.child.profile.mode_profile`): ``lock``
+    waiting for the GPU, ``start`` (ncu's and Python's start, imports) up to the request, ``inputs`` (CUDA context,
+    inputs), ``warmup``, ``range`` (the profiled call with ncu's replays), ``after`` (the call outside the range,
+    the process's end, ncu writing the report), ``read`` (reading the report back). For a profile started ahead
+    (:func:`profile_ahead`) ``lock`` ends at its go, and ``start`` is what it still needed after it."""
+    out = {"lock": t_lock - t0}
+    if {"enter", "inputs", "warmup", "range", "exit"} <= at.keys():
+        # a profile started ahead entered long ago: from its go on (``start`` is then how long it still needed
+        # to get ready after the gate let it go, 0 when it was waiting)
+        begun = at.get("go", at["enter"])
+        out.update(start=max(0.0, begun - t_lock), inputs=at["inputs"] - begun, warmup=at["warmup"] - at["inputs"],
+                   range=at["range"] - at["warmup"], after=t_run - at["range"])
+    else:
+        out["run"] = t_run - t_lock
+    out["read"] = t_read - t_run
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
     """``ncu_top.json`` content: per launch (in order) its kernel name and METRICS in base units (ns, byte, %),
     and the total duration in ms over all launches of the profiled call."""
@@ -104,6 +128,111 @@ def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
     return {"metric_set": "kopt-basic", "clock_control": "none", "nvtx_range": NVTX_RANGE,
             "launches": rows, "target_kernel": main["kernel"], "duration_ms": total_ns / 1e6,
             "metric_names": METRICS}
+
+
+def _profile_request(ctx: Context, res: Any, device: str, dims: dict[str, Any] | None) -> dict[str, Any]:
+    return harness_request(ctx, "profile", device, ctx.settings.seeds[0], res, dims=dims)
+
+
+def estimated_ms(ctx: Context) -> float | None:
+    """The kernel's time as this kernel's passed correctness seeds saw it (the smallest ``call_ms``: one warm call's
+    wall time from launch to synchronized, an upper bound of its GPU time), ms; None when none recorded it."""
+    seen = []
+    for path in sorted((ctx.outdir / "correctness").glob("*.json")):
+        rec = read_dict(path) or {}
+        if rec.get("passed") and isinstance(rec.get("call_ms"), (int, float)):
+            seen.append(float(rec["call_ms"]))
+    return min(seen) if seen else None
+
+
+def profile_ahead(ctx: Context) -> str | None:
+    """Start the ncu item's profile now (the timing gate calls it before it measures), so ncu's start, Python's,
+    torch's import and the CUDA context under ncu (about 5 s on the H200, ``phase_s`` of ``ncu_top.json``) overlap
+    the timing instead of following it. The process launches no kernel until :func:`gate_ncu` holds the GPU lock
+    and creates its go file (:func:`pytest_kopt.child.profile.wait_for_go`). The ncu set is the run's pinned one,
+    else the one :func:`choose_set` gives for :func:`estimated_ms` (the gate discards the process when the timed
+    median picks the other set). Returns the set started, or None when nothing was started: no ncu item for this
+    kernel in this process, no ncu, no GPU, several benchmark shapes without a pinned set, or no estimate."""
+    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu"):
+        return None
+    dims, _ = profiled_shape(ctx)
+    pinned = ctx.settings.ncu_set
+    if pinned:
+        set_name = pinned
+    else:
+        est = estimated_ms(ctx) if dims is None else None
+        if est is None:
+            return None
+        set_name = choose_set(est)[0]
+    return set_name if start_profile(ctx, set_name, dims) else None
+
+
+def start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> bool:
+    """Start ``ctx``'s kernel's profile with ``set_name`` at ``dims`` (None: the session's) ahead of its gate
+    (:func:`profile_ahead`; the loop's close for the likely champion). False when it cannot start (no build, no
+    ncu); True when it runs (or already did)."""
+    key = (str(ctx.kernel), set_name)
+    if key in ctx.pool.ahead:
+        return True
+    if not ctx.tool("ncu"):
+        return False
+    try:
+        res = built(ctx)
+        req = _profile_request(ctx, res, "cuda", dims)
+    except (KoptError, Blocked):
+        return False  # the ncu item reports it
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    go = ctx.work / f"ncu-go-{os.getpid()}-{time.monotonic_ns()}"
+    go.unlink(missing_ok=True)
+    report = ctx.outdir / "kernel.ncu-rep"
+    ctx.outdir.mkdir(parents=True, exist_ok=True)
+    report.unlink(missing_ok=True)
+    metrics = registry.load(registry.METRICS)
+    proc = FreshProcess({**req, "go": str(go), "owner": os.getpid()}, gate="ncu", workdir=ctx.work,
+                        prefix=ncu_prefix(ctx.tool("ncu") or "ncu", report.with_suffix(""),
+                                          metrics["metric_sets"][set_name]))
+    ctx.pool.ahead[key] = Ahead(proc, go, time.time())
+    return True
+
+
+def drop_ahead(ctx: Context, keep: Path | None = None) -> None:
+    """End the profiles started ahead in ``ctx``'s pool, but ``keep``'s (a kernel path)."""
+    for key in [k for k in ctx.pool.ahead if keep is None or k[0] != str(keep)]:
+        ctx.pool.ahead.pop(key).kill()
+
+
+@dataclass
+class Ahead:
+    """A profile process :func:`profile_ahead` started: the process, its go file, when it started."""
+
+    proc: FreshProcess
+    go: Path
+    started: float
+
+    def kill(self) -> str:
+        """End the process (the pool's shutdown: no gate took it) and remove its go file; returns its log's tail."""
+        out = self.proc.kill()
+        self.go.unlink(missing_ok=True)
+        return out
+
+
+def _take_ahead(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
+    """The profile started ahead for this kernel with ``set_name``, if it is still waiting for its turn, and what
+    became of it (``used``; ``none started``; ``started with the <set> set``; ``ended before its turn``, with its
+    output's tail); any other of this kernel's is ended."""
+    mine = [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel)]
+    held, note = None, "none started"
+    for key in mine:
+        ahead = ctx.pool.ahead.pop(key)
+        if key[1] == set_name and ahead.proc.alive():
+            held, note = ahead, "used"
+        elif key[1] == set_name:
+            code = ahead.proc.proc.returncode
+            note = f"ended before its turn (exit {code}): {ahead.kill()[-300:]}"
+        else:
+            ahead.kill()
+            note = f"started with the {key[1]} set" if held is None else note
+    return held, note
 
 
 def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
@@ -131,23 +260,37 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     attempts: list[dict[str, Any]] = []
     launches = None
     for set_name in ([chosen, "light"] if chosen == "full" and not pinned else [chosen]):
-        req = harness_request(ctx, "profile", device, ctx.settings.seeds[0], res, dims=dims)
-        report.unlink(missing_ok=True)
+        ahead, ahead_note = _take_ahead(ctx, set_name) if not attempts else (None, "none started")
         try:
-            with ctx.gpu_lock():
-                result = ctx.pool.run(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
-                                      workdir=ctx.work, prefix=ncu_prefix(ncu, report.with_suffix(""),
-                                                                          metrics["metric_sets"][set_name]))
+            t0 = time.time()
+            if ahead is not None:
+                with ctx.gpu_lock():
+                    t_lock = time.time()
+                    ahead.go.touch()
+                    result = ahead.proc.finish(timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display)
+                ahead.go.unlink(missing_ok=True)
+            else:
+                req = _profile_request(ctx, res, device, dims)
+                report.unlink(missing_ok=True)
+                with ctx.gpu_lock():
+                    t_lock = time.time()
+                    result = ctx.pool.run(req, gate="ncu", timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display,
+                                          workdir=ctx.work, prefix=ncu_prefix(ncu, report.with_suffix(""),
+                                                                              metrics["metric_sets"][set_name]))
+            t_run = time.time()
             check_ncu_output(result.get("stdout", ""))
             if not report.is_file():
                 raise ProfilerError("ncu wrote no report (no kernel ran inside the kopt_target range?)", gate="ncu",
                                     path=ctx.display, details=result.get("stdout", "")[-2000:])
             launches = import_report(ncu, report)
-            attempts.append({"set": set_name, "ok": True})
+            attempts.append({"set": set_name, "ok": True, "started_ahead_s": None if ahead is None else
+                             round(t_lock - ahead.started, 3), "ahead": ahead_note,
+                             "phase_s": profile_phases(t0, t_lock, t_run, time.time(), result.get("at") or {})})
             chosen = set_name
             break
         except (KernelRuntimeError, ProfilerError) as exc:
-            attempts.append({"set": set_name, "ok": False, "status": exc.status, "error": exc.message})
+            attempts.append({"set": set_name, "ok": False, "status": exc.status, "error": exc.message,
+                             "started_ahead_s": None if ahead is None else round(time.time() - ahead.started, 3)})
             if set_name == "light" or chosen != "full":
                 raise ProfilerError(f"ncu failed with the {set_name} set: {exc.message}", gate="ncu",
                                     path=ctx.display, details=exc.details,

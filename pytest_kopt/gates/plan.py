@@ -88,6 +88,23 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def prestart_harness(ctx: Context) -> None:
+    """Start the kernel's warm processes without waiting for them, so their torch imports (and the timing processes'
+    CUPTI start) overlap each other and the gates before their first request; a no-op for those already running:
+    the judge's; on a GPU the candidate's correctness process of a ``.cu`` (a Triton file's starts with its plan);
+    and on a GPU, when this process collected the kernel's timing item (or it is not known), the candidate's and
+    the reference's timing processes. Called at a kernel's first item in a process and again by the plan gate."""
+    ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)
+    if not ctx.gpu:
+        return
+    env = candidate_env(ctx, "cuda")
+    if ctx.kind == "cuda":
+        ctx.pool.prestart(ctx.server("check"), env, ctx.work)
+    if not ctx.collected or "timing" in ctx.collected:
+        ctx.pool.prestart(ctx.server("candidate"), env, ctx.work)
+        ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
+
+
 def make_plan(ctx: Context) -> dict[str, Any]:
     """The case's spec, from the harness processes (the candidate's ``setup()`` on the meta device in a fresh
     process, the reference's checks in its own). Raises ContractError naming the buffer or parameter;
@@ -96,23 +113,19 @@ def make_plan(ctx: Context) -> dict[str, Any]:
     base = {"kind": ctx.kind, "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
             "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
-    # both warm processes start now, so their torch imports overlap each other, this gate and the compile gate (a
-    # .cu's candidate process is first used by correctness)
-    ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
-    if ctx.kind == "cuda" and ctx.gpu:
-        ctx.pool.prestart(ctx.server("candidate"), candidate_env(ctx, "cuda"), ctx.work)
+    prestart_harness(ctx)
     try:
         scalars: dict[str, Any] = {}
         spec, note = None, None
         if ctx.kind != "cuda":
-            # in the candidate's warm process, the one its compile (and, on a GPU, correctness) requests go to next
+            # in the candidate's correctness process, the one its compile (and, on a GPU, correctness) requests go to
             cand = ctx.pool.run({**base, "mode": "plan_candidate", "env": compile_env(ctx)}, gate="plan",
                                 timeout_s=ctx.settings.gate_timeout_s, path=ctx.display, workdir=ctx.work,
-                                server=ctx.server("candidate"))
+                                server=ctx.server("check"))
             spec, scalars, note = cand["spec"], cand["scalars"], cand.get("meta_error")
         ref = ctx.pool.run({**base, "mode": "plan_reference", "spec": spec, "scalars": scalars}, gate="plan",
                            timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
-                           server=ctx.server("reference"))
+                           server=ctx.server("judge"))
     except ContractError as exc:
         if not ctx.gpu and "import failed" in exc.message and any(h in exc.message for h in _GPU_INIT_HINTS):
             raise NotApplicable(f"the plan needs a GPU here: {exc.message}") from None

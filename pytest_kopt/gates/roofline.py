@@ -153,6 +153,18 @@ def top_metrics(table: Mapping[str, float | None], registry: Mapping[str, Any], 
     return {a: sorted(v, key=lambda m: -m["value"])[:n] for a, v in out.items()}
 
 
+def import_plotting() -> None:
+    """Import matplotlib (Agg) and its pyplot, ignoring its absence: :func:`plot` and the loop's summary charts then
+    find them imported. Run in a thread from a kernel's first item, beside the gates before the roofline's."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # matplotlib missing or broken: plot() says so, not this
+        pass
+
+
 def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, title: str = "") -> str | None:
     """Draw the roofline chart to ``path`` (PNG): DRAM roof, fp32 and bf16 compute roofs from the measured peaks,
     this kernel's point (arithmetic intensity, achieved FLOP/s) and earlier points from ``history``. Returns the

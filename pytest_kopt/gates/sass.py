@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -63,18 +64,51 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
                             fix="install the CUDA toolkit or pip install triton")
     functions: list[SassFunction] = []
     for art in artifacts:
-        try:
-            proc = subprocess.run([cuobjdump, "--dump-sass", art], capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise HardwareError(f"cuobjdump ran past {timeout_s:.0f} s on {art}", gate="sass") from None
-        except OSError as exc:
-            raise HardwareError(f"cuobjdump could not run: {exc}", gate="sass",
-                                fix="install the CUDA toolkit or pip install triton") from None
-        if proc.returncode != 0:
-            raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
-                                details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")
-        functions += parse_sass(proc.stdout)
+        key = _dump_key(cuobjdump, art)
+        text = _DUMPS.get(key) if key else None
+        if text is None:
+            text = _run_cuobjdump(cuobjdump, art, timeout_s)
+        functions += parse_sass(text)
     return functions
+
+
+#: ``cuobjdump --dump-sass`` text per (tool, artifact path, size, mtime in ns), dumped ahead by
+#: :func:`prefetch_sass` in this process; an artifact rewritten since has another key and is dumped again.
+_DUMPS: dict[tuple[str, str, int, int], str] = {}
+
+
+def _dump_key(cuobjdump: str, art: str) -> tuple[str, str, int, int] | None:
+    try:
+        st = os.stat(art)
+    except OSError:
+        return None
+    return cuobjdump, os.path.realpath(art), st.st_size, st.st_mtime_ns
+
+
+def _run_cuobjdump(cuobjdump: str, art: str, timeout_s: float) -> str:
+    try:
+        proc = subprocess.run([cuobjdump, "--dump-sass", art], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise HardwareError(f"cuobjdump ran past {timeout_s:.0f} s on {art}", gate="sass") from None
+    except OSError as exc:
+        raise HardwareError(f"cuobjdump could not run: {exc}", gate="sass",
+                            fix="install the CUDA toolkit or pip install triton") from None
+    if proc.returncode != 0:
+        raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
+                            details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")
+    return proc.stdout
+
+
+def prefetch_sass(cuobjdump: str | None, artifact: str) -> None:
+    """Dump ``artifact``'s SASS now (a build thread, right after nvcc) for :func:`dump_sass` to find; a failure is
+    left for the sass item to meet and report."""
+    key = _dump_key(cuobjdump, artifact) if cuobjdump else None
+    if key is None or key in _DUMPS:
+        return
+    try:
+        _DUMPS[key] = _run_cuobjdump(key[0], artifact, 120.0)
+    except HardwareError:
+        pass
 
 
 def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:

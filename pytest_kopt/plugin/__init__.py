@@ -103,14 +103,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [hardware.header_line(state.env), seeds]
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Wait for the builds started ahead, and end this process's warm harness processes (the pool's atexit hook
-    would, later)."""
-    state = session.config.stash.get(STATE, None)
-    if state is not None:
-        state.builds.wait()
-        state.pool.shutdown()
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> Any:
+    """After every other plugin's session end (the controller's loop step profiles the champion with the process
+    started ahead for it, and may re-time kernels in warm processes): wait for the builds started ahead, and end
+    this process's harness processes (the pool's atexit hook would, later)."""
+    try:
+        return (yield)
+    finally:
+        state = session.config.stash.get(STATE, None)
+        if state is not None:
+            state.builds.wait()
+            state.pool.shutdown()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -9,8 +9,14 @@ from typing import Any, Iterator
 import pytest
 
 from ..errors import Blocked, KoptError, NotApplicable
+from ..gates.plan import prestart_harness
+from ..gates.roofline import import_plotting
 from ..gates.table import GATES, Gate, run
 from .stash import STATE
+
+
+#: The gates whose requests go to a kernel's warm harness processes (started at its first item).
+HARNESS_GATES = frozenset({"plan", "correctness", "timing"})
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -79,10 +85,10 @@ class KoptItem(pytest.Item):
         failure with its status and exit code; figures go to ``user_properties`` (and so to junit XML)."""
         state = self.config.stash[STATE]
         ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
-        if self.gate.name == "compile":  # the other kernels' nvcc runs start beside this one
-            others = {i.path: i for i in self.session.items if isinstance(i, KoptItem) and i.gate.name == "compile"
-                      and i.path != self.path}
-            state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in others.values()])
+        if self.path not in state.kicked:
+            state.kicked.add(self.path)
+            self._kickoff(state)
+            ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
         self.user_properties += [("kopt_gate", self.gate.name), ("kopt_kernel", str(ctx.kernel)),
                                  ("kopt_case", self.label or None)]
         try:
@@ -106,6 +112,29 @@ class KoptItem(pytest.Item):
         self.user_properties += [(k, v) for k, v in outcome.figures.items() if isinstance(v, (int, float, str, bool))]
         if outcome.summary:
             self.user_properties.append(("kopt_summary", outcome.summary))
+
+    def _kickoff(self, state: Any) -> None:
+        """At a kernel's first item in this process, start what its later items wait for, so it runs beside the
+        hardware, preflight and plan items: nvcc for every ``.cu`` kernel this process collected a compile item
+        of, with the SASS dump of those with a sass item (:class:`~pytest_kopt.gates.build.BuildAhead`, once per
+        process), and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
+        the gates this process collected (``Context.collected``)."""
+        mine = [i for i in self.session.items if isinstance(i, KoptItem)]
+        for item in mine:
+            key = Path(item.path).resolve()
+            state.collected[key] = state.collected.get(key, frozenset()) | {item.gate.name}
+        compiles = {i.path: i for i in mine if i.gate.name == "compile"}
+        sass = frozenset(k for k, gates in state.collected.items() if "sass" in gates)
+        state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in compiles.values()],
+                           sass)
+        ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
+        if ctx.collected & HARNESS_GATES:
+            prestart_harness(ctx)
+        if "roofline" in ctx.collected and not state.plotting:  # matplotlib's import (about 1 s) off the item
+            import threading
+
+            state.plotting = True
+            threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         """Gate errors as their own text (file:line, message, details, fix); anything else as a traceback."""

@@ -33,10 +33,44 @@ class ControllerPlugin:
         self.loop_result: dict[str, Any] | None = None
         self.errors: list[str] = []
         self.comparisons: list[dict[str, Any]] = []
+        #: in a loop's close, the fastest branch timed so far: (median ms, kernel path), and what was started for
+        #: each leader in turn (shown with -v)
+        self.leader: tuple[float, Path] | None = None
+        self.ahead_log: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep one record per kopt item."""
+        """Keep one record per kopt item; in a loop's close, start the likely champion's profile."""
+        before = len(self.ledger.records)
         self.ledger.add(report)
+        if self.state.settings.loop_mode == "run" and len(self.ledger.records) > before:
+            self._profile_leader_ahead(self.ledger.records[-1])
+
+    def _profile_leader_ahead(self, rec: Any) -> None:
+        """A branch's timing passed faster than every branch's before it: start its profile with the run's ncu set
+        now (:func:`pytest_kopt.gates.ncu.start_profile`), ending the previous leader's, so ncu's start overlaps the
+        rest of the close and the champion's profile (:func:`pytest_kopt.loop.session.finish_run`) finds it
+        waiting. A champion the decision picks otherwise is profiled from the start, as before."""
+        from ..gates.ncu import drop_ahead, start_profile
+
+        median = rec.figures.get("median_ms")
+        kernel = Path(rec.kernel) if rec.kernel else None
+        if rec.gate != "timing" or rec.outcome != "passed" or rec.case or not isinstance(median, (int, float)) \
+                or kernel is None or kernel.parent.parent.name != "branches" or not self.state.settings.ncu_set \
+                or not self.state.env.get("gpu"):
+            return
+        if self.leader is not None and self.leader[0] <= median:
+            return
+        self.leader = (float(median), kernel)
+        ctx = self.state.context(self.config, kernel, str(kernel))
+        drop_ahead(ctx, keep=kernel)
+        try:
+            started = start_profile(ctx, self.state.settings.ncu_set, None)
+        except OSError as exc:  # the champion's profile starts its own
+            started, why = False, str(exc)
+        else:
+            why = "" if started else "no build or no ncu"
+        self.ahead_log.append(f"{kernel.parent.name} ({median:.4f} ms): " + ("profile started ahead" if started else
+                                                                            f"not started ({why})"))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -190,6 +224,9 @@ class ControllerPlugin:
             code = int(self.loop_result["exit_code"])
         summary(terminalreporter, self.config.get_verbosity(), self.ledger.records, self.comparisons,
                 self.loop_result, self.errors, code)
+        if self.ahead_log and self.config.get_verbosity() > 0:
+            for line in self.ahead_log:
+                terminalreporter.write_line(f"kopt champion profile ahead: {line}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """``--kopt-json -``: the document as the very last line of stdout (one line: ``tail -n 1`` reads it)."""

@@ -29,6 +29,12 @@ class SessionState:
     builds: BuildAhead = field(default_factory=BuildAhead)
     restore_visible: tuple[bool, str | None] = (False, None)
     kernels: frozenset[Path] = frozenset()
+    #: the kernels whose first item ran in this process (:meth:`KoptItem._kickoff` ran for them)
+    kicked: set[Path] = field(default_factory=set)
+    #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
+    collected: dict[Path, frozenset[str]] = field(default_factory=dict)
+    #: True once matplotlib's import was started in a thread (:func:`pytest_kopt.gates.roofline.import_plotting`)
+    plotting: bool = False
 
     def context(self, config: pytest.Config, kernel: Path, display: str) -> Context:
         """The gate context of one kernel file."""
@@ -37,7 +43,7 @@ class SessionState:
         cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=self.settings, env=self.env, kernel=Path(kernel).resolve(), ref=self.settings.ref,
                        display=display, cache_dir=Path(cache_dir), pool=self.pool, blocks=self.blocks,
-                       trust=self.trust)
+                       trust=self.trust, collected=self.collected.get(Path(kernel).resolve(), frozenset()))
 
 
 STATE = pytest.StashKey[SessionState]()

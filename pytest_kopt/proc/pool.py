@@ -22,8 +22,13 @@ from .runner import (child_env, died_error, python_command, read_result, run_fre
 from .tree import freeze_tree, kill_tree, resume
 
 #: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
-#: loadscope a worker runs one kernel's gates in a row, so one candidate and one reference process cover it.
-MAX_SERVERS = 3
+#: loadscope a worker runs one kernel's gates in a row, so the kernel's two processes and the reference's two
+#: cover it (:meth:`pytest_kopt.gates.context.Context.server`).
+MAX_SERVERS = 4
+#: The roles whose processes time (and so warm CUPTI up while idle); the others are started with ``--no-profiler``.
+PROFILED_ROLES = ("candidate", "reference")
+#: The roles whose processes run the reference (never stopped between requests: nothing of a kernel runs there).
+REFERENCE_ROLES = ("judge", "reference")
 #: Seconds a new harness process may take to import torch and report ready.
 READY_TIMEOUT_S = 180.0
 
@@ -47,7 +52,9 @@ class HarnessServer:
         ctl_r, ctl_w = os.pipe()
         with open(self.log, "ab") as sink:
             env = child_env(dict(key[1]))
-            self.proc = subprocess.Popen([*python_command(env), "--serve", str(ctl_w)],
+            role = key[0].split(":", 1)[0]
+            self.proc = subprocess.Popen([*python_command(env), "--serve", str(ctl_w),
+                                          *(() if role in PROFILED_ROLES else ("--no-profiler",))],
                                          stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT,
                                          env=env, pass_fds=(ctl_w,), start_new_session=True)
         os.close(ctl_w)
@@ -62,7 +69,7 @@ class HarnessServer:
         #: a candidate's process is stopped between requests (what the kernel left running must not run beside
         #: another kernel or the reference); the reference's keeps running, so its own start-up work (CUPTI's first
         #: session, ~4 s) goes on while the pytest process waits for other processes
-        self.pausing = not key[0].startswith("reference:")
+        self.pausing = key[0].split(":", 1)[0] not in REFERENCE_ROLES
 
     def pause(self) -> None:
         """SIGSTOP the process group and every descendant between requests (:func:`freeze_tree`): a thread or child
@@ -179,6 +186,9 @@ class HarnessPool:
         self.live: dict[Key, HarnessServer] = {}
         #: processes :meth:`prestart` started that no request has used yet
         self.starting: dict[Key, HarnessServer] = {}
+        #: one-request processes started ahead of the gate that finishes them (the ncu gate's profile, keyed by
+        #: (kernel, ncu set); each has ``kill()``); ended at :meth:`shutdown` when no gate took them
+        self.ahead: dict[Any, Any] = {}
         self._atexit = False
 
     def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
@@ -241,6 +251,8 @@ class HarnessPool:
             self.live.popitem()[1].close()
         while self.starting:
             self.starting.popitem()[1].close(kill=True)
+        while self.ahead:
+            self.ahead.popitem()[1].kill()
 
     def _register_atexit(self) -> None:
         if not self._atexit:

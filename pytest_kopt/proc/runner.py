@@ -75,49 +75,82 @@ def run_fresh(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, wo
     on a private pipe and the result is checked against it. ``<out>.npz`` stays on disk for the caller. Raises
     KernelRuntimeError (crash, CUDA error, TIMEOUT after ``timeout_s`` seconds, TAMPERED), ContractError (the
     reference or ``setup`` broke its contract) or CompileError."""
-    name, req = write_request(req, gate, workdir)
-    out = req["out"]
-    env = child_env(req.get("env") or {})
-    # the attestation pipe; not under a wrapping tool (ncu, compute-sanitizer), which need not pass extra file
-    # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
-    ctl_r, ctl_w = os.pipe()
-    attested = not prefix
-    cmd = [*(prefix or []), *python_command(env), name]
-    cmd += ["--ctl", str(ctl_w)] if attested else []
-    # its output goes to a file, not a pipe: a daemon the kernel left holding a pipe would keep it open forever
-    fd, log = tempfile.mkstemp(prefix="fresh-", suffix=".log", dir=workdir)
-    with lock if lock is not None else contextlib.nullcontext(), os.fdopen(ctl_r, "rb") as ctl, \
-            os.fdopen(fd, "wb") as sink:
+    with lock if lock is not None else contextlib.nullcontext():
+        proc = FreshProcess(req, gate=gate, workdir=workdir, prefix=prefix)
+        return proc.finish(timeout_s=timeout_s, path=path, timeout_hint=timeout_hint)
+
+
+class FreshProcess:
+    """A harness process for one request, started now (:func:`run_fresh` starts and finishes it under one lock;
+    the ncu gate starts its profile ahead and finishes it later, see :mod:`pytest_kopt.gates.ncu`). Its output goes
+    to a log file in ``workdir``; without a ``prefix`` it attests its result on a private pipe."""
+
+    def __init__(self, req: dict[str, Any], *, gate: str, workdir: Path, prefix: list[str] | None = None) -> None:
+        self.gate = gate
+        name, self.req = write_request(req, gate, workdir)
+        self.out = self.req["out"]
+        env = child_env(self.req.get("env") or {})
+        # the attestation pipe; not under a wrapping tool (ncu, compute-sanitizer), which need not pass extra file
+        # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
+        ctl_r, ctl_w = os.pipe()
+        self.attested = not prefix
+        cmd = [*(prefix or []), *python_command(env), name]
+        cmd += ["--ctl", str(ctl_w)] if self.attested else []
+        # its output goes to a file, not a pipe: a daemon the kernel left holding a pipe would keep it open forever
+        fd, self.log = tempfile.mkstemp(prefix="fresh-", suffix=".log", dir=workdir)
+        self.ctl = os.fdopen(ctl_r, "rb")
         try:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    pass_fds=(ctl_w,) if attested else ())
+            with os.fdopen(fd, "wb") as sink:
+                self.proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True, pass_fds=(ctl_w,) if self.attested else ())
+        except BaseException:
+            self.ctl.close()
+            raise
         finally:
             os.close(ctl_w)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it,
-            # and whatever left the group below it
-            kill_tree(proc.pid)
-            proc.wait()
-            raise timeout_error(timeout_s, gate, path, read_log(log), timeout_hint) from None
-        except BaseException:
-            kill_tree(proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
-            raise
-        try:  # what is left of its process group (the harness killed its own descendants at exit)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.set_blocking(ctl.fileno(), False)
-        parts = (ctl.read() or b"").split()
-    output = read_log(log)
-    if not Path(out + ".json").is_file():
-        raise died_error(proc.returncode, gate, path, output)
-    if attested and (len(parts) != 4 or parts[0] != b"done"):
-        raise KernelRuntimeError("the harness process ended without its attestation on the control pipe",
-                                 gate=gate, path=path, details=tail(output),
-                                 fix="the kernel must not touch file descriptors it did not open")
-    return read_result(out, output, gate, path, attest=parts[3].decode() if attested else None)
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc.poll() is None
+
+    def kill(self) -> str:
+        """End it and everything below it, and drop its log (a profile started ahead that is not used); returns the
+        log's tail."""
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+        self.ctl.close()
+        return tail(read_log(self.log), 1000)
+
+    def finish(self, *, timeout_s: float, path: str, timeout_hint: str | None = None) -> dict[str, Any]:
+        """Wait for the process (at most ``timeout_s`` seconds from now) and return its result; raises as
+        :func:`run_fresh` does."""
+        gate = self.gate
+        with self.ctl as ctl:
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                # the child leads its own process group (ncu, compute-sanitizer and their targets): end all of it,
+                # and whatever left the group below it
+                kill_tree(self.proc.pid)
+                self.proc.wait()
+                raise timeout_error(timeout_s, gate, path, read_log(self.log), timeout_hint) from None
+            except BaseException:
+                kill_tree(self.proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
+                raise
+            try:  # what is left of its process group (the harness killed its own descendants at exit)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.set_blocking(ctl.fileno(), False)
+            parts = (ctl.read() or b"").split()
+        output = read_log(self.log)
+        if not Path(self.out + ".json").is_file():
+            raise died_error(self.proc.returncode, gate, path, output)
+        if self.attested and (len(parts) != 4 or parts[0] != b"done"):
+            raise KernelRuntimeError("the harness process ended without its attestation on the control pipe",
+                                     gate=gate, path=path, details=tail(output),
+                                     fix="the kernel must not touch file descriptors it did not open")
+        return read_result(self.out, output, gate, path, attest=parts[3].decode() if self.attested else None)
 
 
 def read_log(log: str, limit: int = 65536) -> str:

@@ -1,0 +1,128 @@
+"""The ncu item's profile started ahead (pytest_kopt.gates.ncu.profile_ahead): its go file, its owner, the set it
+was started with, and the estimate that picks the set. The profile itself needs ncu and a GPU
+(test_plugin.py::test_gpu_profile_started_ahead_is_used)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_kopt.child import HarnessError
+from pytest_kopt.child import profile
+from pytest_kopt.gates import ncu
+
+
+def test_wait_for_go_returns_once_the_file_exists(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    threading.Timer(0.05, go.touch).start()
+    profile.wait_for_go(str(go), 0, timeout_s=30.0)
+    assert go.exists()
+
+
+def test_wait_for_go_ends_when_its_owner_has_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest process killed while its profile waits: the profile ends (its ncu writes no report) instead of
+    waiting for a go that can never come."""
+    monkeypatch.setattr(profile, "OWNER_POLL_S", 0.0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(HarnessError, match="pytest process that started this profile ended"):
+        profile.wait_for_go(str(tmp_path / "never"), gone.pid, timeout_s=30.0)
+
+
+def test_wait_for_go_gives_up_after_its_timeout(tmp_path: Path) -> None:
+    with pytest.raises(HarnessError, match="waited 0.05 s for its turn"):
+        profile.wait_for_go(str(tmp_path / "never"), 0, timeout_s=0.05)
+
+
+def _ctx(tmp_path: Path, collected: frozenset[str] = frozenset({"ncu"}), gpu: bool = True,
+         ncu_set: str | None = None) -> SimpleNamespace:
+    outdir = tmp_path / "out"
+    return SimpleNamespace(kernel=tmp_path / "k.cu", outdir=outdir, collected=collected,
+                           gpu={"uuid": "GPU-x"} if gpu else None, tool=lambda name: "/bin/ncu",
+                           settings=SimpleNamespace(ncu_set=ncu_set), benchmarks=({"n": 1},),
+                           pool=SimpleNamespace(ahead={}))
+
+
+def _record(folder: Path, name: str, **fields: object) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(fields))
+
+
+def test_the_estimate_is_the_fastest_passed_call(tmp_path: Path) -> None:
+    """The set is picked from the smallest warm call of a passed seed (an upper bound of the kernel's time); a
+    failed seed's call and a record without a call time do not count."""
+    ctx = _ctx(tmp_path)
+    assert ncu.estimated_ms(ctx) is None
+    folder = ctx.outdir / "correctness"
+    _record(folder, "seed=1", passed=True, call_ms=12.5)
+    _record(folder, "seed=2", passed=True, call_ms=11.0)
+    _record(folder, "seed=3", passed=False, call_ms=0.5)
+    _record(folder, "seed=4", passed=True)
+    assert ncu.estimated_ms(ctx) == 11.0
+    assert ncu.choose_set(ncu.estimated_ms(ctx))[0] == "light"
+    _record(folder, "seed=5", passed=True, call_ms=9.5)
+    assert ncu.choose_set(ncu.estimated_ms(ctx))[0] == "full"
+
+
+@pytest.mark.parametrize("why", ["no ncu item", "no GPU", "no estimate"])
+def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path, why: str) -> None:
+    ctx = _ctx(tmp_path, collected=frozenset({"timing"}) if why == "no ncu item" else frozenset({"ncu"}),
+               gpu=why != "no GPU")
+    assert ncu.profile_ahead(ctx) is None
+    assert ctx.pool.ahead == {}
+
+
+class _Proc:
+    def __init__(self, alive: bool) -> None:
+        self.running = alive
+        self.killed = False
+        self.proc = SimpleNamespace(returncode=None if alive else 1)
+
+    def alive(self) -> bool:
+        return self.running
+
+    def kill(self) -> str:
+        self.killed = True
+        self.running = False
+        return "Traceback: no GPU"
+
+
+def test_the_gate_takes_the_profile_of_its_set_and_ends_the_others(tmp_path: Path) -> None:
+    """Timed at 9 ms the profile was started with the full set; a median of 12 ms picks the light one: the full
+    set's process is ended and the gate starts its own. One that ended while it waited is never used."""
+    ctx = _ctx(tmp_path)
+    full, light, other = _Proc(True), _Proc(True), _Proc(True)
+    key = str(ctx.kernel)
+    ctx.pool.ahead = {(key, "full"): ncu.Ahead(full, tmp_path / "g1", time.time()),
+                      (key, "light"): ncu.Ahead(light, tmp_path / "g2", time.time()),
+                      ("/other.cu", "full"): ncu.Ahead(other, tmp_path / "g3", time.time())}
+    taken, note = ncu._take_ahead(ctx, "light")
+    assert taken is not None and taken.proc is light and not light.killed and note == "used"
+    assert full.killed and not other.killed
+    assert list(ctx.pool.ahead) == [("/other.cu", "full")]
+    dead = _Proc(False)
+    ctx.pool.ahead = {(key, "light"): ncu.Ahead(dead, tmp_path / "g4", time.time())}
+    taken, note = ncu._take_ahead(ctx, "light")
+    assert taken is None and dead.killed and ctx.pool.ahead == {}
+    assert note.startswith("ended before its turn (exit 1): ") and note.endswith("Traceback: no GPU"), note
+    ctx.pool.ahead = {(key, "full"): ncu.Ahead(_Proc(True), tmp_path / "g5", time.time())}
+    assert ncu._take_ahead(ctx, "light") == (None, "started with the full set")
+    assert ncu._take_ahead(ctx, "light") == (None, "none started")
+
+
+def test_profile_phases_of_a_profile_started_ahead() -> None:
+    """From the go on: ``start`` is what the process still needed after the gate let it go (0 when it was
+    waiting), ``inputs`` runs from its go."""
+    at = {"enter": 100.0, "go": 110.5, "inputs": 111.0, "warmup": 111.1, "range": 113.1, "exit": 113.2}
+    got = ncu.profile_phases(109.0, 110.0, 113.9, 114.0, at)
+    assert got == {"lock": 1.0, "start": 0.5, "inputs": 0.5, "warmup": 0.1, "range": 2.0, "after": 0.8,
+                   "read": 0.1}
+    at_ready = {**at, "go": 110.002}
+    assert ncu.profile_phases(109.0, 110.0, 113.9, 114.0, at_ready)["start"] == pytest.approx(0.002)
