@@ -56,6 +56,19 @@ def test_only_the_timing_processes_load_the_profiler(tmp_path: Path) -> None:
         pool.shutdown()
 
 
+def test_a_ready_request_answers_once_the_process_is_up(tmp_path: Path) -> None:
+    """The timing gate asks each timing process ``ready`` before it takes the GPU lock; the answer is an ordinary
+    attested result (on a GPU, after the profiler's warm-up)."""
+    pool = HarnessPool()
+    try:
+        got = pool.run({"mode": "ready", "device": "cpu", "env": {}}, gate="timing", timeout_s=120.0, path="r.py",
+                       workdir=tmp_path, server="reference:/r.py")
+        assert got["ok"] is True and set(got["harness_s"]) >= {"wait_profiler", "mode", "age", "imported"}
+        assert list(pool.live) == [("reference:/r.py", ())]
+    finally:
+        pool.shutdown()
+
+
 def test_the_shutdown_ends_what_was_started_ahead(tmp_path: Path) -> None:
     """A profile started ahead that no gate took (its item was deselected or blocked) ends with the pool."""
     from pytest_kopt.gates.ncu import Ahead

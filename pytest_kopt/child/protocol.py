@@ -27,7 +27,14 @@ from .triton_aot import mode_triton_build
 _T0 = time.time()
 _STARTUP: dict[str, float] = {}
 
+def mode_ready(req: dict[str, Any]) -> dict[str, Any]:
+    """Nothing: answering it says the process is up and, for a CUDA request, that the profiler's warm-up (which
+    :func:`handle` runs first) is done, so a timing can take the GPU lock without then waiting for it."""
+    return {}
+
+
 MODES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ready": mode_ready,
     "candidate": mode_candidate, "judge": mode_judge, "check_timed": mode_check_timed,
     "timing": mode_timing, "time_reference": mode_time_reference, "peaks": mode_peaks, "profile": mode_profile,
     "triton_build": mode_triton_build, "plan_candidate": mode_plan_candidate, "plan_reference": mode_plan_reference}

@@ -92,6 +92,18 @@ class Rounds:
         return [self.run(i, 0, final=True) for i in range(len(self.parties))]
 
 
+def ready_for_timing(ctx: Context, parties: list[Party]) -> None:
+    """Each warm timing process of ``parties`` started and its CUPTI warm-up done (a ``ready`` request), before the
+    GPU lock is taken: a process still importing torch or warming the profiler up (seconds) would otherwise hold
+    the lock while other workers' correctness seeds wait behind it. Fresh processes (identity None) are skipped.
+    Raises the harness's errors."""
+    for preq, identity, display in parties:
+        if identity is not None:
+            ctx.pool.run({"mode": "ready", "device": preq.get("device", "cuda"), "env": dict(preq.get("env") or {})},
+                         gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=display,
+                         workdir=ctx.work, server=identity)
+
+
 def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     """Candidate and reference (and, for the PR gate, the baseline kernel) timed in alternating rounds, each in its
     own warm process, so a drift of clocks or temperature during the measurement hits all of them and the ratios'
@@ -99,6 +111,8 @@ def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict
     modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns (its
     process checks it against ``ref.shapes()``)."""
     parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
+    ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display),
+                           ({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))])
     rounds = Rounds(ctx, parties)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
@@ -138,6 +152,7 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
         r = timing_request(c, "cuda")
         parties.append((r, c.server("candidate"), c.display))
         c.pool.prestart(c.server("candidate"), dict(r["env"]), c.work)  # the processes' starts overlap
+    ready_for_timing(ctxs[0], parties)
     rounds = Rounds(ctxs[0], parties)
     with ctxs[0].gpu_lock():
         for i in range(len(parties)):
@@ -188,6 +203,7 @@ def device_peaks(ctx: Context) -> dict[str, Any] | None:
 
     def compute() -> tuple[dict[str, Any], None]:
         # in the reference's warm process (torch imported, its context made): a fresh process costs ~5 s to start
+        ready_for_timing(ctx, [({"device": "cuda", "env": {}}, ctx.server("reference"), str(ctx.ref))])
         with ctx.gpu_lock():
             result = ctx.pool.run({"mode": "peaks"}, gate="timing", timeout_s=300.0,
                                   path=ctx.display, workdir=ctx.work, server=ctx.server("reference"))

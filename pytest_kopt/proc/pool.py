@@ -148,6 +148,20 @@ class HarnessServer:
         data = os.pread(self.log_fd, min(limit, max(0, end - start)), max(start, end - limit))
         return data.decode(errors="replace").strip()
 
+    def begin_close(self) -> None:
+        """Ask the process to end without waiting: kill what the kernel started below it (while the harness is
+        still their subreaper: at its exit they would go to init), let it run, close its stdin (its request loop
+        ends). :meth:`close` then waits for it; a pool ending several asks them all first, so they end side by
+        side (each takes a second or so to tear its CUDA context down)."""
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid, include_root=False)
+        self.resume()
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
     def close(self, kill: bool = False) -> None:
         """End the process (close its stdin and wait briefly, else kill), then kill whatever is left of its
         process group (children or daemons the kernel started)."""
@@ -159,7 +173,8 @@ class HarnessServer:
         if not kill and self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
-                self.proc.stdin.close()
+                if not self.proc.stdin.closed:
+                    self.proc.stdin.close()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -246,7 +261,9 @@ class HarnessPool:
         self.starting[key] = HarnessServer(key, workdir)
 
     def shutdown(self) -> None:
-        """End every harness process of this pool."""
+        """End every harness process of this pool (the warm ones asked first, then each waited for)."""
+        for srv in self.live.values():
+            srv.begin_close()
         while self.live:
             self.live.popitem()[1].close()
         while self.starting:
