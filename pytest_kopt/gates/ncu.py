@@ -264,11 +264,13 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
         try:
             t0 = time.time()
             if ahead is not None:
-                with ctx.gpu_lock():
-                    t_lock = time.time()
-                    ahead.go.touch()
-                    result = ahead.proc.finish(timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display)
-                ahead.go.unlink(missing_ok=True)
+                try:
+                    with ctx.gpu_lock():
+                        t_lock = time.time()
+                        ahead.go.touch()
+                        result = ahead.proc.finish(timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display)
+                finally:
+                    ahead.go.unlink(missing_ok=True)
             else:
                 req = _profile_request(ctx, res, device, dims)
                 report.unlink(missing_ok=True)
@@ -290,7 +292,8 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
             break
         except (KernelRuntimeError, ProfilerError) as exc:
             attempts.append({"set": set_name, "ok": False, "status": exc.status, "error": exc.message,
-                             "started_ahead_s": None if ahead is None else round(time.time() - ahead.started, 3)})
+                             "started_ahead_s": None if ahead is None else round(time.time() - ahead.started, 3),
+                             "ahead": ahead_note})
             if set_name == "light" or chosen != "full":
                 raise ProfilerError(f"ncu failed with the {set_name} set: {exc.message}", gate="ncu",
                                     path=ctx.display, details=exc.details,
