@@ -243,3 +243,22 @@ def test_nvcc_command_flags():
     cut = nvcc_command("nvcc", Path("k.cu"), Path("shim.cu"), Path("o.so"), "sm_80", (), True)
     assert cut[:3] == ["nvcc", "--expt-relaxed-constexpr", "--expt-extended-lambda"]
     assert "-gencode=arch=compute_80,code=sm_80" in cut
+
+
+@pytest.mark.parametrize("how", ["nvcc's compiler died", "nvcc itself killed"])
+def test_an_interrupted_build_is_not_the_kernels_error(tmp_path: Path, how: str) -> None:
+    """Ctrl-C reaches nvcc's process group (a build started ahead runs in a thread of the pytest process, which
+    lives on): the build fails as INTERRUPTED, which ensure_built never remembers in compile_error.json, so the next
+    session builds again instead of reporting "failed before"."""
+    from pytest_kopt.gates.build import INTERRUPTED
+
+    source = tmp_path / "k.cu"
+    source.write_text(KERNEL)
+    fake = tmp_path / "nvcc"
+    body = ("echo \"nvcc error   : 'gcc' died due to signal 2\" >&2; exit 2" if how == "nvcc's compiler died"
+            else "kill -INT $$")
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    with pytest.raises(CompileError) as info:
+        build_cuda(source, ARCH, tmp_path / "cache", str(fake), None, False)
+    assert info.value.status == INTERRUPTED and "interrupted" in info.value.message, info.value.message

@@ -4,6 +4,7 @@ was started with, and the estimate that picks the set. The profile itself needs 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,11 +20,30 @@ from pytest_kopt.child import profile
 from pytest_kopt.gates import ncu
 
 
-def test_wait_for_go_returns_once_the_file_exists(tmp_path: Path) -> None:
+TOKEN = "3f2a"
+SHA = hashlib.sha256(TOKEN.encode()).hexdigest()
+
+
+def test_wait_for_go_returns_once_the_file_holds_its_token(tmp_path: Path) -> None:
     go = tmp_path / "go"
-    threading.Timer(0.05, go.touch).start()
-    profile.wait_for_go(str(go), 0, timeout_s=30.0)
-    assert go.exists()
+    threading.Timer(0.05, lambda: go.write_text(TOKEN)).start()
+    profile.wait_for_go(str(go), 0, SHA, timeout_s=30.0)
+    assert go.read_text() == TOKEN
+
+
+def test_a_go_file_the_kernel_writes_lets_nothing_run(tmp_path: Path) -> None:
+    """The kernel's processes work in the same folder and can read the request (the go file's path and the token's
+    hash): a go file without the token the gate writes under the GPU lock is ignored, so the profile cannot be
+    released to run the kernel beside another measurement."""
+    go = tmp_path / "go"
+    go.touch()
+    with pytest.raises(HarnessError, match="waited 0.2 s for its turn"):
+        profile.wait_for_go(str(go), 0, SHA, timeout_s=0.2)
+    go.write_text(SHA)  # the hash itself is not the token
+    with pytest.raises(HarnessError, match="waited 0.2 s for its turn"):
+        profile.wait_for_go(str(go), 0, SHA, timeout_s=0.2)
+    go.write_text(TOKEN)
+    profile.wait_for_go(str(go), 0, SHA, timeout_s=30.0)
 
 
 def test_wait_for_go_ends_when_its_owner_has_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,12 +53,12 @@ def test_wait_for_go_ends_when_its_owner_has_ended(tmp_path: Path, monkeypatch: 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     with pytest.raises(HarnessError, match="pytest process that started this profile ended"):
-        profile.wait_for_go(str(tmp_path / "never"), gone.pid, timeout_s=30.0)
+        profile.wait_for_go(str(tmp_path / "never"), gone.pid, SHA, timeout_s=30.0)
 
 
 def test_wait_for_go_gives_up_after_its_timeout(tmp_path: Path) -> None:
     with pytest.raises(HarnessError, match="waited 0.05 s for its turn"):
-        profile.wait_for_go(str(tmp_path / "never"), 0, timeout_s=0.05)
+        profile.wait_for_go(str(tmp_path / "never"), 0, SHA, timeout_s=0.05)
 
 
 def _ctx(tmp_path: Path, collected: frozenset[str] = frozenset({"ncu"}), gpu: bool = True,

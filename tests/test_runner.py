@@ -65,6 +65,24 @@ def test_a_ready_request_answers_once_the_process_is_up(tmp_path: Path) -> None:
                        workdir=tmp_path, server="reference:/r.py")
         assert got["ok"] is True and set(got["harness_s"]) >= {"wait_profiler", "mode", "age", "imported"}
         assert list(pool.live) == [("reference:/r.py", ())]
+        # served: the timing gate asks it nothing more before it takes the lock
+        assert pool.served("reference:/r.py", {}) and not pool.served("candidate:/k.cu", {})
+    finally:
+        pool.shutdown()
+
+
+def test_a_kernels_first_item_ends_the_unused_processes_of_the_kernel_before(tmp_path: Path) -> None:
+    """Processes started for a kernel that failed before it used them (a compile error) do not pile up over a
+    session: the next kernel's start ends them; the reference's stay (every kernel uses them)."""
+    pool = HarnessPool()
+    try:
+        for identity in ("check:/a.cu", "candidate:/a.cu", "judge:/r.py"):
+            pool.prestart(identity, {}, tmp_path)
+        first = {k[0]: srv for k, srv in pool.starting.items()}
+        pool.prestart("check:/b.cu", {}, tmp_path)
+        assert sorted(k[0] for k in pool.starting) == ["check:/b.cu", "judge:/r.py"]
+        assert first["check:/a.cu"].proc.poll() is not None and first["candidate:/a.cu"].proc.poll() is not None
+        assert first["judge:/r.py"].proc.poll() is None
     finally:
         pool.shutdown()
 

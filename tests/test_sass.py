@@ -212,3 +212,30 @@ def test_save_sass_of_real_dump(tmp_path):
     text = Path(paths[0]).read_text()
     assert text.lstrip().startswith("Function : add_k")
     assert text.count("STG.E.128") == 2
+
+
+def test_a_dump_started_ahead_is_waited_for_not_run_twice(tmp_path: Path) -> None:
+    """The build thread dumps the SASS right after nvcc; a sass item that comes while it runs waits for it and
+    reads it (before, it ran a second cuobjdump beside the first)."""
+    import threading
+
+    from pytest_kopt.gates import sass
+
+    art = tmp_path / "kernel.so"
+    art.write_bytes(b"lib")
+    calls = tmp_path / "calls"
+    tool = tmp_path / "cuobjdump"
+    tool.write_text(f"#!/bin/sh\necho run >> {calls}\nsleep 0.5\nprintf '\\tcode for sm_90a\\n\\t\\tFunction : k\\n"
+                    "        /*0000*/                   STG.E [R2.64], R5 ;\\n'\n")
+    tool.chmod(0o755)
+    key = sass._dump_key(str(tool), str(art))
+    ahead = threading.Thread(target=sass.prefetch_sass, args=(str(tool), str(art)))
+    ahead.start()
+    for _ in range(100):  # until the prefetch has registered its dump
+        if key in sass._PENDING or key in sass._DUMPS:
+            break
+        threading.Event().wait(0.01)
+    functions = sass.dump_sass(str(tool), [str(art)])
+    ahead.join()
+    assert [f.name for f in functions] == ["k"] and functions[0].opcodes == {"STG.E": 1}
+    assert calls.read_text().count("run") == 1

@@ -25,7 +25,7 @@ def mode_profile(req: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         torch.empty(1, device="cuda")  # the CUDA context, under ncu, before the wait: no kernel runs
-        wait_for_go(req["go"], int(req.get("owner") or 0))
+        wait_for_go(req["go"], int(req.get("owner") or 0), req.get("go_sha", ""))
         at["go"] = time.time()
     cand = Candidate(req)
     torch = cand.torch
@@ -49,13 +49,27 @@ OWNER_POLL_S = 1.0
 GO_TIMEOUT_S = 3600.0
 
 
-def wait_for_go(go: str, owner: int, timeout_s: float = GO_TIMEOUT_S) -> None:
-    """Wait until the file ``go`` exists, looking every :data:`GO_POLL_S`. Raises HarnessError('runtime') when
-    ``owner`` (the pytest process that started it; 0: not checked) has ended, or after ``timeout_s``."""
+def _has_token(go: str, sha: str) -> bool:
+    """True when the file ``go`` holds the token whose SHA-256 is ``sha``."""
+    import hashlib
+
+    try:
+        with open(go, "rb") as f:
+            return hashlib.sha256(f.read(256)).hexdigest() == sha
+    except OSError:
+        return False
+
+
+def wait_for_go(go: str, owner: int, sha: str, timeout_s: float = GO_TIMEOUT_S) -> None:
+    """Wait until the file ``go`` holds the token whose SHA-256 is ``sha`` (the request carries only the hash; the
+    gate writes the token once it holds the GPU lock), looking every :data:`GO_POLL_S`: a go file anything else
+    writes (the kernel's own processes work in the same folder and can read the request) lets nothing run. Raises
+    HarnessError('runtime') when ``owner`` (the pytest process that started it; 0: not checked) has ended, or after
+    ``timeout_s``."""
     from . import HarnessError
 
     start = last = time.monotonic()
-    while not os.path.exists(go):
+    while not _has_token(go, sha):
         now = time.monotonic()
         if now - start > timeout_s:
             raise HarnessError("runtime", f"the profile started ahead waited {timeout_s:g} s for its turn")

@@ -186,12 +186,20 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
             text = log.strip()
             if len(text) > 6000:  # keep the first errors (the root cause) and the last lines
                 text = text[:4000] + "\n...\n" + text[-2000:]
+            if proc.returncode < 0 or _KILLED.search(log):  # Ctrl-C reaches nvcc's process group too
+                raise CompileError(f"nvcc was interrupted (exit {proc.returncode})", gate="compile", path=display,
+                                   details=text, status=INTERRUPTED, fix="run the session again")
             raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
                                line=first, details=text, fix=fix)
         os.replace(tmp, lib)
         write_json(manifest, {"command": cmd, "log": log, "seconds": seconds, "parts": parts,
                               "headers": [str(h) for h in headers]})
         return BuildResult(str(lib), key, False, seconds, cmd, log, include_dirs=tuple(map(str, include_dirs)))
+
+
+#: The status of a build a signal ended (nvcc, or the compiler it ran): not the kernel's error, never remembered.
+INTERRUPTED = "INTERRUPTED"
+_KILLED = re.compile(r"died due to signal|terminated by signal|^Killed$", re.M)
 
 
 def _first_error_line(log: str, display: str) -> int | None:
@@ -287,8 +295,9 @@ def ensure_built(ctx: Context) -> BuildResult:
     try:
         res = _build(ctx, ctx.cache_dir / "builds")
     except CompileError as exc:
-        write_json(failed, {"mark": mark, "message": exc.message, "line": exc.line, "details": exc.details,
-                            "fix": exc.fix, "status": exc.status})
+        if exc.status != INTERRUPTED:  # an interrupted build says nothing about the sources
+            write_json(failed, {"mark": mark, "message": exc.message, "line": exc.line, "details": exc.details,
+                                "fix": exc.fix, "status": exc.status})
         raise
     failed.unlink(missing_ok=True)
     return res
@@ -318,18 +327,26 @@ class BuildAhead:
 
     def __init__(self) -> None:
         self.pool: Any = None
+        self.sassed: set[Path] = set()
 
     def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset()) -> int:
-        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process, then the SASS dump
-        of those in ``sass`` (kernel paths); returns how many were started (0 after the first call)."""
+        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process, each followed by
+        its SASS dump when it is in ``sass`` (kernel paths: the kernels this process runs the sass item of, as far
+        as it knows; under xdist a worker learns its kernels one at a time, at each one's first item, and a later
+        call adds their dumps). Returns how many builds were started (0 after the first call)."""
+        todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
         if self.pool is not None:
+            for c in todo:
+                if c.kernel in sass and c.kernel not in self.sassed:
+                    self.sassed.add(c.kernel)
+                    self.pool.submit(build_quietly, c, True)  # the build is done, or waited for on its lock
             return 0
         from concurrent.futures import ThreadPoolExecutor
 
-        todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1)),
                                        thread_name_prefix="kopt-build")
         for c in todo:
+            self.sassed.update({c.kernel} & sass)
             self.pool.submit(build_quietly, c, c.kernel in sass)
         return len(todo)
 

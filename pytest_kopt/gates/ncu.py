@@ -7,7 +7,9 @@ timing gate's conditions). Metrics are read back with ``ncu --import --csv --pag
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass
@@ -188,10 +190,14 @@ def start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> b
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
     metrics = registry.load(registry.METRICS)
-    proc = FreshProcess({**req, "go": str(go), "owner": os.getpid()}, gate="ncu", workdir=ctx.work,
+    if set_name not in metrics["metric_sets"]:
+        return False  # the ncu gate reports an unknown set
+    token = secrets.token_hex(16)
+    proc = FreshProcess({**req, "go": str(go), "go_sha": hashlib.sha256(token.encode()).hexdigest(),
+                         "owner": os.getpid()}, gate="ncu", workdir=ctx.work,
                         prefix=ncu_prefix(ctx.tool("ncu") or "ncu", report.with_suffix(""),
                                           metrics["metric_sets"][set_name]))
-    ctx.pool.ahead[key] = Ahead(proc, go, time.time())
+    ctx.pool.ahead[key] = Ahead(proc, go, time.time(), token)
     return True
 
 
@@ -203,11 +209,13 @@ def drop_ahead(ctx: Context, keep: Path | None = None) -> None:
 
 @dataclass
 class Ahead:
-    """A profile process :func:`profile_ahead` started: the process, its go file, when it started."""
+    """A profile process :func:`profile_ahead` started: the process, its go file, when it started, its go token."""
 
     proc: FreshProcess
     go: Path
     started: float
+    #: what the gate writes into the go file (the process knows only its SHA-256)
+    token: str = ""
 
     def kill(self) -> str:
         """End the process (the pool's shutdown: no gate took it) and remove its go file; returns its log's tail."""
@@ -267,7 +275,7 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
                 try:
                     with ctx.gpu_lock():
                         t_lock = time.time()
-                        ahead.go.touch()
+                        ahead.go.write_text(ahead.token)
                         result = ahead.proc.finish(timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display)
                 finally:
                     ahead.go.unlink(missing_ok=True)

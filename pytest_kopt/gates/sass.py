@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -65,6 +66,9 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
     functions: list[SassFunction] = []
     for art in artifacts:
         key = _dump_key(cuobjdump, art)
+        pending = _PENDING.get(key) if key else None
+        if pending is not None:  # its dump started ahead: wait for it rather than run a second one beside it
+            pending.wait(timeout_s)
         text = _DUMPS.get(key) if key else None
         if text is None:
             text = _run_cuobjdump(cuobjdump, art, timeout_s)
@@ -75,6 +79,9 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
 #: ``cuobjdump --dump-sass`` text per (tool, artifact path, size, mtime in ns), dumped ahead by
 #: :func:`prefetch_sass` in this process; an artifact rewritten since has another key and is dumped again.
 _DUMPS: dict[tuple[str, str, int, int], str] = {}
+#: the dumps :func:`prefetch_sass` is running, set when each ends
+_PENDING: dict[tuple[str, str, int, int], threading.Event] = {}
+_MEMO_LOCK = threading.Lock()
 
 
 def _dump_key(cuobjdump: str, art: str) -> tuple[str, str, int, int] | None:
@@ -103,12 +110,19 @@ def prefetch_sass(cuobjdump: str | None, artifact: str) -> None:
     """Dump ``artifact``'s SASS now (a build thread, right after nvcc) for :func:`dump_sass` to find; a failure is
     left for the sass item to meet and report."""
     key = _dump_key(cuobjdump, artifact) if cuobjdump else None
-    if key is None or key in _DUMPS:
+    if key is None:
         return
+    with _MEMO_LOCK:
+        if key in _DUMPS or key in _PENDING:
+            return
+        done = _PENDING[key] = threading.Event()
     try:
         _DUMPS[key] = _run_cuobjdump(key[0], artifact, 120.0)
     except HardwareError:
         pass
+    finally:
+        _PENDING.pop(key, None)
+        done.set()
 
 
 def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:

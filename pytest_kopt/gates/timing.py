@@ -95,11 +95,14 @@ class Rounds:
 def ready_for_timing(ctx: Context, parties: list[Party]) -> None:
     """Each warm timing process of ``parties`` started and its CUPTI warm-up done (a ``ready`` request), before the
     GPU lock is taken: a process still importing torch or warming the profiler up (seconds) would otherwise hold
-    the lock while other workers' correctness seeds wait behind it. Fresh processes (identity None) are skipped.
-    Raises the harness's errors."""
+    the lock while other workers' correctness seeds wait behind it. Only processes that have served nothing yet are
+    asked (a process that has is warm, and a kernel's code that ran in it must not run again outside the lock:
+    its process is stopped between requests, and ``ready`` would let what it left running run); fresh processes
+    (identity None) are skipped. Raises the harness's errors."""
     for preq, identity, display in parties:
-        if identity is not None:
-            ctx.pool.run({"mode": "ready", "device": preq.get("device", "cuda"), "env": dict(preq.get("env") or {})},
+        env = dict(preq.get("env") or {})
+        if identity is not None and not ctx.pool.served(identity, env):
+            ctx.pool.run({"mode": "ready", "device": preq.get("device", "cuda"), "env": env},
                          gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=display,
                          workdir=ctx.work, server=identity)
 

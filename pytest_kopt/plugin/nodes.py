@@ -116,18 +116,19 @@ class KoptItem(pytest.Item):
     def _kickoff(self, state: Any) -> None:
         """At a kernel's first item in this process, start what its later items wait for, so it runs beside the
         hardware, preflight and plan items: nvcc for every ``.cu`` kernel this process collected a compile item
-        of, with the SASS dump of those with a sass item (:class:`~pytest_kopt.gates.build.BuildAhead`, once per
-        process), and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
+        of (:class:`~pytest_kopt.gates.build.BuildAhead`, once per process), this kernel's SASS dump when it has a
+        sass item, and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
         the gates this process collected (``Context.collected``)."""
         mine = [i for i in self.session.items if isinstance(i, KoptItem)]
         for item in mine:
             key = Path(item.path).resolve()
             state.collected[key] = state.collected.get(key, frozenset()) | {item.gate.name}
         compiles = {i.path: i for i in mine if i.gate.name == "compile"}
-        sass = frozenset(k for k, gates in state.collected.items() if "sass" in gates)
+        ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
+        # the SASS dump of this kernel only: under xdist every worker collects every kernel, and runs few of them
+        sass = frozenset({ctx.kernel}) if "sass" in ctx.collected else frozenset()
         state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in compiles.values()],
                            sass)
-        ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
         if ctx.collected & HARNESS_GATES:
             prestart_harness(ctx)
         if "roofline" in ctx.collected and not state.plotting:  # matplotlib's import (about 1 s) off the item

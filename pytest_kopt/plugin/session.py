@@ -65,8 +65,8 @@ class ControllerPlugin:
         drop_ahead(ctx, keep=kernel)
         try:
             started = start_profile(ctx, self.state.settings.ncu_set, None)
-        except OSError as exc:  # the champion's profile starts its own
-            started, why = False, str(exc)
+        except Exception as exc:  # noqa: BLE001  (a start ahead never fails a session: the champion's profile
+            started, why = False, f"{type(exc).__name__}: {exc}"  # starts its own, and reports what fails)
         else:
             why = "" if started else "no build or no ncu"
         self.ahead_log.append(f"{kernel.parent.name} ({median:.4f} ms): " + ("profile started ahead" if started else

@@ -251,14 +251,25 @@ class HarnessPool:
     def prestart(self, identity: str | None, env: dict[str, str], workdir: Path) -> None:
         """Start the warm process of ``identity`` (with ``env``) now, without waiting for it, so its start (a Python
         process importing torch: seconds) overlaps other work; the first request to it waits for it as usual. A
-        no-op for None (fresh processes) or when that process is already running or starting."""
+        no-op for None (fresh processes) or when that process is already running or starting. A kernel's process
+        ends the other kernels' processes that were started and never used (their kernel failed before them)."""
         if identity is None:
             return
         key = (identity, tuple(sorted(env.items())))
         if key in self.live or key in self.starting:
             return
+        role, _, target = identity.partition(":")
+        if role not in REFERENCE_ROLES:  # another kernel's processes that no request used (it failed before them)
+            for other in [k for k in self.starting if k[0].partition(":")[0] not in REFERENCE_ROLES
+                          and k[0].partition(":")[2] != target]:
+                self.starting.pop(other).close(kill=True)
         self._register_atexit()
         self.starting[key] = HarnessServer(key, workdir)
+
+    def served(self, identity: str | None, env: dict[str, str]) -> bool:
+        """True when the warm process of ``identity`` (with ``env``) is running and has answered a request."""
+        srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
+        return srv is not None and srv.seq > 0 and srv.proc.poll() is None
 
     def shutdown(self) -> None:
         """End every harness process of this pool (the warm ones asked first, then each waited for)."""
