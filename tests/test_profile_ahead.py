@@ -146,3 +146,33 @@ def test_profile_phases_of_a_profile_started_ahead() -> None:
                    "read": 0.1}
     at_ready = {**at, "go": 110.002}
     assert ncu.profile_phases(109.0, 110.0, 113.9, 114.0, at_ready)["start"] == pytest.approx(0.002)
+
+
+def test_a_profile_started_ahead_runs_once_the_gate_releases_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole go protocol between the gate and its process, with a stand-in for ncu that waits the way the
+    profile mode does (the real one needs a GPU): started by start_profile, the process waits; released, it runs
+    and its result is read."""
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "for last; do :; done\n"  # the request file: the last argument after ncu's and Python's
+        f'exec {sys.executable} -c "import json, sys; from pytest_kopt.child.profile import wait_for_go; '
+        "req = json.load(open(sys.argv[1])); wait_for_go(req['go'], req['owner'], req['go_sha'], 60.0); "
+        "open(req['out'] + '.json', 'w').write(json.dumps({'ok': True, 'at': {'released': 1}}))\" \"$last\"\n")
+    fake.chmod(0o755)
+    ctx = _ctx(tmp_path)
+    ctx.tool = lambda name: str(fake)
+    ctx.work = tmp_path / "work"
+    monkeypatch.setattr(ncu, "built", lambda c: SimpleNamespace(artifact="k.so"))
+    monkeypatch.setattr(ncu, "_profile_request", lambda c, res, device, dims: {"mode": "profile", "env": {}})
+    assert ncu.start_profile(ctx, "full", None) is True
+    ahead = ctx.pool.ahead[(str(ctx.kernel), "full")]
+    req = json.loads(next(ctx.work.glob("ncu-*.req.json")).read_text())
+    assert ahead.token and req["go_sha"] == hashlib.sha256(ahead.token.encode()).hexdigest()
+    assert ahead.token not in json.dumps(req)  # the kernel's processes can read the request, not the token
+    time.sleep(0.5)
+    assert ahead.proc.alive()  # waiting for its go
+    ahead.release()
+    result = ahead.proc.finish(timeout_s=60.0, path="k.cu")
+    assert result["ok"] is True and result["at"] == {"released": 1}

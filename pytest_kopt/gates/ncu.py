@@ -217,6 +217,10 @@ class Ahead:
     #: what the gate writes into the go file (the process knows only its SHA-256)
     token: str = ""
 
+    def release(self) -> None:
+        """Let it run: write its token into its go file (the caller holds the GPU lock)."""
+        self.go.write_text(self.token)
+
     def kill(self) -> str:
         """End the process (the pool's shutdown: no gate took it) and remove its go file; returns its log's tail."""
         out = self.proc.kill()
@@ -275,7 +279,7 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
                 try:
                     with ctx.gpu_lock():
                         t_lock = time.time()
-                        ahead.go.write_text(ahead.token)
+                        ahead.release()
                         result = ahead.proc.finish(timeout_s=ctx.settings.ncu_timeout_s, path=ctx.display)
                 finally:
                     ahead.go.unlink(missing_ok=True)
