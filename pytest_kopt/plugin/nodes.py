@@ -71,6 +71,14 @@ class KoptItem(pytest.Item):
     """One gate run on one kernel (and one case); delegates to the table and renders its errors."""
 
     def __init__(self, *, gate: Gate, case: Any = None, **kwargs: Any) -> None:
+        # pytest 9.2 keys --lf's record by a structured node id, and parses ``name[params]`` from the recorded text
+        # into a name and params: an item whose name carries its case must be built the same way (as pytest's own
+        # parametrized functions are), or --lf finds none of its failures
+        name, parent = kwargs.get("name", ""), kwargs.get("parent")
+        base, sep, params = name.partition("[")
+        parent_id = getattr(parent, "id", None)
+        if sep and params.endswith("]") and "nodeid" not in kwargs and hasattr(parent_id, "with_params"):
+            kwargs["nodeid"] = parent_id.child(base).with_params(params[:-1])
         super().__init__(**kwargs)
         self.gate = gate
         self.case = case
