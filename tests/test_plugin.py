@@ -239,6 +239,24 @@ GPU_CRASH_CU = textwrap.dedent("""\
 """)
 
 
+@needs_nvcc
+def test_a_build_started_ahead_is_reported_as_built_then_as_a_cache_hit(pytester: pytest.Pytester) -> None:
+    """nvcc starts at the kernel's first item, beside the hardware and preflight items; the compile item then finds
+    the build done and says it was built (not a cache hit, which a newcomer's first run would not understand); the
+    next session finds it in the cache."""
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    lines = []
+    for outdir in ("first", "second"):
+        result = pytester.runpytest_subprocess("-rs", "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py",
+                                               "--kopt-dims", "n=4096", "--kopt-outdir", outdir, "-k",
+                                               "hardware or preflight or compile", timeout=600)
+        assert result.ret == 0, result.stdout.str()[-2000:]
+        lines.append(next(ln for ln in result.outlines if ln.startswith("compile ")))
+    assert "built in" in lines[0] and "(started at the session's first item)" in lines[0], lines
+    assert "cache hit:" in lines[1], lines
+
+
 @pytest.mark.gpu
 @needs_nvcc
 def test_gpu_crashing_kernel_is_contained(pytester: pytest.Pytester) -> None:
