@@ -27,6 +27,7 @@ from .triton_aot import mode_triton_build
 _T0 = time.time()
 _STARTUP: dict[str, float] = {}
 
+
 def mode_ready(req: dict[str, Any]) -> dict[str, Any]:
     """Nothing: answering it says the process is up and, for a CUDA request, that the profiler's warm-up (which
     :func:`handle` runs first) is done, so a timing can take the GPU lock without then waiting for it."""
