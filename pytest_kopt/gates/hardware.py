@@ -166,7 +166,7 @@ def detect(attempts: int = 1) -> dict[str, Any]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    # the tools' --version runs (ncu's takes about a second) overlap the GPU probe
+    # the tools' --version runs overlap the GPU probe
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="kopt-tools") as pool:
         found = {name: find_tool(name) for name in ("nvcc", "ncu", "cuobjdump")}
         versions = {name: pool.submit(tool_version, path) for name, path in found.items() if path}

@@ -151,8 +151,8 @@ class HarnessServer:
     def begin_close(self) -> None:
         """Ask the process to end without waiting: kill what the kernel started below it (while the harness is
         still their subreaper: at its exit they would go to init), let it run, close its stdin (its request loop
-        ends). :meth:`close` then waits for it; a pool ending several asks them all first, so they end side by
-        side (each takes a second or so to tear its CUDA context down)."""
+        ends). :meth:`close` then waits for it; a pool ending several asks them all first, so they tear their
+        CUDA contexts down side by side rather than one after another."""
         if self.proc.poll() is None:
             kill_tree(self.proc.pid, include_root=False)
         self.resume()
