@@ -5,9 +5,12 @@ independently of kopt's code.
 Kernels from about 1.5 µs to 2.7 ms (torch add at 64 K..128 M floats, fp32 matmul 1024^3 and 4096^3, a 4 M sum of
 two kernels). For each: ncu's median duration over 15 profiled launches (``--clock-control none``, caches flushed by
 ncu); the CUPTI span (:func:`independent_span`: torch's profiler over 200 calls, each behind a read-only 120 MB
-flush, a device synchronisation and a 1 ms GPU spin, the call's records being those right after the spin); kopt's default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then
-``cupti_samples``); kopt's events and graph medians; do_bench's median; each repeated 5 times. Prints the table
-against the CUPTI span (ratios, and run-to-run spread (max-min)/median of the 5 medians), then the one against ncu.
+flush, a device synchronisation and a 1 ms GPU spin, the call's records being those right after the spin); kopt's
+default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then ``cupti_samples``) through each
+CUPTI client kopt has (cupti-python when installed, and torch's profiler), each in a process of its own (CUPTI
+serves one activity client per process up to CUDA 13.2); kopt's events and graph medians; do_bench's median; each
+repeated 5 times. Prints the table against the CUPTI span (ratios, and run-to-run spread (max-min)/median of the
+5 medians), then the one against ncu.
 
 Usage (GPU machine): python3 benchmarks/timing_fidelity.py [--out DIR]
 """
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,10 +85,10 @@ def ncu_medians(out: Path) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in by.items()}
 
 
-def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None]:
+def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None, str | None]:
     """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and with ``events`` the
-    kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples:
-    CUPTI activity records through torch's profiler, adaptive), None when the profiler gave no records."""
+    kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples,
+    through this process's CUPTI client) and that client's name; None for both when the profiler gave no records."""
     from pytest_kopt.child.timer import cupti_samples, make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
 
@@ -103,7 +107,37 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float
     r = timer.result(timer.take())
     med_ms = statistics.median(r["event_ms"])
     cupti = cupti_samples(timer, med_ms) if method == "events" else {}
-    return med_ms * 1e3, cupti.get("median_us")
+    return med_ms * 1e3, cupti.get("median_us"), cupti.get("backend")
+
+
+def kopt_child(prefer: str) -> None:
+    """In a process of its own: kopt's events and kernel-only medians of every case, ``REPEATS`` times, through the
+    CUPTI client ``prefer`` picks (``auto``: cupti-python when it starts); one JSON line per case on stdout."""
+    import time
+
+    import torch
+
+    from pytest_kopt.child.timer import profiler_backend
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.zeros(1, device="cuda")
+    backend = profiler_backend(prefer)
+    print(json.dumps({"backend": backend["name"], "note": backend["note"], "warm_s": backend["warm_s"]}), flush=True)
+    for name, kind, n in CASES:
+        t0 = time.perf_counter()
+        runs = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
+        print(json.dumps({"case": name, "events_us": [e for e, _, _ in runs], "kopt_us": [c for _, c, _ in runs],
+                          "wall_s": time.perf_counter() - t0}), flush=True)
+
+
+def kopt_runs(prefer: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """:func:`kopt_child`'s figures: (its client's ``backend``, ``note`` and ``warm_s``; per case)."""
+    proc = subprocess.run([sys.executable, __file__, "--kopt-child", prefer], capture_output=True, text=True,
+                          timeout=900)
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    if not lines:
+        raise SystemExit(f"the kopt child ({prefer}) gave nothing: {proc.stderr[-2000:]}")
+    return lines[0], {x["case"]: x for x in lines[1:]}
 
 
 def independent_span(torch, kind: str, n: int, calls: int = 200) -> float | None:
@@ -160,25 +194,34 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--profile-child", action="store_true")
+    ap.add_argument("--kopt-child", default=None)
     args = ap.parse_args()
     if args.profile_child:
         profile_child()
         return
+    if args.kopt_child:
+        kopt_child(args.kopt_child)
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ncu = ncu_medians(out)
+    clients = [kopt_runs(prefer) for prefer in ("auto", "torch.profiler")]
+    for info, _ in clients:
+        print(f"kopt's CUPTI client: {info['backend']} (first session {info['warm_s']:.3f} s)"
+              + (f"; {info['note']}" if info.get("note") else ""))
     import torch
     from triton.testing import do_bench
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ncu = ncu_medians(out)
     rows = []
     spread = lambda xs: 100 * (max(xs) - min(xs)) / statistics.median(xs) if xs else None  # noqa: E731
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    (auto_info, auto), (torch_info, via_torch) = clients
     for name, kind, n in CASES:
         span = [x for x in (independent_span(torch, kind, n) for _ in range(REPEATS)) if x is not None]
-        runs = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
-        events = [e for e, _ in runs]
-        kopt = [c for _, c in runs if c is not None]
+        events = auto[name]["events_us"]
+        kopt = [c for c in auto[name]["kopt_us"] if c is not None]
+        kopt_t = [c for c in via_torch[name]["kopt_us"] if c is not None]
         graph = [kopt_median(torch, kind, n, "graph")[0] for _ in range(REPEATS)]
         d, fn = make(torch, kind, n, 2)
         db = [do_bench(lambda: fn(d), return_mode="median") * 1e3 for _ in range(REPEATS)]
@@ -186,23 +229,29 @@ def main() -> None:
         over = lambda v: None if v is None or not c else v / c  # noqa: E731
         per_ncu = lambda v: None if v is None or not ref else v / ref  # noqa: E731
         rows.append({"case": name, "cupti_span_us": c, "cupti_span_spread_pct": spread(span),
-                     "kopt_us": med(kopt), "kopt_runs": len(kopt), "kopt_spread_pct": spread(kopt),
-                     "kopt_over_span": over(med(kopt)),
+                     "kopt_backend": auto_info["backend"], "kopt_us": med(kopt), "kopt_runs": len(kopt),
+                     "kopt_spread_pct": spread(kopt), "kopt_over_span": over(med(kopt)),
+                     "kopt_torch_profiler_us": med(kopt_t), "kopt_torch_profiler_spread_pct": spread(kopt_t),
+                     "kopt_torch_profiler_over_span": over(med(kopt_t)),
                      "events_us": med(events), "events_spread_pct": spread(events), "events_over_span": over(med(events)),
                      "ncu_us": ref, "ncu_over_span": over(ref),
                      "graph_us": med(graph), "graph_spread_pct": spread(graph), "graph_over_span": over(med(graph)),
                      "do_bench_us": med(db), "do_bench_spread_pct": spread(db), "do_bench_over_span": over(med(db)),
                      "events_over_ncu": per_ncu(med(events)), "graph_over_ncu": per_ncu(med(graph)),
                      "do_bench_over_ncu": per_ncu(med(db)), "kopt_over_ncu": per_ncu(med(kopt))})
-    (out / "timing_fidelity.json").write_text(json.dumps(rows, indent=1))
+    (out / "timing_fidelity.json").write_text(json.dumps({"clients": [auto_info, torch_info], "rows": rows},
+                                                         indent=1))
     f = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"  # noqa: E731
     pct = lambda v: "n/a" if v is None else f"{v:.1f}%"  # noqa: E731
-    # the kernels' own span, measured apart from kopt, against which every method is read
+    # the kernels' own span, measured apart from kopt, against which every method is read; "kopt" is the default
+    # (through the first client), "via torch" the same samples through torch's profiler
     print(f"{'case':<10} {'span µs':>9} {'spread':>7} {'kopt µs':>9} {'kopt/span':>9} {'spread':>7} "
-          f"{'events/span':>11} {'spread':>7} {'ncu/span':>8} {'graph/span':>10} {'do_bench/span':>13}")
+          f"{'via torch':>9} {'spread':>7} {'events/span':>11} {'spread':>7} {'ncu/span':>8} {'graph/span':>10} "
+          f"{'do_bench/span':>13}")
     for r in rows:
         print(f"{r['case']:<10} {f(r['cupti_span_us'], 2):>9} {pct(r['cupti_span_spread_pct']):>7} "
               f"{f(r['kopt_us'], 2):>9} {f(r['kopt_over_span']):>9} {pct(r['kopt_spread_pct']):>7} "
+              f"{f(r['kopt_torch_profiler_over_span']):>9} {pct(r['kopt_torch_profiler_spread_pct']):>7} "
               f"{f(r['events_over_span']):>11} {pct(r['events_spread_pct']):>7} {f(r['ncu_over_span']):>8} "
               f"{f(r['graph_over_span']):>10} {f(r['do_bench_over_span']):>13}")
     print()

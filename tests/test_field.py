@@ -444,3 +444,47 @@ def test_cupti_records_split_into_calls_at_each_whole_flush() -> None:
     assert [[n for _, _, n in s] for s in segs] == [["k"], ["k", "k2"], [], ["k"]]
     assert [[n for _, _, n in s] for s in call_segments([(0, 1, "f"), (2, 3, "k"), (4, 5, "f")], {"f"}, 1)] \
         == [["k"], []]
+
+
+def test_cupti_python_records_become_device_records_and_launches() -> None:
+    """cupti-python's activity records (kernels, memcpy, memset; the runtime and driver calls) become the device
+    records (start µs, end µs, name, correlation id) and the launches (correlation id -> host µs) that
+    calls_by_launch splits; a record of no duration and kinds it did not ask for are left out. The records are
+    built here in cupti-python's shape: what an H200 delivers is checked by the GPU tests."""
+    from types import SimpleNamespace as R
+
+    from pytest_kopt.child.timer import CuptiActivity
+
+    kinds = {"CONCURRENT_KERNEL": 10, "MEMCPY": 1, "MEMSET": 2, "RUNTIME": 5, "DRIVER": 6, "OVERHEAD": 13}
+    act = CuptiActivity.__new__(CuptiActivity)  # the parsing alone: no CUPTI here
+    act._kernel, act._names, act._api = 10, {1: "Memcpy", 2: "Memset"}, {5, 6}
+    act.device, act.launches = [], {}
+    act._completed([
+        R(kind=kinds["RUNTIME"], correlation_id=7, start=1_000, end=3_000),
+        R(kind=kinds["CONCURRENT_KERNEL"], correlation_id=7, start=10_000, end=35_500, name="sgemm"),
+        R(kind=kinds["DRIVER"], correlation_id=8, start=4_000, end=5_000),
+        R(kind=kinds["MEMSET"], correlation_id=8, start=36_000, end=37_000),
+        R(kind=kinds["MEMCPY"], correlation_id=9, start=40_000, end=40_000),  # no duration
+        R(kind=kinds["OVERHEAD"], correlation_id=0, start=1, end=2),
+        R(kind=kinds["RUNTIME"], correlation_id=7, start=9_000, end=9_500),  # the first call carrying an id stands
+    ])
+    assert act.device == [(10.0, 35.5, "sgemm", 7), (36.0, 37.0, "Memset", 8)]
+    assert act.launches == {7: 1.0, 8: 4.0}
+
+
+def test_without_cupti_python_the_profiler_backend_is_torchs_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where cupti-python is not installed, kernel-only timing goes through torch's profiler, and the record says
+    why and how to get the faster start (CUPTI through torch's profiler starts in 3.5-4.7 s per process on an H200,
+    through cupti-python in about 0.02 s). Asking for torch's profiler skips cupti-python."""
+    import sys
+
+    from pytest_kopt.child import timer
+
+    monkeypatch.setitem(sys.modules, "cupti", None)  # import cupti -> ImportError
+    monkeypatch.setattr(timer, "_BACKEND", {})
+    got = timer.profiler_backend()
+    assert got["name"] == "torch.profiler" and got["activity"] is None
+    assert "pip install cupti-python" in got["note"] and got["warm_s"] >= 0
+    assert timer.profiler_warm() and timer.warm_profiler() == 0.0 and timer.profiler_backend() is got
+    monkeypatch.setattr(timer, "_BACKEND", {})
+    assert timer.profiler_backend("torch.profiler")["note"] == "not tried (torch.profiler asked for)"

@@ -500,116 +500,169 @@ def cupti_calls(median_ms: float) -> int:
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200}
 
 
-#: The seconds :func:`warm_profiler`'s session took, once it ran in this process.
-_WARM: dict[str, float] = {}
+class CuptiActivity:
+    """CUPTI's activity API through cupti-python (``pip install cupti-python``, a version no newer than the driver's
+    CUDA): the device records (kernels, memcpy, memset) and the host records of the runtime and driver calls that
+    launched them, in one clock (CUPTI's timestamps, converted to µs). One per process, made by
+    :func:`profiler_backend`: CUPTI serves one activity client per process up to CUDA 13.2, so torch's profiler is
+    not used beside it. Raises what cupti-python raises when CUPTI cannot start (no cupti-python, a CUPTI newer than
+    the driver: ``CUPTI_ERROR_NOT_INITIALIZED``)."""
+
+    #: bytes per activity buffer CUPTI asks for (it asks again when one fills)
+    BUFFER_BYTES = 8 << 20
+
+    def __init__(self) -> None:
+        from cupti import cupti
+
+        self.cupti = cupti
+        kind = cupti.ActivityKind
+        self.kinds = [kind.CONCURRENT_KERNEL, kind.MEMCPY, kind.MEMSET, kind.RUNTIME, kind.DRIVER]
+        self._kernel = int(kind.CONCURRENT_KERNEL)
+        self._names = {int(kind.MEMCPY): "Memcpy", int(kind.MEMSET): "Memset"}
+        self._api = {int(kind.RUNTIME), int(kind.DRIVER)}
+        #: (start µs, end µs, name, correlation id) of each device record of the session
+        self.device: list[tuple[float, float, str, int]] = []
+        #: correlation id -> host µs at which the runtime or driver call that carries it started
+        self.launches: dict[int, float] = {}
+        cupti.activity_register_callbacks(self._requested, self._completed)
+
+    def _requested(self) -> tuple[int, int]:
+        return self.BUFFER_BYTES, 0
+
+    def _completed(self, activities: Any) -> None:
+        for a in activities:
+            k = int(a.kind)
+            if k in self._api:
+                self.launches.setdefault(int(a.correlation_id), a.start / 1e3)
+            elif a.end > a.start and (k == self._kernel or k in self._names):
+                name = str(a.name) if k == self._kernel else self._names[k]
+                self.device.append((a.start / 1e3, a.end / 1e3, name, int(a.correlation_id)))
+
+    def now_us(self) -> float:
+        """CUPTI's clock now, in µs (the clock of its records)."""
+        return self.cupti.get_timestamp() / 1e3
+
+    def start(self) -> None:
+        """Drop what the last session recorded and start recording."""
+        self.device, self.launches = [], {}
+        for k in self.kinds:
+            self.cupti.activity_enable(k)
+
+    def stop(self) -> None:
+        """Deliver every record (the caller synchronized the device first) and stop recording."""
+        try:
+            self.cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: incomplete buffers too
+        finally:
+            for k in self.kinds:
+                self.cupti.activity_disable(k)
 
 
-def warm_profiler() -> float:
-    """Open and close one CUDA profiler session, once per process (later calls return at once): CUPTI's first
-    session in a process costs about 4 s (H200, 2026-12-03: 4.09 s, then 0.005 s for each later one). A warm harness
-    process runs it while it is idle (:func:`pytest_kopt.child.protocol.serve`) or, at the latest, before its first
-    CUDA request; :func:`kernel_times` before its first session. It runs in the calling thread, so it never runs
-    beside a request's CUDA work or holds the interpreter while another thread serves a request. A failure is left
-    for :func:`kernel_times` to meet and report. Returns the seconds this call took."""
-    if "s" in _WARM:
-        return 0.0
+#: This process's profiler backend, once :func:`profiler_backend` chose it: ``name`` (``cupti-python`` or
+#: ``torch.profiler``), ``activity`` (the :class:`CuptiActivity`, or None), ``note`` (why cupti-python is not used),
+#: ``warm_s`` (the seconds the first session took).
+_BACKEND: dict[str, Any] = {}
+
+
+def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
+    """This process's CUPTI client, chosen once (later calls return it at once): cupti-python's activity API when it
+    is installed and CUPTI starts (its first session about 0.02 s on an H200, 2026-12-03), else torch's profiler
+    (Kineto; its first session in a process 3.5-4.7 s there, then about 0.005 s). ``prefer``: ``auto``, or
+    ``torch.profiler`` to skip cupti-python (the fidelity benchmark compares the two). Opens and closes one empty
+    session, so CUPTI's start-up is paid here. A timing process calls it while idle
+    (:func:`pytest_kopt.child.protocol.serve`) or, at the latest, before its first CUDA request; it runs in the
+    calling thread, never beside a request's CUDA work. Returns ``{"name", "activity", "note", "warm_s"}``; a
+    failure of both is left for :func:`kernel_times` to meet and report."""
+    if _BACKEND:
+        return _BACKEND
     t0 = time.perf_counter()
+    note = "not tried (torch.profiler asked for)"
     try:
         import torch
+
+        cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - a harness process always has torch
+        cuda = False
+    if prefer == "auto":
+        try:
+            activity = CuptiActivity()
+            if cuda:
+                activity.start()
+                torch.cuda.synchronize()
+                activity.stop()
+            _BACKEND.update(name="cupti-python", activity=activity, note=None, warm_s=time.perf_counter() - t0)
+            return _BACKEND
+        except ImportError:
+            note = "cupti-python is not installed (pip install cupti-python, a version no newer than the driver's CUDA)"
+        except Exception as exc:  # CUPTI newer than the driver, or busy
+            note = f"cupti-python could not start CUPTI: {type(exc).__name__}: {exc}"[:300]
+    try:
         from torch.profiler import ProfilerActivity, profile
 
-        if torch.cuda.is_available():
+        if cuda:
             with profile(activities=[ProfilerActivity.CUDA]):
                 torch.cuda.synchronize()
     except Exception:  # reported by the first real session, if it fails too
         pass
-    _WARM["s"] = time.perf_counter() - t0
-    return _WARM["s"]
+    _BACKEND.update(name="torch.profiler", activity=None, note=note, warm_s=time.perf_counter() - t0)
+    return _BACKEND
+
+
+def warm_profiler() -> float:
+    """CUPTI's start-up in this process, once (:func:`profiler_backend`; later calls return at once). Returns the
+    seconds this call took."""
+    if _BACKEND:
+        return 0.0
+    return float(profiler_backend()["warm_s"])
 
 
 def profiler_warm() -> bool:
     """True once :func:`warm_profiler` ran in this process."""
-    return "s" in _WARM
+    return bool(_BACKEND)
 
 
 def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                  flush_names: set[str] | None = None, start: int = 0) -> dict[str, Any]:
-    """Kernel-only time of ``calls`` calls from the GPU's own records (CUPTI activity records through torch's
-    profiler, Kineto), each after the L2 flush; per call the span from its first kernel's start to its last
-    kernel's end, every kernel (and memset/memcpy) it launched on any stream counted. Before each flush, inside the
-    flush's range: from the second pass over the input sets (or every call, for a call that changes its in-place
-    outputs) fresh values in the set the call uses (call number ``start`` + i), the flush, and a GPU spin of
-    ``hold_us`` (default :data:`KERNEL_TIMES_HOLD_US`: time for the host to queue a call of several launches while
-    the profiler slows it); none of it counted.
+    """Kernel-only time of ``calls`` calls from the GPU's own records (CUPTI activity records, through cupti-python
+    or torch's profiler: :func:`profiler_backend`), each after the L2 flush; per call the span from its first
+    kernel's start to its last kernel's end, every kernel (and memset/memcpy) it launched on any stream counted.
+    Before each flush, inside the flush's window: from the second pass over the input sets (or every call, for a
+    call that changes its in-place outputs) fresh values in the set the call uses (call number ``start`` + i), the
+    flush, and a GPU spin of ``hold_us`` (default :data:`KERNEL_TIMES_HOLD_US`: time for the host to queue a call of
+    several launches while the profiler slows it); none of it counted.
 
     The flush's records are told apart by when the host launched them (:func:`calls_by_launch`, ``"split":
-    "launch"``); where the profiler's records do not link device work to its launches, by the names a profiled
-    flush alone launched (``flush_names``, measured here when not given; ``"split": "names"``, which reads a call
-    that launches the flush's kernel as flushes). Returns ``spans_us`` (per call with records, in call order),
+    "launch"``); where the records do not link device work to its launches, by the names a profiled flush alone
+    launched (``flush_names``, measured here when not given; ``"split": "names"``, which reads a call that
+    launches the flush's kernel as flushes). Returns ``spans_us`` (per call with records, in call order),
     ``median_us``, ``p10_us``, ``p90_us``, ``calls``, ``empty_calls`` (calls that launched nothing),
     ``kernels_per_call`` (the distinct counts seen), ``launch_sets`` (each distinct sorted list of kernel names a
     call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
-    or ``{"error": reason}`` when the profiler gave no records. The events timing measures launch gaps and the
-    flush's tail as well: about 2 µs more on an H200 (docs/timing.md)."""
+    ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
+    gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
+    H200 (docs/timing.md)."""
     torch = timer.torch
-    try:
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile, record_function
-    except ImportError as exc:  # pragma: no cover - torch without its profiler
-        return {"error": f"torch.profiler unavailable: {exc}"}
-
-    def device_records(prof: Any) -> list[tuple[float, float, str, int]]:
-        out = []
-        for e in prof.events():
-            if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start \
-                    and not getattr(e, "is_user_annotation", False) and str(e.name) != FLUSH_RANGE:
-                out.append((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id)))
-        return sorted(out)
-
-    warm_profiler()  # CUPTI's start-up (a fresh process's) before the calls, not inside the first one's records
+    backend = profiler_backend()  # CUPTI's start-up (a fresh process's) before the calls, not inside their records
     hold = max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US) if hold_us is None else hold_us
     refresh_every = bool(timer.t.get("refresh_every_call"))
+    info = {"backend": backend["name"], **({"backend_note": backend["note"]} if backend["note"] else {})}
     torch.cuda.synchronize()
     try:
+        capture = _capture_cupti if backend["activity"] is not None else _capture_torch
         if flush_names is None:
-            with profile(activities=[ProfilerActivity.CUDA]) as probe:
-                timer.hold(hold)
-                timer.flush()
-                torch.cuda.synchronize()
-            flush_events = device_records(probe)
-            flush_names = {n for _, _, n, _ in flush_events}
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for i in range(calls):
-                k = start + i
-                s = timer.sets[k % len(timer.sets)]
-                with record_function(FLUSH_RANGE):
-                    # fresh values, the flush, then a GPU spin (as the event samples have it): the call's launches
-                    # queue behind the spin, so its span holds no launch gap (the host runs slower while it is
-                    # profiled: a 2-kernel torch.sum read 12.1 µs behind a 2x hold_us spin, 9.2 µs without CPU
-                    # records, H200), and the flush's memory traffic has drained when the call starts
-                    if refresh_every or k >= len(timer.sets):
-                        timer.refresh(s, 1_000_000 + k)  # values no event sample used
-                    timer.flush()
-                    timer.hold(hold)
-                timer.launch(s)
-            torch.cuda.synchronize()
-        records = device_records(prof)
-        host = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CPU]
+            flush_records, _, _ = capture(backend, timer, 0, start, hold, refresh_every)
+            flush_names = {n for _, _, n, _ in flush_records}
+        records, launches, windows = capture(backend, timer, calls, start, hold, refresh_every)
     except Exception as exc:  # the profiler failed: the event timing stands alone
-        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
     if not records:
-        return {"error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session in "
-                         "this process)"}
-    windows = sorted((float(e.time_range.start), float(e.time_range.end)) for e in host if str(e.name) == FLUSH_RANGE)
-    # the runtime and driver calls that launch device work (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch,
-    # cudaMemcpyAsync...), by the correlation id CUPTI gives both them and their device records
-    launches = {int(e.id): float(e.time_range.start) for e in host if str(e.name).startswith("cu")}
+        return {**info, "error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session "
+                                 "in this process)"}
     segments, unmatched = calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
     split = "launch"
     if unmatched:  # records not linked to launches: the names of a flush alone mark the boundaries
         if not flush_names:
-            return {"error": f"{unmatched} of {len(records)} device records have no launch, and a flush alone "
-                             "gave no records to tell the flush by"}
+            return {**info, "error": f"{unmatched} of {len(records)} device records have no launch, and a flush "
+                                     "alone gave no records to tell the flush by"}
         per_flush = max(1, sum(1 for r in records if r[2] in flush_names) // max(1, calls))
         segments = call_segments([(a, b, n) for a, b, n, _ in records], flush_names, per_flush)
         split = "names"
@@ -619,7 +672,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         if seg:
             names = tuple(sorted(n for _, _, n in seg))
             sets[names] = sets.get(names, 0) + 1
-    base: dict[str, Any] = {"calls": len(spans), "empty_calls": sum(1 for seg in segments if not seg),
+    base: dict[str, Any] = {**info, "calls": len(spans), "empty_calls": sum(1 for seg in segments if not seg),
                             "split": split, "flush_names": sorted(flush_names), "spans_us": spans,
                             "launch_sets": [{"kernels": list(k), "calls": n} for k, n in sets.items()]}
     if not spans:
@@ -629,6 +682,79 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     return {**base, "median_us": statistics.median(spans), "p10_us": q(0.1), "p90_us": q(0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
             "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
+
+
+#: What one profiled batch hands back: (device records (start µs, end µs, name, correlation id), sorted; correlation
+#: id -> host µs of the call that launched it; (host start, host end) µs of each flush's window, in order)
+Capture = tuple[list[tuple[float, float, str, int]], dict[int, float], list[tuple[float, float]]]
+
+
+def _flush_window(timer: Timer, k: int, hold: float, refresh_every: bool) -> None:
+    """What precedes call ``k`` inside its flush's window: fresh values in its set (from the second pass over the
+    sets, or every call for in-place outputs), the L2 flush, then a GPU spin of ``hold`` µs. The call's launches
+    queue behind the spin, so its span holds no launch gap (the host runs slower while it is profiled: a 2-kernel
+    torch.sum read 12.1 µs behind a 2x hold_us spin, 9.2 µs without CPU records, H200), and the flush's memory
+    traffic has drained when the call starts."""
+    s = timer.sets[k % len(timer.sets)]
+    if refresh_every or k >= len(timer.sets):
+        timer.refresh(s, 1_000_000 + k)  # values no event sample used
+    timer.flush()
+    timer.hold(hold)
+
+
+def _capture_cupti(backend: dict[str, Any], timer: Timer, calls: int, start: int, hold: float,
+                   refresh_every: bool) -> Capture:
+    """One batch through cupti-python (:class:`CuptiActivity`); ``calls`` 0 records a flush alone (its kernels'
+    names). The windows are CUPTI timestamps read on the host around each flush's launches."""
+    act: CuptiActivity = backend["activity"]
+    torch = timer.torch
+    windows: list[tuple[float, float]] = []
+    act.start()
+    try:
+        if not calls:
+            timer.hold(hold)
+            timer.flush()
+        for i in range(calls):
+            k = start + i
+            t0 = act.now_us()
+            _flush_window(timer, k, hold, refresh_every)
+            windows.append((t0, act.now_us()))
+            timer.launch(timer.sets[k % len(timer.sets)])
+        torch.cuda.synchronize()
+    finally:
+        act.stop()
+    return sorted(act.device), dict(act.launches), windows
+
+
+def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int, hold: float,
+                   refresh_every: bool) -> Capture:
+    """One batch through torch's profiler (Kineto); each flush's window is a :data:`FLUSH_RANGE` record_function
+    range, and the launches are the host records of the runtime and driver calls (names starting ``cu``)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch = timer.torch
+    activities = [ProfilerActivity.CUDA] if not calls else [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        if not calls:
+            timer.hold(hold)
+            timer.flush()
+        for i in range(calls):
+            k = start + i
+            with record_function(FLUSH_RANGE):
+                _flush_window(timer, k, hold, refresh_every)
+            timer.launch(timer.sets[k % len(timer.sets)])
+        torch.cuda.synchronize()
+    records = sorted((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id))
+                     for e in prof.events()
+                     if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start
+                     and not getattr(e, "is_user_annotation", False) and str(e.name) != FLUSH_RANGE)
+    host = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CPU]
+    windows = sorted((float(e.time_range.start), float(e.time_range.end)) for e in host if str(e.name) == FLUSH_RANGE)
+    # the runtime and driver calls that launch device work (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch,
+    # cudaMemcpyAsync...), by the correlation id CUPTI gives both them and their device records
+    launches = {int(e.id): float(e.time_range.start) for e in host if str(e.name).startswith("cu")}
+    return records, launches, windows
 
 
 def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
