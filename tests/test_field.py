@@ -459,16 +459,21 @@ def test_cupti_python_records_become_device_records_and_launches() -> None:
     act = CuptiActivity.__new__(CuptiActivity)  # the parsing alone: no CUPTI here
     act._kernel, act._names, act._api = 10, {1: "Memcpy", 2: "Memset"}, {5, 6}
     act.device, act.launches = [], {}
+    # CUPTI's timestamps count ns since the Unix epoch (an H200's read 1796289127342887185 on 2026-12-03): as float
+    # µs they keep only quarter-µs steps, so a 1.408 µs kernel read 1.25 or 1.5 µs; times are µs after the
+    # session's start
+    act.origin = t0 = 1_796_289_127_342_000_000
     act._completed([
-        R(kind=kinds["RUNTIME"], correlation_id=7, start=1_000, end=3_000),
-        R(kind=kinds["CONCURRENT_KERNEL"], correlation_id=7, start=10_000, end=35_500, name="sgemm"),
-        R(kind=kinds["DRIVER"], correlation_id=8, start=4_000, end=5_000),
-        R(kind=kinds["MEMSET"], correlation_id=8, start=36_000, end=37_000),
-        R(kind=kinds["MEMCPY"], correlation_id=9, start=40_000, end=40_000),  # no duration
-        R(kind=kinds["OVERHEAD"], correlation_id=0, start=1, end=2),
-        R(kind=kinds["RUNTIME"], correlation_id=7, start=9_000, end=9_500),  # the first call carrying an id stands
+        R(kind=kinds["RUNTIME"], correlation_id=7, start=t0 + 1_000, end=t0 + 3_000),
+        R(kind=kinds["CONCURRENT_KERNEL"], correlation_id=7, start=t0 + 10_000, end=t0 + 11_408, name="add"),
+        R(kind=kinds["DRIVER"], correlation_id=8, start=t0 + 4_000, end=t0 + 5_000),
+        R(kind=kinds["MEMSET"], correlation_id=8, start=t0 + 36_000, end=t0 + 37_000),
+        R(kind=kinds["MEMCPY"], correlation_id=9, start=t0 + 40_000, end=t0 + 40_000),  # no duration
+        R(kind=kinds["OVERHEAD"], correlation_id=0, start=t0 + 1, end=t0 + 2),
+        R(kind=kinds["RUNTIME"], correlation_id=7, start=t0 + 9_000, end=t0 + 9_500),  # the first call's id stands
     ])
-    assert act.device == [(10.0, 35.5, "sgemm", 7), (36.0, 37.0, "Memset", 8)]
+    assert act.device == [(10.0, 11.408, "add", 7), (36.0, 37.0, "Memset", 8)]
+    assert act.device[0][1] - act.device[0][0] == pytest.approx(1.408, abs=1e-9)
     assert act.launches == {7: 1.0, 8: 4.0}
 
 

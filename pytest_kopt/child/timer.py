@@ -503,7 +503,8 @@ CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples"
 class CuptiActivity:
     """CUPTI's activity API through cupti-python (``pip install cupti-python``, a version no newer than the driver's
     CUDA): the device records (kernels, memcpy, memset) and the host records of the runtime and driver calls that
-    launched them, in one clock (CUPTI's timestamps, converted to µs). One per process, made by
+    launched them, in one clock (CUPTI's timestamps, in µs after the session's start: they count ns since the Unix
+    epoch, about 1.8e18, where a float64 of µs keeps only quarter-µs steps). One per process, made by
     :func:`profiler_backend`: CUPTI serves one activity client per process up to CUDA 13.2, so torch's profiler is
     not used beside it. Raises what cupti-python raises when CUPTI cannot start (no cupti-python, a CUPTI newer than
     the driver: ``CUPTI_ERROR_NOT_INITIALIZED``)."""
@@ -520,6 +521,8 @@ class CuptiActivity:
         self._kernel = int(kind.CONCURRENT_KERNEL)
         self._names = {int(kind.MEMCPY): "Memcpy", int(kind.MEMSET): "Memset"}
         self._api = {int(kind.RUNTIME), int(kind.DRIVER)}
+        #: CUPTI's timestamp (ns) at the session's start: every time here is µs after it
+        self.origin = 0
         #: (start µs, end µs, name, correlation id) of each device record of the session
         self.device: list[tuple[float, float, str, int]] = []
         #: correlation id -> host µs at which the runtime or driver call that carries it started
@@ -533,18 +536,20 @@ class CuptiActivity:
         for a in activities:
             k = int(a.kind)
             if k in self._api:
-                self.launches.setdefault(int(a.correlation_id), a.start / 1e3)
+                self.launches.setdefault(int(a.correlation_id), (a.start - self.origin) / 1e3)
             elif a.end > a.start and (k == self._kernel or k in self._names):
                 name = str(a.name) if k == self._kernel else self._names[k]
-                self.device.append((a.start / 1e3, a.end / 1e3, name, int(a.correlation_id)))
+                self.device.append(((a.start - self.origin) / 1e3, (a.end - self.origin) / 1e3, name,
+                                    int(a.correlation_id)))
 
     def now_us(self) -> float:
-        """CUPTI's clock now, in µs (the clock of its records)."""
-        return self.cupti.get_timestamp() / 1e3
+        """CUPTI's clock now (the clock of its records), in µs after the session's start."""
+        return (self.cupti.get_timestamp() - self.origin) / 1e3
 
     def start(self) -> None:
         """Drop what the last session recorded and start recording."""
         self.device, self.launches = [], {}
+        self.origin = int(self.cupti.get_timestamp())
         for k in self.kinds:
             self.cupti.activity_enable(k)
 
