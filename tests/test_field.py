@@ -493,3 +493,26 @@ def test_without_cupti_python_the_profiler_backend_is_torchs_and_says_why(monkey
     assert timer.profiler_warm() and timer.warm_profiler() == 0.0 and timer.profiler_backend() is got
     monkeypatch.setattr(timer, "_BACKEND", {})
     assert timer.profiler_backend("torch.profiler")["note"] == "not tried (torch.profiler asked for)"
+
+
+def test_a_cupti_session_that_cannot_start_leaves_no_kind_enabled() -> None:
+    """When CUPTI refuses one activity kind (a CUPTI newer than the driver, or another client), the kinds already
+    enabled are disabled again before the error goes up, so torch's profiler, the fallback, finds CUPTI as it was."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.child.timer import CuptiActivity
+
+    enabled: list[str] = []
+
+    def enable(kind: str) -> None:
+        if kind == "RUNTIME":
+            raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+        enabled.append(kind)
+
+    act = CuptiActivity.__new__(CuptiActivity)
+    act.cupti = SimpleNamespace(get_timestamp=lambda: 1_796_289_127_342_000_000, activity_enable=enable,
+                                activity_disable=enabled.remove)
+    act.kinds = ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER"]
+    with pytest.raises(RuntimeError, match="NOT_INITIALIZED"):
+        act.start()
+    assert enabled == []

@@ -550,8 +550,18 @@ class CuptiActivity:
         """Drop what the last session recorded and start recording."""
         self.device, self.launches = [], {}
         self.origin = int(self.cupti.get_timestamp())
-        for k in self.kinds:
-            self.cupti.activity_enable(k)
+        enabled = []
+        try:
+            for k in self.kinds:
+                self.cupti.activity_enable(k)
+                enabled.append(k)
+        except Exception:  # leave CUPTI as it was (torch's profiler may take over), then say why
+            for k in enabled:
+                try:
+                    self.cupti.activity_disable(k)
+                except Exception:
+                    pass
+            raise
 
     def stop(self) -> None:
         """Deliver every record (the caller synchronized the device first) and stop recording."""
