@@ -493,6 +493,8 @@ def test_without_cupti_python_the_profiler_backend_is_torchs_and_says_why(monkey
     assert timer.profiler_warm() and timer.warm_profiler() == 0.0 and timer.profiler_backend() is got
     monkeypatch.setattr(timer, "_BACKEND", {})
     assert timer.profiler_backend("torch.profiler")["note"] == "not tried (torch.profiler asked for)"
+    with pytest.raises(ValueError, match="cupti-python"):
+        timer.profiler_backend("cupti-python")
 
 
 def test_a_cupti_session_that_cannot_start_leaves_no_kind_enabled() -> None:

@@ -586,7 +586,9 @@ def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
     session, so CUPTI's start-up is paid here. A timing process calls it while idle
     (:func:`pytest_kopt.child.protocol.serve`) or, at the latest, before its first CUDA request; it runs in the
     calling thread, never beside a request's CUDA work. Returns ``{"name", "activity", "note", "warm_s"}``; a
-    failure of both is left for :func:`kernel_times` to meet and report."""
+    failure of both is left for :func:`kernel_times` to meet and report. Raises ValueError for another ``prefer``."""
+    if prefer not in ("auto", "torch.profiler"):
+        raise ValueError(f"profiler_backend: prefer is 'auto' or 'torch.profiler', not {prefer!r}")
     if _BACKEND:
         return _BACKEND
     t0 = time.perf_counter()
