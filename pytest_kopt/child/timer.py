@@ -580,7 +580,7 @@ _BACKEND: dict[str, Any] = {}
 
 def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
     """This process's CUPTI client, chosen once (later calls return it at once): cupti-python's activity API when it
-    is installed and CUPTI starts (its first session about 0.02 s on an H200, 2026-12-03), else torch's profiler
+    is installed and CUPTI starts (its first session 0.02-0.06 s on an H200, 2026-12-03), else torch's profiler
     (Kineto; its first session in a process 3.5-4.7 s there, then about 0.005 s). ``prefer``: ``auto``, or
     ``torch.profiler`` to skip cupti-python (the fidelity benchmark compares the two). Opens and closes one empty
     session, so CUPTI's start-up is paid here. A timing process calls it while idle
