@@ -48,6 +48,35 @@ class GateRecord:
         return self.outcome == "failed" or (self.outcome == "skipped" and self.status != "NOT_APPLICABLE")
 
 
+def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
+    """One verdict per kernel of a session, in the order its items ran: ``name`` (the node id's file part, as the
+    terminal shows it), ``kernel`` (its resolved path), ``status`` (PASSED, or the status of its first failed item
+    in gate order), ``failed_gate`` and ``exit_code`` of that item (None when none failed), ``passed``/``failed``/
+    ``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate order), ``output_checked``
+    (a correctness item passed: without it a PASSED kernel's output was never compared with the reference, as on a
+    machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that timing ``median_ms`` and
+    ``speedup_vs_ref`` (None when not timed)."""
+    by: dict[str, list[GateRecord]] = {}
+    for r in records:
+        by.setdefault(r.nodeid.split("::")[0], []).append(r)
+    out = []
+    for name, recs in by.items():
+        failed = min((r for r in recs if r.outcome == "failed"), key=lambda r: ORDER.get(r.gate, 99), default=None)
+        timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), None)
+        skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=lambda g: ORDER.get(g, 99))
+        out.append({"name": name, "kernel": recs[0].kernel, "status": failed.status if failed else "PASSED",
+                    "failed_gate": failed.gate if failed else None,
+                    "exit_code": failed.exit_code if failed else None,
+                    "passed": sum(r.outcome == "passed" for r in recs),
+                    "failed": sum(r.outcome == "failed" for r in recs),
+                    "skipped": sum(r.outcome == "skipped" for r in recs), "skipped_gates": skipped,
+                    "output_checked": any(r.gate == "correctness" and r.outcome == "passed" for r in recs),
+                    "timed": timing is not None,
+                    "median_ms": (timing or {}).get("median_ms"),
+                    "speedup_vs_ref": (timing or {}).get("speedup_vs_ref")})
+    return out
+
+
 def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:
     """The records of ``kernel``'s items."""
     key = str(Path(kernel).resolve())

@@ -131,6 +131,41 @@ def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.D
     assert items["preflight"]["status"] == "PASSED"
     assert items["correctness[seed=3]"]["status"] == "PASSED"
     assert items["compile"]["status"] == "NOT_APPLICABLE"
+    # the kernel's verdict: its output was checked on the CPU; it was not timed (no GPU)
+    (verdict,) = doc["kernels"]
+    assert verdict["name"] == "k.py" and verdict["status"] == "PASSED" and verdict["failed_gate"] is None
+    assert verdict["output_checked"] is True and verdict["timed"] is False and verdict["median_ms"] is None
+    assert {"timing", "ncu", "roofline"} <= set(verdict["skipped_gates"])
+    assert verdict["passed"] + verdict["skipped"] == len(doc["items"]) and verdict["failed"] == 0
+
+
+def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
+    """The report's ``kernels``: an agent reads from it that a kernel passed with its output unchecked (a .cu on a
+    machine without a GPU: exit 0), which kernel failed at which gate first (gate order, not report order), and a
+    timed kernel's median and speedup."""
+    from pytest_kopt.records import GateRecord, kernel_verdicts
+
+    def rec(node: str, gate: str, outcome: str, status: str, **kw: object) -> GateRecord:
+        return GateRecord(nodeid=f"{node}::{gate}", kernel=f"/w/{node}", gate=gate, case=None, outcome=outcome,
+                          status=status, **kw)  # type: ignore[arg-type]
+
+    records = [rec("a.cu", "compile", "passed", "PASSED"), rec("a.cu", "correctness", "skipped", "SKIPPED",
+                                                                 blocked_by="hardware"),
+               rec("b.cu", "timing", "failed", "UNSTABLE", exit_code=2),
+               rec("b.cu", "correctness", "failed", "INCORRECT_NUMERICAL", exit_code=2),
+               rec("c.cu", "correctness", "passed", "PASSED"),
+               rec("c.cu", "timing", "passed", "PASSED", figures={"median_ms": 1.25, "speedup_vs_ref": 2.0})]
+    a, b, c = kernel_verdicts(records)
+    assert (a["status"], a["output_checked"], a["skipped_gates"], a["timed"]) == ("PASSED", False, ["correctness"],
+                                                                                  False)
+    assert (b["status"], b["failed_gate"], b["exit_code"], b["failed"]) == ("INCORRECT_NUMERICAL", "correctness", 2, 2)
+    assert (c["output_checked"], c["timed"], c["median_ms"], c["speedup_vs_ref"]) == (True, True, 1.25, 2.0)
+
+
+#: A valid entry of the report's ``kernels``.
+VERDICT = {"name": "k.cu", "kernel": "/w/k.cu", "status": "PASSED", "failed_gate": None, "exit_code": None,
+           "passed": 5, "failed": 0, "skipped": 8, "skipped_gates": ["correctness", "timing"],
+           "output_checked": False, "timed": False, "median_ms": None, "speedup_vs_ref": None}
 
 
 def _mutations() -> dict[str, tuple[str, object]]:
@@ -155,6 +190,9 @@ def _mutations() -> dict[str, tuple[str, object]]:
         "float seed": ("doc", lambda d: d.update(seeds=[1.5])),
         "env without gpus": ("doc", lambda d: d["env"].pop("gpus")),
         "string exit code": ("doc", lambda d: d.update(exit_code="0")),
+        "kernel verdict with an extra key": ("doc", lambda d: d.update(kernels=[{**VERDICT, "verdict": "ok"}])),
+        "kernel verdict without output_checked": ("doc", lambda d: d.update(
+            kernels=[{k: v for k, v in VERDICT.items() if k != "output_checked"}])),
     }
 
 
@@ -216,3 +254,10 @@ def test_h200_pr_gate_report_validates(validator: jsonschema.Draft202012Validato
     assert [round(x, 3) for x in (cmp["speedup"], *cmp["ci95"])] == [5.718, 5.712, 5.747]
     med = {i["nodeid"].split("/")[0]: i["figures"]["median_ms"] for i in doc["items"] if i["gate"] == "timing"}
     assert 5.5 < med["main"] / med["pr"] < 6.0, med
+
+
+def test_schema_accepts_kernel_verdicts(validator: jsonschema.Draft202012Validator, h200_report: dict) -> None:
+    """A report with the ``kernels`` section validates (the recorded H200 report predates it)."""
+    doc = {**h200_report, "kernels": [VERDICT, {**VERDICT, "name": "b.cu", "status": "INCORRECT_NUMERICAL",
+                                                 "failed_gate": "correctness", "exit_code": 2, "failed": 1}]}
+    assert errors_of(validator, doc) == []

@@ -10,7 +10,7 @@ import pytest
 
 from .. import __version__
 from ..gates.table import ORDER
-from ..records import GateRecord
+from ..records import GateRecord, kernel_verdicts
 
 #: Version of the ``--kopt-json`` document (``registries/report_schema.json``).
 JSON_SCHEMA_VERSION = 2
@@ -61,7 +61,8 @@ class Ledger:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
                "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
-               "items": [r.to_json() for r in self.records], "comparisons": comparisons, "loop": loop}
+               "items": [r.to_json() for r in self.records], "kernels": kernel_verdicts(self.records),
+               "comparisons": comparisons, "loop": loop}
         return finite(doc)
 
 

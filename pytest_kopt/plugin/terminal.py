@@ -6,25 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from ..gates.table import ORDER
-from ..records import GateRecord
+from ..records import GateRecord, kernel_verdicts
 
 
 def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
-    """``-q``: one line per kernel: its verdict (the first failing gate's status, else PASSED with the number of
-    skipped gates), the timing median and the speedup over the reference."""
-    by: dict[str, list[GateRecord]] = {}
-    for r in rows:
-        by.setdefault(r.nodeid.split("::")[0], []).append(r)
-    width = max(len(k) for k in by)
-    for kernel, recs in by.items():
-        failed = [r for r in recs if r.outcome == "failed"]
-        skipped = sum(r.outcome == "skipped" for r in recs)
-        checked = any(r.gate == "correctness" and r.outcome == "passed" for r in recs)
-        note = f"{skipped} skipped" + ("" if checked else "; output not checked")
-        status = f"{failed[0].status} at {failed[0].gate}" if failed else "PASSED" + (f" ({note})" if skipped else "")
-        timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), {})
-        fig = f"  {timing['median_ms']:.4g} ms, {timing['speedup_vs_ref']:.2f}x ref" if timing else ""
-        tr.write_line(f"{kernel:<{width}}  {status}{fig}"[:200])
+    """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
+    gate's status, else PASSED with the number of skipped gates), the timing median and the speedup over the
+    reference."""
+    verdicts = kernel_verdicts(rows)
+    width = max(len(v["name"]) for v in verdicts)
+    for v in verdicts:
+        note = f"{v['skipped']} skipped" + ("" if v["output_checked"] else "; output not checked")
+        status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
+            "PASSED" + (f" ({note})" if v["skipped"] else "")
+        fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
+            (f", {v['speedup_vs_ref']:.2f}x ref" if v["speedup_vs_ref"] is not None else "")
+        tr.write_line(f"{v['name']:<{width}}  {status}{fig}"[:200])
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
