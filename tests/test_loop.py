@@ -178,6 +178,18 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     assert "Stopped** at `branch_explore`" in (run / "summary.md").read_text()
 
 
+def test_a_run_stopped_at_its_set_up_has_a_summary_of_sentences_not_empty_tables(tmp_path: Path) -> None:
+    """A run that stopped before anything was profiled or closed (no GPU at --kopt-init) says so in each section,
+    instead of table headers with no rows; a run with history keeps its tables."""
+    state = {"run_status": "stopped", "stop_stage": "hardware", "stop_reason": "no GPU: libcuda.so.1 not found",
+             "dims": {"n": 64}, "validation_seeds": [1, 2], "noise_threshold_pct": 2.0}
+    text = render_summary(state, tmp_path)
+    assert "**Stopped** at `hardware`: no GPU: libcuda.so.1 not found" in text
+    assert "| iter |" not in text and "No iteration has closed yet." in text
+    assert "No roofline yet" in text and "No method has been judged yet." in text
+    assert "Baseline not timed" in text
+
+
 _SASS = """\tcode for sm_90a
 \t\tFunction : _Z3addPf
 \t.headerflags\t@"EF_CUDA_SM90"

@@ -26,19 +26,26 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     if state.get("stop_reason"):
         lines += ["", f"**Stopped** at `{state.get('stop_stage')}`: {state['stop_reason']}"]
     lines += ["", f"Dims: `{json.dumps(state.get('dims'))}`; seeds {state.get('validation_seeds')}; noise threshold "
-                  f"{state.get('noise_threshold_pct')}%.", "", "## Roofline history", "",
-              "| iter | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |", "|---|---|---|---|---|---|---|"]
+                  f"{state.get('noise_threshold_pct')}%.", "", "## Roofline history", ""]
 
     def g(v: Any) -> str:
         return "null" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
+    # a section with nothing yet (a run stopped at its set-up) says so in a sentence, not with an empty table
+    if state.get("roofline_history"):
+        lines += ["| iter | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |", "|---|---|---|---|---|---|---|"]
+    else:
+        lines.append("No roofline yet: no kernel of this run was profiled.")
     for r in state.get("roofline_history", []):
         b = r.get("axis_budget") or {}
         lines.append(f"| {r['iter']} | {g(r.get('delta_compute'))} | {g(r.get('delta_memory'))} | "
                      f"{g(r.get('delta_latency'))} | {r.get('bound')} | {b.get('compute')}/{b.get('memory')}/"
                      f"{b.get('latency')} | {g(r.get('sol_pct_fp32'))} |")
-    lines += ["", "## Iterations", "", "| iter | champion | ms | improved | methods (verdict, attribution %) |",
-              "|---|---|---|---|---|"]
+    lines += ["", "## Iterations", ""]
+    if state.get("history"):
+        lines += ["| iter | champion | ms | improved | methods (verdict, attribution %) |", "|---|---|---|---|---|"]
+    else:
+        lines.append("No iteration has closed yet.")
     for h in state.get("history", []):
         ms = ", ".join(f"{m} ({h['verdicts'].get(m)}, {g((h['attribution'].get(m) or {}).get('attribution_pct'))})"
                        for m in h["methods"])
@@ -46,8 +53,12 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
             ms += "; the champion's SASS is the best kernel's: no instruction changed"
         lines.append(f"| {h['iter']} | {h['champion']} | {h['champion_ms']:.4f} | {h['improved']} | {ms} |")
     lines += ["", "## Methods", ""]
-    for b in ("effective", "ineffective", "implementation_failed", "unverified"):
-        lines.append(f"- {b}: {', '.join(state.get(f'{b}_methods', [])) or '—'}")
+    buckets = ("effective", "ineffective", "implementation_failed", "unverified")
+    if any(state.get(f"{b}_methods") for b in buckets):
+        for b in buckets:
+            lines.append(f"- {b}: {', '.join(state.get(f'{b}_methods', [])) or '—'}")
+    else:
+        lines.append("No method has been judged yet.")
     lines += ["", "## Frontier (non-champion branches that passed)", ""]
     for f in state.get("frontier", []):
         lines.append(f"- iter {f['iter']} {f['branch']}: {f['median_ms']:.4f} ms")
