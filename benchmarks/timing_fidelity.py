@@ -88,7 +88,8 @@ def ncu_medians(out: Path) -> dict[str, float]:
 def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None, str | None]:
     """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and with ``events`` the
     kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples,
-    through this process's CUPTI client) and that client's name; None for both when the profiler gave no records."""
+    through this process's CUPTI client) and that client's name; the median is None when the profiler gave no
+    records."""
     from pytest_kopt.child.timer import cupti_samples, make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
 
@@ -135,9 +136,12 @@ def kopt_runs(prefer: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     proc = subprocess.run([sys.executable, __file__, "--kopt-child", prefer], capture_output=True, text=True,
                           timeout=900)
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    if not lines:
-        raise SystemExit(f"the kopt child ({prefer}) gave nothing: {proc.stderr[-2000:]}")
-    return lines[0], {x["case"]: x for x in lines[1:]}
+    cases = {x["case"]: x for x in lines[1:]}
+    missing = [c[0] for c in CASES if c[0] not in cases]
+    if proc.returncode != 0 or not lines or missing:
+        raise SystemExit(f"the kopt child ({prefer}) exited {proc.returncode} without the cases {missing}: "
+                         f"{proc.stderr[-2000:]}")
+    return lines[0], cases
 
 
 def independent_span(torch, kind: str, n: int, calls: int = 200) -> float | None:

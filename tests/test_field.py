@@ -518,3 +518,88 @@ def test_a_cupti_session_that_cannot_start_leaves_no_kind_enabled() -> None:
     with pytest.raises(RuntimeError, match="NOT_INITIALIZED"):
         act.start()
     assert enabled == []
+
+
+def test_cupti_kernel_names_read_as_torchs_profiler_shows_them() -> None:
+    """CUPTI's records carry mangled names; kopt shows them demangled whichever client recorded (the suspect
+    message names the kernels), and leaves a C or Triton name as it is."""
+    from pytest_kopt.child.timer import demangle
+
+    assert demangle("_Z11sgemm_naivePKfS0_Pfiii") == "sgemm_naive(float const*, float const*, float*, int, int, int)"
+    assert demangle("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
+    assert demangle("_Znot_a_name") == "_Znot_a_name"
+
+
+class _FakeActivity:
+    """A stand-in for :class:`~pytest_kopt.child.timer.CuptiActivity` whose clock advances 1 µs a read and whose
+    'GPU' records a kernel for each launch the fake timer makes."""
+
+    def __init__(self, record: bool = True) -> None:
+        self.clock, self.device, self.launches, self.record, self.log = 0.0, [], {}, record, []
+
+    def now_us(self) -> float:
+        self.clock += 1.0
+        return self.clock
+
+    def start(self) -> None:
+        self.device, self.launches = [], {}
+        self.log.append("start")
+
+    def stop(self) -> None:
+        self.log.append("stop")
+
+    def launch(self, name: str) -> None:
+        t = self.now_us()
+        corr = len(self.launches) + 1
+        self.launches[corr] = t
+        if self.record:
+            self.device.append((100.0 + t, 100.5 + t, name, corr))
+
+
+def _fake_timer(act: _FakeActivity) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        torch=SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None)), sets=["s0", "s1"], hold_us=10.0,
+        t={}, flush=lambda: act.launch("flush"), hold=lambda us: act.launch("spin"),
+        refresh=lambda s, k: act.launch("refresh"), launch=lambda s: act.launch(f"kernel_{s}"))
+
+
+def test_cupti_python_batches_bracket_each_flush_in_its_window_and_split_by_launch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through cupti-python, each call's window (CUPTI's clock read on the host around the refresh, flush and spin)
+    holds those launches and not the call's, so calls_by_launch gives each call its own kernel only; the session
+    is started and stopped once per batch."""
+    from pytest_kopt.child import timer as tm
+
+    act = _FakeActivity()
+    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
+    got = tm.kernel_times(_fake_timer(act), calls=4, hold_us=5.0)
+    assert got["backend"] == "cupti-python" and got["split"] == "launch" and got["empty_calls"] == 0
+    assert got["launch_sets"] == [{"kernels": ["kernel_s0"], "calls": 2}, {"kernels": ["kernel_s1"], "calls": 2}]
+    assert got["spans_us"] == [0.5] * 4 and set(got["flush_names"]) == {"flush", "spin"}
+    assert act.log == ["start", "stop", "start", "stop"]  # the flush probe, then the batch
+
+
+def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profiler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUPTI can start (no error) and record nothing: the warm-up runs no kernel, so the first batch's flush probe
+    is where it shows. That process then uses torch's profiler, and the record says why."""
+    from pytest_kopt.child import timer as tm
+
+    act = _FakeActivity(record=False)
+    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
+    seen = []
+
+    def torch_capture(backend, timer, calls, start, hold, refresh_every):  # noqa: ANN001, ANN202
+        seen.append((backend["name"], calls))
+        return [], {}, []
+
+    monkeypatch.setattr(tm, "_capture_torch", torch_capture)
+    got = tm.kernel_times(_fake_timer(act), calls=3, hold_us=5.0)
+    assert seen == [("torch.profiler", 0), ("torch.profiler", 3)]
+    assert got["backend"] == "torch.profiler" and "delivered no record of a flush" in got["backend_note"]
+    assert tm.profiler_backend()["name"] == "torch.profiler"
+    with pytest.raises(ValueError, match="already uses cupti-python"):
+        monkeypatch.setitem(tm._BACKEND, "name", "cupti-python")
+        tm.profiler_backend("torch.profiler")

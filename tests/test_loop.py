@@ -186,7 +186,7 @@ def test_a_run_stopped_at_its_set_up_has_a_summary_of_sentences_not_empty_tables
     text = render_summary(state, tmp_path)
     assert "**Stopped** at `hardware`: no GPU: libcuda.so.1 not found" in text
     assert "| iter |" not in text and "No iteration has closed yet." in text
-    assert "No roofline yet" in text and "No method has been judged yet." in text
+    assert "No iteration has been opened" in text and "No method has been judged yet." in text
     assert "Baseline not timed" in text
 
 

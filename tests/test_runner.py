@@ -184,3 +184,27 @@ def test_a_timing_round_that_is_not_the_last_leaves_the_process_untidied(tmp_pat
         data = (tmp_path / f"{name}.json").read_bytes()
         assert code == 0 and sha == hashlib.sha256(data).hexdigest() and json.loads(data)["ok"] is True
     assert ends == {"plain": True, "mid": False, "last": True}
+
+
+def test_the_tidy_up_runs_after_a_request_that_ends_and_not_after_a_round_under_way(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tidy`` collects garbage and returns torch's cached device memory after a request that ends its work, and
+    does nothing after a timing round still under way; a release that raises (an error the request missed) says
+    so, and the process then ends."""
+    import gc
+    from types import SimpleNamespace
+
+    from pytest_kopt.child.protocol import tidy
+
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    cuda = SimpleNamespace(is_initialized=lambda: True, empty_cache=lambda: calls.append("empty_cache"))
+    torch = SimpleNamespace(cuda=cuda)
+    assert tidy(torch, ends=False) is True and calls == []
+    assert tidy(torch, ends=True) is True and calls == ["collect", "empty_cache"]
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    cuda.empty_cache = broken
+    assert tidy(torch, ends=True) is False

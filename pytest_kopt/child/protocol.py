@@ -126,18 +126,30 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
             ctl.write(done)
             return code
-        if not ends:  # a round of a timing still under way: the next round comes at once and frees nothing
-            ctl.write(done)
-            continue
-        gc.collect()
-        try:
-            if torch.cuda.is_initialized():
-                torch.cuda.empty_cache()  # the next request (timing's rotating sets) sizes itself from free memory
-        except Exception:  # an error the request's own checks missed: its result stands, this process ends
+        if not tidy(torch, ends):  # an error the request's own checks missed: its result stands, this process ends
             ctl.write(f"done {seq} 1 {json_sha}\n")  # code 1: the parent drops this process
             return 1
         ctl.write(done)
     return 0
+
+
+def tidy(torch: Any, ends: bool) -> bool:
+    """After a request that ``ends`` its work (:func:`handle`): collect its garbage and return torch's cached device
+    memory, so the next request (a timing's rotating sets) sizes itself from free memory. After a round of a timing
+    still under way, nothing: the next round comes at once, its timer and sets are alive, and a CUDA error that
+    only the cache's release would have raised is met by that round instead. Returns False when the release raised
+    (an error the request's own checks missed)."""
+    import gc
+
+    if not ends:
+        return True
+    gc.collect()
+    try:
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:
+        return False
+    return True
 
 
 #: How long an idle warm process waits for a request before it warms the profiler up (s).

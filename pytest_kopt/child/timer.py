@@ -500,6 +500,37 @@ def cupti_calls(median_ms: float) -> int:
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200}
 
 
+#: Demangled kernel names, by mangled name (:func:`demangle`).
+_DEMANGLED: dict[str, str] = {}
+
+
+def demangle(name: str) -> str:
+    """A C++ kernel name as torch's profiler shows it (``_Z11sgemm_naivePKfS0_Pfiii`` ->
+    ``sgemm_naive(float const*, float const*, float*, int, int, int)``), through the C++ runtime's
+    ``__cxa_demangle``; a name it cannot read (a C or Triton kernel's, or no libstdc++) comes back as it is. CUPTI's
+    records carry mangled names; the messages and ``launch_sets`` show them demangled, whichever client recorded."""
+    if not name.startswith("_Z"):
+        return name
+    if name not in _DEMANGLED:
+        out = name
+        try:
+            lib = ctypes.CDLL("libstdc++.so.6")
+            fn = lib.__cxa_demangle
+            fn.restype = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+            status = ctypes.c_int(1)
+            ptr = fn(name.encode(), None, None, ctypes.byref(status))
+            if ptr and status.value == 0:
+                out = ctypes.string_at(ptr).decode(errors="replace")
+                libc = ctypes.CDLL(None)
+                libc.free.argtypes = [ctypes.c_void_p]
+                libc.free(ptr)
+        except (OSError, AttributeError):
+            pass
+        _DEMANGLED[name] = out
+    return _DEMANGLED[name]
+
+
 class CuptiActivity:
     """CUPTI's activity API through cupti-python (``pip install cupti-python``, a version no newer than the driver's
     CUDA): the device records (kernels, memcpy, memset) and the host records of the runtime and driver calls that
@@ -538,7 +569,7 @@ class CuptiActivity:
             if k in self._api:
                 self.launches.setdefault(int(a.correlation_id), (a.start - self.origin) / 1e3)
             elif a.end > a.start and (k == self._kernel or k in self._names):
-                name = str(a.name) if k == self._kernel else self._names[k]
+                name = demangle(str(a.name)) if k == self._kernel else self._names[k]
                 self.device.append(((a.start - self.origin) / 1e3, (a.end - self.origin) / 1e3, name,
                                     int(a.correlation_id)))
 
@@ -590,6 +621,9 @@ def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
     if prefer not in ("auto", "torch.profiler"):
         raise ValueError(f"profiler_backend: prefer is 'auto' or 'torch.profiler', not {prefer!r}")
     if _BACKEND:
+        if prefer != "auto" and _BACKEND["name"] != prefer:
+            raise ValueError(f"profiler_backend: this process already uses {_BACKEND['name']} (CUPTI takes one "
+                             f"client per process); {prefer} needs a process of its own")
         return _BACKEND
     t0 = time.perf_counter()
     note = "not tried (torch.profiler asked for)"
@@ -600,18 +634,24 @@ def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
     except Exception:  # pragma: no cover - a harness process always has torch
         cuda = False
     if prefer == "auto":
-        try:
-            activity = CuptiActivity()
-            if cuda:
-                activity.start()
-                torch.cuda.synchronize()
-                activity.stop()
-            _BACKEND.update(name="cupti-python", activity=activity, note=None, warm_s=time.perf_counter() - t0)
-            return _BACKEND
-        except ImportError:
-            note = "cupti-python is not installed (pip install cupti-python, a version no newer than the driver's CUDA)"
-        except Exception as exc:  # CUPTI newer than the driver, or busy
-            note = f"cupti-python could not start CUPTI: {type(exc).__name__}: {exc}"[:300]
+        import importlib.util
+
+        if importlib.util.find_spec("cupti") is None:
+            note = ("cupti-python is not installed (pip install cupti-python, with it and nvidia-cuda-cupti no newer "
+                    "than the driver's CUDA)")
+        else:
+            try:
+                activity = CuptiActivity()
+                if cuda:
+                    activity.start()
+                    try:
+                        torch.cuda.synchronize()
+                    finally:
+                        activity.stop()
+                _BACKEND.update(name="cupti-python", activity=activity, note=None, warm_s=time.perf_counter() - t0)
+                return _BACKEND
+            except Exception as exc:  # an import error inside it, a CUPTI newer than the driver, or busy
+                note = f"cupti-python could not start CUPTI: {type(exc).__name__}: {exc}"[:300]
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -621,6 +661,16 @@ def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
     except Exception:  # reported by the first real session, if it fails too
         pass
     _BACKEND.update(name="torch.profiler", activity=None, note=note, warm_s=time.perf_counter() - t0)
+    return _BACKEND
+
+
+def _fall_back(why: str) -> dict[str, Any]:
+    """Switch this process from cupti-python to torch's profiler (``why`` becomes the backend's note); returns the
+    new backend."""
+    t0 = time.perf_counter()
+    _BACKEND.clear()
+    _BACKEND.update(profiler_backend("torch.profiler"))
+    _BACKEND["note"], _BACKEND["warm_s"] = why, time.perf_counter() - t0
     return _BACKEND
 
 
@@ -667,6 +717,13 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         capture = _capture_cupti if backend["activity"] is not None else _capture_torch
         if flush_names is None:
             flush_records, _, _ = capture(backend, timer, 0, start, hold, refresh_every)
+            if not flush_records and backend["activity"] is not None:
+                # CUPTI started but recorded not even the flush (the warm-up ran no kernel, to disturb no other
+                # process's measurement): this process uses torch's profiler from now on
+                backend = _fall_back("cupti-python started CUPTI but delivered no record of a flush")
+                info = {"backend": backend["name"], "backend_note": backend["note"]}
+                capture = _capture_torch
+                flush_records, _, _ = capture(backend, timer, 0, start, hold, refresh_every)
             flush_names = {n for _, _, n, _ in flush_records}
         records, launches, windows = capture(backend, timer, calls, start, hold, refresh_every)
     except Exception as exc:  # the profiler failed: the event timing stands alone

@@ -197,7 +197,8 @@ def detect(attempts: int = 1) -> dict[str, Any]:
         "hardware_attempts": hw_attempts,
         "python": platform.python_version(),
         "packages": {n: _dist_version(n) for n in ("torch", "triton", "numpy", "pytest", "pytest-xdist",
-                                                   "hypothesis", "nvidia-cutlass", "cupti-python")},
+                                                   "hypothesis", "nvidia-cutlass", "cupti-python",
+                                                   "nvidia-cuda-cupti", "nvidia-cuda-cupti-cu12")},
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 

@@ -35,7 +35,8 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     if state.get("roofline_history"):
         lines += ["| iter | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |", "|---|---|---|---|---|---|---|"]
     else:
-        lines.append("No roofline yet: no kernel of this run was profiled.")
+        lines.append("No iteration has been opened, so none has a roofline here (the baseline's, when it was "
+                     "profiled, is `baseline/roofline.json`).")
     for r in state.get("roofline_history", []):
         b = r.get("axis_budget") or {}
         lines.append(f"| {r['iter']} | {g(r.get('delta_compute'))} | {g(r.get('delta_memory'))} | "
