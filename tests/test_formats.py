@@ -513,9 +513,9 @@ def custom_kernel(data):
 
 @pytest.mark.gpu
 def test_timing_reports_the_kernels_own_time_beside_the_events(pytester: pytest.Pytester) -> None:
-    """On a GPU: bench.json's kernel_time (CUPTI activity records through torch's profiler) is the span of the
-    call's own kernels, one kernel per call here, above zero and not above the event median (which also holds the
-    launch gap and the flush's tail)."""
+    """On a GPU: bench.json's kernel_time (CUPTI activity records, through cupti-python where it is installed, else
+    torch's profiler) is the span of the call's own kernels, one kernel per call here, above zero and not above the
+    event median (which also holds the launch gap and the flush's tail); it names the client that recorded it."""
     pytester.makepyfile(ref=RET_REF, k=RET_KERNEL.format(outputs='["y"]', body="    return 2 * x"))
     result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
                             "n=16777216", "--kopt-seeds", "1", "-k", "correctness or timing")
@@ -526,6 +526,10 @@ def test_timing_reports_the_kernels_own_time_beside_the_events(pytester: pytest.
     assert kt["method"] == "cupti" and kt["kernels_per_call"] == [1] and kt["empty_calls"] == 0, kt
     assert 0 < kt["median_us"] <= bench["median_ms"] * 1e3 * 1.02, (kt, bench["median_ms"])
     assert "kernel-only (CUPTI)" in timing["summary"] and kt["split"] == "launch"
+    import importlib.util
+
+    expected = "cupti-python" if importlib.util.find_spec("cupti") else "torch.profiler"
+    assert kt["backend"] == expected, kt
 
 
 @pytest.mark.gpu
