@@ -9,6 +9,7 @@ rounds. All times are in ms.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import statistics
 import time
@@ -500,10 +501,7 @@ def cupti_calls(median_ms: float) -> int:
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200}
 
 
-#: Demangled kernel names, by mangled name (:func:`demangle`).
-_DEMANGLED: dict[str, str] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def demangle(name: str) -> str:
     """A C++ kernel name as torch's profiler shows it (``_Z11sgemm_naivePKfS0_Pfiii`` ->
     ``sgemm_naive(float const*, float const*, float*, int, int, int)``), through the C++ runtime's
@@ -511,24 +509,22 @@ def demangle(name: str) -> str:
     records carry mangled names; the messages and ``launch_sets`` show them demangled, whichever client recorded."""
     if not name.startswith("_Z"):
         return name
-    if name not in _DEMANGLED:
-        out = name
-        try:
-            lib = ctypes.CDLL("libstdc++.so.6")
-            fn = lib.__cxa_demangle
-            fn.restype = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-            status = ctypes.c_int(1)
-            ptr = fn(name.encode(), None, None, ctypes.byref(status))
-            if ptr and status.value == 0:
-                out = ctypes.string_at(ptr).decode(errors="replace")
-                libc = ctypes.CDLL(None)
-                libc.free.argtypes = [ctypes.c_void_p]
-                libc.free(ptr)
-        except (OSError, AttributeError):
-            pass
-        _DEMANGLED[name] = out
-    return _DEMANGLED[name]
+    try:
+        fn = ctypes.CDLL("libstdc++.so.6").__cxa_demangle
+    except (OSError, AttributeError):
+        return name
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    status = ctypes.c_int(1)
+    ptr = fn(name.encode(), None, None, ctypes.byref(status))
+    if not ptr or status.value != 0:
+        return name
+    try:
+        return ctypes.string_at(ptr).decode(errors="replace")
+    finally:
+        free = ctypes.CDLL(None).free
+        free.argtypes = [ctypes.c_void_p]
+        free(ptr)
 
 
 class CuptiActivity:
@@ -667,11 +663,10 @@ def profiler_backend(prefer: str = "auto") -> dict[str, Any]:
 def _fall_back(why: str) -> dict[str, Any]:
     """Switch this process from cupti-python to torch's profiler (``why`` becomes the backend's note); returns the
     new backend."""
-    t0 = time.perf_counter()
     _BACKEND.clear()
-    _BACKEND.update(profiler_backend("torch.profiler"))
-    _BACKEND["note"], _BACKEND["warm_s"] = why, time.perf_counter() - t0
-    return _BACKEND
+    backend = profiler_backend("torch.profiler")
+    backend["note"] = why
+    return backend
 
 
 def warm_profiler() -> float:
