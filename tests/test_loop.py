@@ -187,7 +187,7 @@ def test_a_run_stopped_at_its_set_up_has_a_summary_of_sentences_not_empty_tables
     assert "**Stopped** at `hardware`: no GPU: libcuda.so.1 not found" in text
     assert "| iter |" not in text and "No iteration has closed yet." in text
     assert "No iteration has been opened" in text and "No method has been judged yet." in text
-    assert "Baseline not timed" in text
+    assert "Baseline not timed" in text and "No other branch has passed yet." in text
 
 
 _SASS = """\tcode for sm_90a
@@ -304,6 +304,9 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     assert nxt["action"] == "write_and_close" and nxt["iteration"] == 1
     assert nxt["command"][:4] == ["python3", "-m", "pytest", "--kopt-run"] and nxt["command"][4] == str(run)
     assert str(it / "branches" / "b2" / "kernel.py") in nxt["write"]
+    # the registries the methods come from, by the path this install keeps them at (a wheel's site-packages)
+    listed = [Path(r) for r in nxt["read"] if r.endswith("method_registry.json")]
+    assert len(listed) == 1 and listed[0].is_absolute() and listed[0].is_file()
     assert not (run / "stop.json").exists() and loop.load_state(run)["run_status"] == "iterating"
     # a bad methods.json is a usage error naming the file and the rule
     (it / "methods.json").write_text(json.dumps(methods("memory.shared_memory_tiling", "memory.vectorized_access")))

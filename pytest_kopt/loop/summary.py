@@ -64,7 +64,7 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     for f in state.get("frontier", []):
         lines.append(f"- iter {f['iter']} {f['branch']}: {f['median_ms']:.4f} ms")
     if not state.get("frontier"):
-        lines.append("- —")
+        lines.append("No other branch has passed yet.")
     for png in ("speedup.png", "roofline_drift.png"):
         if (run_dir / png).is_file():
             lines += ["", f"![{png}]({png})"]
