@@ -233,7 +233,7 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     """On a GPU: work hidden on a side stream is caught at correctness (its stream is ordered with nothing, so its
     results race the harness), SUSPECT, UNSTABLE_TIMING (its kernels overlap the next calls' spans), or counted (when it fills the GPU, the caller's stream waits for it and the
     events see its full cost, so the attack gains nothing); side work the events cannot
-    see (one block) is SUSPECT; a kernel that stops working once timing starts fails the timed-output check; the
+    see (one block) is caught at correctness (its writes race the second call) or SUSPECT; a kernel that stops working once timing starts fails the timed-output check; the
     honest kernel's timing passes."""
     (pytester.path / "side_stream.cu").write_text(SIDE_STREAM_CU)
     (pytester.path / "side_one_block.cu").write_text(SIDE_ONE_BLOCK_CU)
@@ -249,7 +249,13 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     timing = {i["nodeid"].split("::")[0]: i for i in doc["items"] if i["gate"] == "timing"}
     status = {k: v["status"] for k, v in timing.items()}
     assert status["honest.cu"] == "PASSED" and status["phase.cu"] == "INCORRECT_NUMERICAL", result.stdout.str()[-3000:]
-    assert status["side_one_block.cu"] == "SUSPECT", result.stdout.str()[-3000:]
+    # one block on a side stream: its late writes race the harness's second correctness call (H200, 2026-12-03:
+    # NONDETERMINISTIC, 768 of 16 M elements stale), else the events miss the work the spans see (SUSPECT)
+    one_block = [i["status"] for i in doc["items"] if i["gate"] == "correctness"
+                 and i["nodeid"].startswith("side_one_block")]
+    assert status["side_one_block.cu"] == "SUSPECT" or (
+        status["side_one_block.cu"] == "SKIPPED" and one_block[0] in ("NONDETERMINISTIC", "INCORRECT_NUMERICAL")), \
+        result.stdout.str()[-3000:]
     honest_ms = timing["honest.cu"]["figures"]["median_ms"]
     side = timing["side_stream.cu"]
     corr = [i["status"] for i in doc["items"] if i["gate"] == "correctness" and i["nodeid"].startswith("side_stream")]
