@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from pytest_kopt.stats import BORDERLINE_CV, MAD_TO_SIGMA, STABLE_CV, TimingStats, stability_class, summarize
@@ -99,3 +101,73 @@ def test_graph_stability_is_judged_on_the_medians_rse(rse, expected):
 
     assert stability_class_rse(rse) == expected
     assert stability_class_rse(rse / 2, min_samples=40) == expected  # sqrt(40) = 2 sqrt(10)
+
+
+# --- timing samples on a timer's tick grid (stats.grid_tick, stats.median) ----------------------------------------
+
+TICK = 0.032  # µs: the H200's CUPTI timestamps step in 32 ns
+
+
+def ticked(counts: dict[int, int], tick: float = TICK) -> list[float]:
+    """Spans as a ticked clock gives them: ``counts`` maps a number of ticks to how many calls read it; the float
+    values are differences of µs timestamps, as kernel_times computes them."""
+    out = []
+    for k, n in counts.items():
+        out += [(1000.0 + k * tick) - 1000.0 for _ in range(n)]
+    return out
+
+
+def test_grid_tick_finds_the_timers_step_and_nothing_in_continuous_samples():
+    from pytest_kopt.stats import grid_tick
+
+    assert grid_tick(ticked({44: 120, 45: 70, 46: 10})) == pytest.approx(TICK, rel=1e-6)
+    assert grid_tick(ticked({44: 120, 46: 80})) == pytest.approx(2 * TICK, rel=1e-6)  # only even steps seen
+    assert grid_tick([1.0 + 0.001 * i ** 1.5 for i in range(200)]) is None  # 200 distinct values
+    assert grid_tick(ticked({44: 5, 45: 2})) is None  # under 8 samples
+    assert grid_tick(ticked({44: 100})) is None  # one value: no step to see
+    # a 32 ns step on a 2.7 ms span is 1.2e-5 of it: under TICK_MATTERS, so the plain median stands
+    assert grid_tick(ticked({84_000: 100, 84_001: 100})) is None
+    # values off the grid: 0.45 ticks off
+    assert grid_tick(ticked({44: 100, 45: 50}) + [1.408 + 0.45 * TICK] * 50) is None
+
+
+def test_grouped_median_interpolates_within_the_tick():
+    from pytest_kopt.stats import median
+
+    # 200 spans, 125 at 44 ticks, 75 at 45: element 100 is in the 44 class, [43.5, 44.5) ticks; 100 of its 125
+    # below the middle: 43.5 + 100/125 = 44.3 ticks (the plain median says 44)
+    assert median(ticked({44: 125, 45: 75})) == pytest.approx(44.3 * TICK, rel=1e-9)
+    assert statistics.median(ticked({44: 125, 45: 75})) == pytest.approx(44 * TICK, rel=1e-9)
+
+
+def test_grouped_median_does_not_jump_a_tick_when_the_counts_barely_change():
+    """The plain median of 99/101 vs 101/99 calls jumps a whole tick (2.3% of 1.4 µs); the grouped one moves 0.02
+    of a tick."""
+    from pytest_kopt.stats import median
+
+    a, b = ticked({44: 99, 45: 101}), ticked({44: 101, 45: 99})
+    assert statistics.median(a) - statistics.median(b) == pytest.approx(TICK, rel=1e-6)
+    assert median(a) == pytest.approx((44.5 + 1 / 101) * TICK, rel=1e-9)
+    assert median(b) == pytest.approx((43.5 + 100 / 101) * TICK, rel=1e-9)
+    assert (median(a) - median(b)) / TICK == pytest.approx(1 / 101 + 1 / 101, rel=1e-6)
+
+
+def test_bootstrap_resamples_use_the_same_median():
+    """The vectorised medians of the bootstrap agree with :func:`median` row by row, and a ratio's point is the
+    ratio of the two medians."""
+    import numpy as np
+
+    from pytest_kopt.stats import _medians, bootstrap_ratio_ci, grid_tick, median
+
+    rng = np.random.default_rng(3)
+    base = ticked({43: 20, 44: 110, 45: 60, 47: 10})
+    rows = np.asarray(base)[rng.integers(0, len(base), size=(50, len(base)))]
+    tick = grid_tick(base)
+    assert tick == pytest.approx(TICK, rel=1e-6)
+    assert _medians(rows, tick) == pytest.approx([median(list(r)) for r in rows], rel=1e-9)
+    cont = [1.0 + 0.001 * i ** 1.5 for i in range(200)]
+    assert _medians(np.asarray([cont]), None)[0] == statistics.median(cont)
+    other = ticked({88: 150, 89: 50})
+    ratio, lo, hi = bootstrap_ratio_ci(other, base)
+    assert ratio == pytest.approx(median(other) / median(base), rel=1e-12)
+    assert lo < ratio < hi

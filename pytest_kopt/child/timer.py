@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any, Callable, Mapping
 
-from ..stats import should_stop
+from ..stats import median, should_stop
 
 
 class Clocks:
@@ -748,7 +748,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
     ordered = sorted(spans)
     q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
-    return {**base, "median_us": statistics.median(spans), "p10_us": q(0.1), "p90_us": q(0.9),
+    return {**base, "median_us": median(spans), "p10_us": q(0.1), "p90_us": q(0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
             "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
 
@@ -832,8 +832,6 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
     launch gap can lengthen), later batches spin only the event timer's hold. Returns :func:`kernel_times`'s
     fields over all batches, plus ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error``
     (when the first batch fails; a later batch's failure ends the sampling with ``batch_error``)."""
-    from ..stats import should_stop
-
     t0 = time.perf_counter()
     first = kernel_times(timer, cupti_calls(median_ms))
     if "error" in first:
@@ -869,6 +867,6 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
             out["split"] = nxt["split"]
     ordered = sorted(out["spans_us"])
     q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
-    out.update(median_us=statistics.median(ordered), p10_us=q(0.1), p90_us=q(0.9), stop_reason=reason,
+    out.update(median_us=median(ordered), p10_us=q(0.1), p90_us=q(0.9), stop_reason=reason,
                profile_s=time.perf_counter() - t0)
     return out

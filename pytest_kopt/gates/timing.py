@@ -170,7 +170,7 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
         if f.get("npz"):
             Path(f["npz"]).unlink(missing_ok=True)
         samples = [x * _US for x in sp] if cupti and sp else f["event_ms"]
-        out.append({"median_ms": statistics.median(samples), "samples_ms": samples,
+        out.append({"median_ms": stats.median(samples), "samples_ms": samples,
                     "timing_basis": "cupti" if cupti else f.get("method", "events"),
                     "stop_reason": f["stop_reason"], "gpu_uuid": f.get("gpu_uuid")})
     return out
