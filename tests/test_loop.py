@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kopt import registry
+from pytest_kopt.registry import REGISTRY_DIR
 from pytest_kopt.gates.sass import verify_methods
 from pytest_kopt.loop import decisions
 from pytest_kopt.loop import state as loop
@@ -40,7 +41,7 @@ def methods(*ids: str, **extra) -> dict:
     (methods("memory.coalescing"), BUDGET, "sm_90a",
      ["memory.coalescing: was ineffective before; give override_reason (changed bottleneck)"]),
     (methods("memory.coalescing", override_reason="DRAM % fell from 80 to 20"), BUDGET, "sm_90a", []),
-    (methods("compute.magic"), BUDGET, "sm_90a", ["compute.magic: not in registries/method_registry.json"]),
+    (methods("compute.magic"), BUDGET, "sm_90a", [f"compute.magic: not in {REGISTRY_DIR / 'method_registry.json'}"]),
     (methods("memory.tma", "memory.tma"), {"compute": 0, "memory": 2, "latency": 0}, "sm_90a",
      ["memory.tma: listed twice"]),
     ({"methods": []}, BUDGET, "sm_90a", ["methods.json lists no method"]),
