@@ -65,10 +65,10 @@ def grid_tick(samples: list[float]) -> float | None:
     """The tick of the clock that produced ``samples`` (same unit), when they visibly lie on its grid: the smallest
     gap between distinct values, every value a whole number of ticks (within :data:`GRID_SNAP` of a tick) above the
     least, at most :data:`GRID_DISTINCT` of the samples distinct, and the tick at least :data:`TICK_MATTERS` of the
-    median. None otherwise (continuous samples, or a tick too fine to move the median). A GPU's timestamps (CUPTI
+    median. None otherwise (continuous samples, a tick too fine to move the median, or a value not finite). A GPU's timestamps (CUPTI
     activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so spans of a short kernel take a few
     values only."""
-    if len(samples) < 8:
+    if len(samples) < 8 or not all(map(math.isfinite, samples)):
         return None
     values = sorted(set(samples))
     if len(values) < 2 or len(values) > GRID_DISTINCT * len(samples):
@@ -103,16 +103,18 @@ def _medians(a: Any, tick: float | None) -> Any:
     if tick is None:
         return np.median(a, axis=1)
     lo = a.min()
-    steps = np.rint((a - lo) / tick).astype(np.int64)
-    rows, n = steps.shape
-    width = int(steps.max()) + 1
-    counts = np.bincount((steps + width * np.arange(rows)[:, None]).ravel(), minlength=rows * width)
+    # counted per distinct value, not per step: an outlier thousands of steps out costs one column
+    steps, cls = np.unique(np.rint((a - lo) / tick).astype(np.int64), return_inverse=True)
+    cls = cls.reshape(a.shape)
+    rows, n = a.shape
+    width = steps.size
+    counts = np.bincount((cls + width * np.arange(rows)[:, None]).ravel(), minlength=rows * width)
     counts = counts.reshape(rows, width)
     below = np.cumsum(counts, axis=1)
-    m = np.argmax(below > n // 2, axis=1)  # the step of each row's element n // 2 (median_grouped's x)
-    f = counts[np.arange(rows), m]
-    cf = below[np.arange(rows), m] - f
-    return lo + tick * (m - 0.5 + (n / 2 - cf) / f)
+    j = np.argmax(below > n // 2, axis=1)  # the class of each row's element n // 2 (median_grouped's x)
+    f = counts[np.arange(rows), j]
+    cf = below[np.arange(rows), j] - f
+    return lo + tick * (steps[j] - 0.5 + (n / 2 - cf) / f)
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:

@@ -171,3 +171,19 @@ def test_bootstrap_resamples_use_the_same_median():
     ratio, lo, hi = bootstrap_ratio_ci(other, base)
     assert ratio == pytest.approx(median(other) / median(base), rel=1e-12)
     assert lo < ratio < hi
+
+
+def test_bootstrap_of_ticked_samples_with_a_far_outlier():
+    """One call preempted for 1.4 ms among 1.4 µs spans, all on the 32 ns grid (44,000 steps apart): the resamples'
+    medians are counted per distinct value, and agree with :func:`median`."""
+    import numpy as np
+
+    from pytest_kopt.stats import _medians, bootstrap_median_ci, grid_tick, median
+
+    base = ticked({44: 130, 45: 69, 44_000: 1})
+    tick = grid_tick(base)
+    assert tick == pytest.approx(TICK, rel=1e-6)
+    rows = np.asarray(base)[np.random.default_rng(0).integers(0, len(base), size=(40, len(base)))]
+    assert _medians(rows, tick) == pytest.approx([median(list(r)) for r in rows], rel=1e-9)
+    lo, hi = bootstrap_median_ci(base)
+    assert 44 * TICK < lo <= median(base) <= hi < 45 * TICK
