@@ -55,26 +55,51 @@ def stability_class_rse(median_rse: float, min_samples: int = 10) -> str:
 #: A timer's tick counts (:func:`grid_tick`) when it is at least this fraction of the median: a 32 ns tick is 2.3% of
 #: a 1.4 µs kernel's span (one tick moves a plain median that much) but 0.05% of a 60 µs one's
 TICK_MATTERS = 1e-3
-#: Samples lie on a tick grid only when they take at most this fraction of distinct values (ticked spans of a
-#: 1.4 µs kernel: 3 to 6 values over 200 calls on an H200) and each within this fraction of a tick of it
+#: ...and at most this fraction: two values far apart are two modes of a kernel, not one clock's neighbouring ticks
+#: (a 0.5 µs CUDA-event tick on a 1.4 µs kernel is 36%: those samples keep the sample median)
+TICK_AT_MOST = 0.1
+#: Samples lie on a tick grid only when there are at least GRID_MIN_SAMPLES of them (the kernel-only timing's own
+#: minimum), at most GRID_DISTINCT of them are distinct (ticked spans of a 1.4 µs kernel: 2 to 6 values over 200
+#: calls on an H200), and each is within GRID_SNAP of a tick of the grid
+GRID_MIN_SAMPLES = 20
 GRID_DISTINCT = 0.25
 GRID_SNAP = 1e-3
+#: Values closer than this fraction of the median are one value: spans taken as differences of float µs
+#: timestamps differ in their last bits with the start time (ulps, some 1e-10 of a µs-scale median)
+SAME_VALUE = 1e-6
+
+
+def _classes(samples: list[float]) -> list[float]:
+    """The distinct values of ``samples``, sorted, with values closer than :data:`SAME_VALUE` of the median merged
+    (the first of each run stands for it)."""
+    values = sorted(set(samples))
+    eps = SAME_VALUE * abs(statistics.median(samples))
+    out = values[:1]
+    for x in values[1:]:
+        if x - out[-1] > eps:
+            out.append(x)
+    return out
 
 
 def grid_tick(samples: list[float]) -> float | None:
-    """The tick of the clock that produced ``samples`` (same unit), when they visibly lie on its grid: the smallest
-    gap between distinct values, every value a whole number of ticks (within :data:`GRID_SNAP` of a tick) above the
-    least, at most :data:`GRID_DISTINCT` of the samples distinct, and the tick at least :data:`TICK_MATTERS` of the
-    median. None otherwise (continuous samples, a tick too fine to move the median, or a value not finite). A GPU's timestamps (CUPTI
-    activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so spans of a short kernel take a few
-    values only."""
-    if len(samples) < 8 or not all(map(math.isfinite, samples)):
+    """The tick of the clock that produced ``samples`` (same unit), when they visibly lie on its grid, else None.
+
+    A GPU's timestamps (CUPTI activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so the spans
+    of a short kernel take a few values only. The grid is seen when: at least :data:`GRID_MIN_SAMPLES` samples, all
+    finite; at most :data:`GRID_DISTINCT` of them distinct (values within :data:`SAME_VALUE` of the median counted
+    as one); the tick (the smallest gap between distinct values, refined over the whole range) between
+    :data:`TICK_MATTERS` and :data:`TICK_AT_MOST` of the median; and every value a whole number of ticks above the
+    least (within :data:`GRID_SNAP` of a tick)."""
+    if len(samples) < GRID_MIN_SAMPLES or not all(map(math.isfinite, samples)):
         return None
-    values = sorted(set(samples))
+    values = _classes(samples)
     if len(values) < 2 or len(values) > GRID_DISTINCT * len(samples):
         return None
-    tick = min(b - a for a, b in zip(values, values[1:]))
-    if tick <= 0 or tick < TICK_MATTERS * abs(statistics.median(samples)):
+    first = min(b - a for a, b in zip(values, values[1:]))
+    whole = values[-1] - values[0]
+    tick = whole / round(whole / first)  # the smallest gap's rounding error, spread over the whole range
+    med = abs(statistics.median(samples))
+    if not TICK_MATTERS * med <= tick <= TICK_AT_MOST * med:
         return None
     steps = [(x - values[0]) / tick for x in values]
     return tick if all(abs(k - round(k)) <= GRID_SNAP for k in steps) else None
@@ -84,7 +109,8 @@ def median(samples: list[float]) -> float:
     """The median of timing samples (same unit). On a visible tick grid (:func:`grid_tick`) it is the grouped median
     (:func:`statistics.median_grouped`, each value standing for the tick-wide interval around it), which moves with
     the counts on each side instead of jumping a whole tick: the median of the continuous times the ticked samples
-    were rounded from. Otherwise the sample median. Raises ValueError on an empty list."""
+    were rounded from; it stays within half a tick of the sample median, and within the samples' range. Otherwise
+    the sample median. Raises ValueError on an empty list."""
     if not samples:
         raise ValueError("no samples")
     tick = grid_tick(samples)
@@ -95,18 +121,21 @@ def median(samples: list[float]) -> float:
     return lo + tick * statistics.median_grouped(steps, 1)
 
 
-def _medians(a: Any, tick: float | None) -> Any:
-    """:func:`median` of each row of ``a`` (2-D array of resamples of one sample list whose grid, if any, is
-    ``tick``), vectorised: the grouped median from each row's counts per tick."""
+def _medians(base: Any, idx: Any) -> Any:
+    """The median of each resample ``base[idx[r]]`` (``base``: 1-D array of samples; ``idx``: 2-D array of indices
+    into it, one row per resample), vectorised. On ``base``'s grid (:func:`grid_tick`) each is the grouped median
+    with that tick, the clock's: it equals :func:`median` of the row wherever the row shows the same grid (a row
+    holding only some of the ticks may show a coarser one). Counted per distinct value of ``base``, so a far outlier
+    costs one column, and the values are classed once, not per resample."""
     import numpy as np
 
+    tick = grid_tick(base.tolist())
     if tick is None:
-        return np.median(a, axis=1)
-    lo = a.min()
-    # counted per distinct value, not per step: an outlier thousands of steps out costs one column
-    steps, cls = np.unique(np.rint((a - lo) / tick).astype(np.int64), return_inverse=True)
-    cls = cls.reshape(a.shape)
-    rows, n = a.shape
+        return np.median(base[idx], axis=1)
+    lo = base.min()
+    steps, inverse = np.unique(np.rint((base - lo) / tick).astype(np.int64), return_inverse=True)
+    cls = inverse.reshape(-1)[idx]
+    rows, n = idx.shape
     width = steps.size
     counts = np.bincount((cls + width * np.arange(rows)[:, None]).ravel(), minlength=rows * width)
     counts = counts.reshape(rows, width)
@@ -187,7 +216,7 @@ def bootstrap_median_ci(samples: list[float], level: float = 0.95, n_boot: int =
         raise ValueError("no samples")
     a = np.asarray(samples, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    meds = _medians(a[rng.integers(0, a.size, size=(n_boot, a.size))], grid_tick(samples))
+    meds = _medians(a, rng.integers(0, a.size, size=(n_boot, a.size)))
     alpha = (1 - level) / 2
     return float(np.quantile(meds, alpha)), float(np.quantile(meds, 1 - alpha))
 
@@ -200,8 +229,8 @@ def bootstrap_ratio_ci(num: list[float], den: list[float], level: float = 0.95, 
 
     a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    ra = _medians(a[rng.integers(0, a.size, size=(n_boot, a.size))], grid_tick(num))
-    rb = _medians(b[rng.integers(0, b.size, size=(n_boot, b.size))], grid_tick(den))
+    ra = _medians(a, rng.integers(0, a.size, size=(n_boot, a.size)))
+    rb = _medians(b, rng.integers(0, b.size, size=(n_boot, b.size)))
     ratios = ra / rb
     alpha = (1 - level) / 2
     return (median(num) / median(den), float(np.quantile(ratios, alpha)),
@@ -224,8 +253,8 @@ def bootstrap_geomean_ratio_ci(pairs: list[tuple[list[float], list[float]]], lev
     point = 0.0
     for num, den in pairs:
         a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-        ra = _medians(a[rng.integers(0, a.size, size=(n_boot, a.size))], grid_tick(num))
-        rb = _medians(b[rng.integers(0, b.size, size=(n_boot, b.size))], grid_tick(den))
+        ra = _medians(a, rng.integers(0, a.size, size=(n_boot, a.size)))
+        rb = _medians(b, rng.integers(0, b.size, size=(n_boot, b.size)))
         logs += np.log(ra / rb)
         point += math.log(median(num) / median(den))
     k = len(pairs)
