@@ -10,7 +10,9 @@ default (pytest_kopt.child.timer: rotating inputs, L2 flush, adaptive stop, then
 CUPTI client kopt has (cupti-python when installed, and torch's profiler), each in a process of its own (CUPTI
 serves one activity client per process up to CUDA 13.2); kopt's events and graph medians; do_bench's median; each
 repeated 5 times. Prints the table against the CUPTI span (ratios, and run-to-run spread (max-min)/median of the
-5 medians), then the one against ncu.
+5 medians; ``grid``: how many of kopt's 5 runs showed
+the clock's tick in their spans, so reported the grouped median of pytest_kopt.stats.median), then the one against
+ncu.
 
 Usage (GPU machine): python3 benchmarks/timing_fidelity.py [--out DIR]
 """
@@ -85,13 +87,16 @@ def ncu_medians(out: Path) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in by.items()}
 
 
-def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None, str | None]:
+def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None, str | None,
+                                                                          float | None]:
     """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and with ``events`` the
     kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples,
-    through this process's CUPTI client) and that client's name; the median is None when the profiler gave no
-    records."""
+    through this process's CUPTI client), that client's name, and the clock tick (µs) its spans showed
+    (pytest_kopt.stats.grid_tick: the median is then the grouped one); the median is None when the profiler gave
+    no records."""
     from pytest_kopt.child.timer import cupti_samples, make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
+    from pytest_kopt.stats import grid_tick
 
     free = torch.cuda.mem_get_info()[0]
     first, fn = make(torch, kind, n, 1)
@@ -108,7 +113,8 @@ def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float
     r = timer.result(timer.take())
     med_ms = statistics.median(r["event_ms"])
     cupti = cupti_samples(timer, med_ms) if method == "events" else {}
-    return med_ms * 1e3, cupti.get("median_us"), cupti.get("backend")
+    tick = grid_tick(cupti["spans_us"]) if cupti.get("spans_us") else None
+    return med_ms * 1e3, cupti.get("median_us"), cupti.get("backend"), tick
 
 
 def kopt_child(prefer: str) -> None:
@@ -127,8 +133,8 @@ def kopt_child(prefer: str) -> None:
     for name, kind, n in CASES:
         t0 = time.perf_counter()
         runs = [kopt_median(torch, kind, n) for _ in range(REPEATS)]
-        print(json.dumps({"case": name, "events_us": [e for e, _, _ in runs], "kopt_us": [c for _, c, _ in runs],
-                          "wall_s": time.perf_counter() - t0}), flush=True)
+        print(json.dumps({"case": name, "events_us": [r[0] for r in runs], "kopt_us": [r[1] for r in runs],
+                          "tick_us": [r[3] for r in runs], "wall_s": time.perf_counter() - t0}), flush=True)
 
 
 def kopt_runs(prefer: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -239,6 +245,8 @@ def main() -> None:
         rows.append({"case": name, "cupti_span_us": c, "cupti_span_spread_pct": spread(span),
                      "kopt_backend": auto_info["backend"], "kopt_us": med(kopt), "kopt_runs": len(kopt),
                      "kopt_spread_pct": spread(kopt), "kopt_over_span": over(med(kopt)),
+                     "kopt_grid_runs": sum(1 for t in auto[name].get("tick_us") or [] if t),
+                     "kopt_tick_us": med([t for t in auto[name].get("tick_us") or [] if t]),
                      "kopt_torch_profiler_us": med(kopt_t), "kopt_torch_profiler_spread_pct": spread(kopt_t),
                      "kopt_torch_profiler_over_span": over(med(kopt_t)),
                      "events_us": med(events), "events_spread_pct": spread(events), "events_over_span": over(med(events)),
@@ -255,13 +263,13 @@ def main() -> None:
     # (through the first client), "via torch" the same samples through torch's profiler
     print(f"{'case':<10} {'span µs':>9} {'spread':>7} {'kopt µs':>9} {'kopt/span':>9} {'spread':>7} "
           f"{'via torch':>9} {'spread':>7} {'events/span':>11} {'spread':>7} {'ncu/span':>8} {'graph/span':>10} "
-          f"{'do_bench/span':>13}")
+          f"{'do_bench/span':>13} {'grid':>5}")
     for r in rows:
         print(f"{r['case']:<10} {f(r['cupti_span_us'], 2):>9} {pct(r['cupti_span_spread_pct']):>7} "
               f"{f(r['kopt_us'], 2):>9} {f(r['kopt_over_span']):>9} {pct(r['kopt_spread_pct']):>7} "
               f"{f(r['kopt_torch_profiler_over_span']):>9} {pct(r['kopt_torch_profiler_spread_pct']):>7} "
               f"{f(r['events_over_span']):>11} {pct(r['events_spread_pct']):>7} {f(r['ncu_over_span']):>8} "
-              f"{f(r['graph_over_span']):>10} {f(r['do_bench_over_span']):>13}")
+              f"{f(r['graph_over_span']):>10} {f(r['do_bench_over_span']):>13} {r['kopt_grid_runs']:>3}/{REPEATS}")
     print()
     print(f"{'case':<10} {'ncu µs':>9} {'kopt/ncu':>8} {'events/ncu':>10} {'graph/ncu':>9} {'spread':>7} "
           f"{'do_bench/ncu':>12} {'spread':>7}")

@@ -52,88 +52,113 @@ def stability_class_rse(median_rse: float, min_samples: int = 10) -> str:
     return stability_class(median_rse * min_samples ** 0.5 / MEDIAN_SE_FACTOR)
 
 
-#: A timer's tick counts (:func:`grid_tick`) when it is at least this fraction of the median: a 32 ns tick is 2.3% of
+#: A timer's tick counts (:func:`grid`) when it is at least this fraction of the median: a 32 ns tick is 2.3% of
 #: a 1.4 µs kernel's span (one tick moves a plain median that much) but 0.05% of a 60 µs one's
 TICK_MATTERS = 1e-3
 #: ...and at most this fraction: two values far apart are two modes of a kernel, not one clock's neighbouring ticks
 #: (a 0.5 µs CUDA-event tick on a 1.4 µs kernel is 36%: those samples keep the sample median)
 TICK_AT_MOST = 0.1
 #: Samples lie on a tick grid only when there are at least GRID_MIN_SAMPLES of them (the kernel-only timing's own
-#: minimum), at most GRID_DISTINCT of them are distinct (ticked spans of a 1.4 µs kernel: 2 to 6 values over 200
-#: calls on an H200), and each is within GRID_SNAP of a tick of the grid
+#: minimum), they fall in at most GRID_DISTINCT of their count of ticks (a 1.4 µs kernel's spans: 6 to 10 ticks over
+#: 100 calls on an H200), and every value is within GRID_SNAP of a tick of its grid point. CUPTI's timestamps,
+#: carried onto the host's clock, sit up to 1 ns off the H200's 32 ns steps (spans of 1.375, 1.376 and 1.377 µs)
 GRID_MIN_SAMPLES = 20
 GRID_DISTINCT = 0.25
-GRID_SNAP = 1e-3
-#: Values closer than this fraction of the median are one value: spans taken as differences of float µs
-#: timestamps differ in their last bits with the start time (ulps, some 1e-10 of a µs-scale median)
-SAME_VALUE = 1e-6
+GRID_SNAP = 0.2
+#: Gaps between distinct values that jump by at least this factor separate the jitter around each tick (below) from
+#: the ticks (above)
+JITTER_JUMP = 4.0
 
 
-def _classes(samples: list[float]) -> list[float]:
-    """The distinct values of ``samples``, sorted, with values closer than :data:`SAME_VALUE` of the median merged
-    (the first of each run stands for it)."""
+def grid(samples: list[float]) -> tuple[float, float] | None:
+    """(tick, origin) of the clock grid ``samples`` visibly lie on (same unit: every value within
+    :data:`GRID_SNAP` of a tick of ``origin + k * tick``), or None.
+
+    A GPU's timestamps (CUPTI activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so the spans of
+    a short kernel take a few values only, each with a little jitter. The values are grouped: sorted, neighbours
+    closer than the jitter are one group, whose mean stands for it. The jitter is the gaps below the first gap of at
+    least :data:`TICK_MATTERS` of the median, which must be :data:`JITTER_JUMP` times the largest of them (gaps of
+    every size are no clock's ticks). The tick and origin are the least-squares line through the groups' means
+    against their tick counts, counted from the smallest gap between means and refined as the range grows. The grid
+    is seen when: at least :data:`GRID_MIN_SAMPLES` samples, all finite; at most :data:`GRID_DISTINCT` of them
+    groups; the tick between :data:`TICK_MATTERS` and :data:`TICK_AT_MOST` of the median; and every value on it."""
+    if len(samples) < GRID_MIN_SAMPLES or not all(map(math.isfinite, samples)):
+        return None
+    med = abs(statistics.median(samples))
     values = sorted(set(samples))
-    eps = SAME_VALUE * abs(statistics.median(samples))
-    out = values[:1]
-    for x in values[1:]:
-        if x - out[-1] > eps:
-            out.append(x)
-    return out
+    if len(values) < 2:
+        return None
+    gaps = sorted(b - a for a, b in zip(values, values[1:]))
+    # the smallest gap that could be a tick, and the largest below it (jitter, or float rounding of timestamps)
+    i = next((j for j, d in enumerate(gaps) if d >= TICK_MATTERS * med), None)
+    if i is None:
+        return None
+    join = 0.5 * gaps[i]  # nothing below it: no two distinct values are one
+    if i > 0 and gaps[i] >= JITTER_JUMP * gaps[i - 1]:
+        join = (gaps[i - 1] * gaps[i]) ** 0.5
+    elif i > 0:
+        return None  # gaps of every size: no clock's ticks
+    counts: dict[float, int] = {}
+    for x in samples:
+        counts[x] = counts.get(x, 0) + 1
+    groups: list[list[float]] = [[values[0]]]
+    for a, b in zip(values, values[1:]):
+        if b - a <= join:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    if len(groups) < 2 or len(groups) > GRID_DISTINCT * len(samples):
+        return None
+    means = [sum(x * counts[x] for x in g) / sum(counts[x] for x in g) for g in groups]
+    tick, origin = min(b - a for a, b in zip(means, means[1:])), means[0]
+    steps = [0]
+    for i in range(1, len(means)):
+        steps.append(steps[-1] + max(1, round((means[i] - means[i - 1]) / tick)))
+        k, m = steps, means[: i + 1]  # the least-squares line through the means so far
+        mk, mm = sum(k) / len(k), sum(m) / len(m)
+        tick = sum((a - mk) * (b - mm) for a, b in zip(k, m)) / sum((a - mk) ** 2 for a in k)
+        origin = mm - tick * mk
+    if not TICK_MATTERS * med <= tick <= TICK_AT_MOST * med:
+        return None
+    if any(abs((x - origin) / tick - round((x - origin) / tick)) > GRID_SNAP for x in values):
+        return None
+    return tick, origin
 
 
 def grid_tick(samples: list[float]) -> float | None:
-    """The tick of the clock that produced ``samples`` (same unit), when they visibly lie on its grid, else None.
-
-    A GPU's timestamps (CUPTI activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so the spans
-    of a short kernel take a few values only. The grid is seen when: at least :data:`GRID_MIN_SAMPLES` samples, all
-    finite; at most :data:`GRID_DISTINCT` of them distinct (values within :data:`SAME_VALUE` of the median counted
-    as one); the tick (the smallest gap between distinct values, refined over the whole range) between
-    :data:`TICK_MATTERS` and :data:`TICK_AT_MOST` of the median; and every value a whole number of ticks above the
-    least (within :data:`GRID_SNAP` of a tick)."""
-    if len(samples) < GRID_MIN_SAMPLES or not all(map(math.isfinite, samples)):
-        return None
-    values = _classes(samples)
-    if len(values) < 2 or len(values) > GRID_DISTINCT * len(samples):
-        return None
-    first = min(b - a for a, b in zip(values, values[1:]))
-    whole = values[-1] - values[0]
-    tick = whole / round(whole / first)  # the smallest gap's rounding error, spread over the whole range
-    med = abs(statistics.median(samples))
-    if not TICK_MATTERS * med <= tick <= TICK_AT_MOST * med:
-        return None
-    steps = [(x - values[0]) / tick for x in values]
-    return tick if all(abs(k - round(k)) <= GRID_SNAP for k in steps) else None
+    """The tick of :func:`grid` (same unit as ``samples``), or None where the samples show no grid."""
+    g = grid(samples)
+    return None if g is None else g[0]
 
 
 def median(samples: list[float]) -> float:
-    """The median of timing samples (same unit). On a visible tick grid (:func:`grid_tick`) it is the grouped median
-    (:func:`statistics.median_grouped`, each value standing for the tick-wide interval around it), which moves with
-    the counts on each side instead of jumping a whole tick: the median of the continuous times the ticked samples
-    were rounded from; it stays within half a tick of the sample median, and within the samples' range. Otherwise
-    the sample median. Raises ValueError on an empty list."""
+    """The median of timing samples (same unit). On a visible tick grid (:func:`grid`) it is the grouped median
+    (:func:`statistics.median_grouped`, each grid point standing for the tick-wide interval around it), which moves
+    with the counts on each side instead of jumping a whole tick: the median of the continuous times the ticked
+    samples were rounded from; it stays within half a tick of the sample median. Otherwise the sample median.
+    Raises ValueError on an empty list."""
     if not samples:
         raise ValueError("no samples")
-    tick = grid_tick(samples)
-    if tick is None:
+    g = grid(samples)
+    if g is None:
         return statistics.median(samples)
-    lo = min(samples)
-    steps = [round((x - lo) / tick) for x in samples]
-    return lo + tick * statistics.median_grouped(steps, 1)
+    tick, origin = g
+    return origin + tick * statistics.median_grouped([round((x - origin) / tick) for x in samples], 1)
 
 
 def _medians(base: Any, idx: Any) -> Any:
     """The median of each resample ``base[idx[r]]`` (``base``: 1-D array of samples; ``idx``: 2-D array of indices
-    into it, one row per resample), vectorised. On ``base``'s grid (:func:`grid_tick`) each is the grouped median
-    with that tick, the clock's: it equals :func:`median` of the row wherever the row shows the same grid (a row
-    holding only some of the ticks may show a coarser one). Counted per distinct value of ``base``, so a far outlier
-    costs one column, and the values are classed once, not per resample."""
+    into it, one row per resample), vectorised. On ``base``'s grid (:func:`grid`) each is the grouped median on that
+    grid, the clock's: it equals :func:`median` of the row wherever the row shows the same grid (a row holding only
+    some of the ticks may show a coarser one). Counted per grid point of ``base``, so a far outlier costs one
+    column, and the values are classed once, not per resample."""
     import numpy as np
 
-    tick = grid_tick(base.tolist())
-    if tick is None:
+    g = grid(base.tolist())
+    if g is None:
         return np.median(base[idx], axis=1)
-    lo = base.min()
-    steps, inverse = np.unique(np.rint((base - lo) / tick).astype(np.int64), return_inverse=True)
+    tick, origin = g
+    steps, inverse = np.unique(np.rint((base - origin) / tick).astype(np.int64), return_inverse=True)
     cls = inverse.reshape(-1)[idx]
     rows, n = idx.shape
     width = steps.size
@@ -143,7 +168,7 @@ def _medians(base: Any, idx: Any) -> Any:
     j = np.argmax(below > n // 2, axis=1)  # the class of each row's element n // 2 (median_grouped's x)
     f = counts[np.arange(rows), j]
     cf = below[np.arange(rows), j] - f
-    return lo + tick * (steps[j] - 0.5 + (n / 2 - cf) / f)
+    return origin + tick * (steps[j] - 0.5 + (n / 2 - cf) / f)
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:
