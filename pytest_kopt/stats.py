@@ -77,8 +77,8 @@ def grid(samples: list[float]) -> tuple[float, float] | None:
     A GPU's timestamps (CUPTI activity records, CUDA events) count in ticks of tens of ns to 0.5 µs, so the spans of
     a short kernel take a few values only, each with a little jitter. The values are grouped: sorted, neighbours
     closer than the jitter are one group, whose mean stands for it. The jitter is the gaps below the first gap of at
-    least :data:`TICK_MATTERS` of the median, which must be :data:`JITTER_JUMP` times the largest of them (gaps of
-    every size are no clock's ticks). The tick and origin are the least-squares line through the groups' means
+    least :data:`TICK_MATTERS` of the median that is :data:`JITTER_JUMP` times the gap below it (gaps of every size
+    are no clock's ticks). The tick and origin are the least-squares line through the groups' means
     against their tick counts, counted from the smallest gap between means and refined as the range grows. The grid
     is seen when: at least :data:`GRID_MIN_SAMPLES` samples, all finite; at most :data:`GRID_DISTINCT` of them
     groups; the tick between :data:`TICK_MATTERS` and :data:`TICK_AT_MOST` of the median; and every value on it."""
@@ -89,15 +89,13 @@ def grid(samples: list[float]) -> tuple[float, float] | None:
     if len(values) < 2:
         return None
     gaps = sorted(b - a for a, b in zip(values, values[1:]))
-    # the smallest gap that could be a tick, and the largest below it (jitter, or float rounding of timestamps)
-    i = next((j for j, d in enumerate(gaps) if d >= TICK_MATTERS * med), None)
-    if i is None:
-        return None
-    join = 0.5 * gaps[i]  # nothing below it: no two distinct values are one
-    if i > 0 and gaps[i] >= JITTER_JUMP * gaps[i - 1]:
-        join = (gaps[i - 1] * gaps[i]) ** 0.5
-    elif i > 0:
+    # the smallest gap that could be a tick and stands JITTER_JUMP above the gap below it (jitter, or float rounding
+    # of timestamps): a 2 ns gap among 1 ns ones is jitter still, 30 ns above them a tick
+    i = next((j for j, d in enumerate(gaps) if d >= TICK_MATTERS * med and (j == 0 or d >= JITTER_JUMP * gaps[j - 1])),
+             None)
+    if i is None or gaps[i] > TICK_AT_MOST * med:
         return None  # gaps of every size: no clock's ticks
+    join = (gaps[i - 1] * gaps[i]) ** 0.5 if i else 0.5 * gaps[i]  # nothing below it: no two values are one
     counts: dict[float, int] = {}
     for x in samples:
         counts[x] = counts.get(x, 0) + 1

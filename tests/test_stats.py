@@ -230,3 +230,14 @@ def test_grid_of_real_cupti_spans_with_a_nanosecond_of_jitter():
     assert statistics.median(spans) == 1.408
     # within 0.6 ns: the grid is fitted to the groups' means (1.40797 for the 1.408 group), not to round figures
     assert median(spans) == pytest.approx(1.392 + 0.032 * 16.5 / 37, abs=6e-4)
+
+
+def test_a_two_nanosecond_gap_is_jitter_still():
+    """Among 400 spans a sparse group can read 1.633 and 1.635 µs without 1.634 between: that 2 ns gap is over
+    TICK_MATTERS of 1.4 µs (1.4 ns), but only 2x the 1 ns ones below it, so it is jitter; the tick is the 30-odd ns
+    gaps above."""
+    from pytest_kopt.stats import grid
+
+    spans = [v for v, n in H200_ADD_64K.items() for _ in range(n)] + [1.633, 1.635, 1.665]
+    tick, _ = grid(spans)
+    assert tick == pytest.approx(0.032, abs=2e-4)
