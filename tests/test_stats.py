@@ -213,7 +213,8 @@ def test_bootstrap_of_ticked_samples_with_a_far_outlier():
 
 
 #: The 14 lowest values of 100 kernel-only spans (µs) of a 64 K-element torch add through cupti-python, with how
-#: many calls read each (H200, 2026-12-03, .probe/s4_probe.py): 32 ns steps, each value up to 1 ns off its step
+#: many calls read each (H200, 2026-12-03, a one-off probe of kernel_times): 32 ns steps, each value up to 1 ns off
+#: its step
 H200_ADD_64K = {1.248: 1, 1.28: 1, 1.312: 1, 1.344: 5, 1.375: 6, 1.376: 13, 1.377: 4, 1.407: 3, 1.408: 32, 1.409: 2,
                 1.44: 17, 1.472: 5, 1.473: 1, 1.504: 3}
 
