@@ -107,7 +107,7 @@ def grid(samples: list[float]) -> tuple[float, float] | None:
             groups.append([b])
     if len(groups) < 2 or len(groups) > GRID_DISTINCT * len(samples):
         return None
-    means = [sum(x * counts[x] for x in g) / sum(counts[x] for x in g) for g in groups]
+    means = [g[0] + sum((x - g[0]) * counts[x] for x in g) / sum(counts[x] for x in g) for g in groups]
     tick, origin = min(b - a for a, b in zip(means, means[1:])), means[0]
     steps = [0]
     for i in range(1, len(means)):
@@ -133,7 +133,8 @@ def median(samples: list[float]) -> float:
     """The median of timing samples (same unit). On a visible tick grid (:func:`grid`) it is the grouped median
     (:func:`statistics.median_grouped`, each grid point standing for the tick-wide interval around it), which moves
     with the counts on each side instead of jumping a whole tick: the median of the continuous times the ticked
-    samples were rounded from; it stays within half a tick of the sample median. Otherwise the sample median.
+    samples were rounded from; it stays within half a tick of the middle sample (``sorted(samples)[n // 2]``), and
+    may lie beyond the sample p10 or p90 when nearly all samples read one tick. Otherwise the sample median.
     Raises ValueError on an empty list."""
     if not samples:
         raise ValueError("no samples")
@@ -246,8 +247,9 @@ def bootstrap_median_ci(samples: list[float], level: float = 0.95, n_boot: int =
 
 def bootstrap_ratio_ci(num: list[float], den: list[float], level: float = 0.95, n_boot: int = 2000,
                        seed: int = 0) -> tuple[float, float, float]:
-    """median(num) / median(den) with a percentile-bootstrap CI, resampling both lists independently.
-    Returns (ratio, low, high). A speedup of B over A is ``bootstrap_ratio_ci(times_A, times_B)``."""
+    """median(num) / median(den) (:func:`median`) with a percentile-bootstrap CI, resampling both lists
+    independently. Returns (ratio, low, high). A speedup of B over A is ``bootstrap_ratio_ci(times_A, times_B)``.
+    Raises ZeroDivisionError when median(den) is 0 (timing samples are positive)."""
     import numpy as np
 
     a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
@@ -265,7 +267,7 @@ def bootstrap_geomean_ratio_ci(pairs: list[tuple[list[float], list[float]]], lev
     """The geometric mean over shapes of median(num)/median(den), with a percentile-bootstrap CI that resamples
     every shape's two sample lists independently in each replicate (the shapes are fixed, their timings are not).
     ``pairs``: one (num samples, den samples) per shape, in ms. Returns (geomean ratio, low, high); one pair gives
-    :func:`bootstrap_ratio_ci`'s figures. Raises ValueError on no pairs or an empty list. The geometric mean is
+    :func:`bootstrap_ratio_ci`'s figures. Raises ValueError on no pairs, an empty list or a ratio <= 0. The geometric mean is
     how GPU MODE ranks a kernel over its benchmark shapes: a 2x gain on one shape and a 2x loss on another cancel."""
     import numpy as np
 
@@ -314,7 +316,8 @@ class Distribution:
 
 
 def describe(samples_ms: list[float]) -> Distribution:
-    """Describe samples (ms). Raises ValueError on an empty list or a non-positive median."""
+    """Describe samples (ms): the median is :func:`median` (grouped on a clock's tick), p10, p90 and the IQR are
+    sample quantiles. Raises ValueError on an empty list or a non-positive median."""
     s = summarize(samples_ms)
     lo, hi = bootstrap_median_ci(samples_ms)
     return Distribution(n=s.n, median_ms=s.median_ms, mean_ms=s.mean_ms, min_ms=s.min_ms, max_ms=s.max_ms,
