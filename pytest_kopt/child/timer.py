@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any, Callable, Mapping
 
-from ..stats import median, should_stop
+from ..stats import median, quantile, should_stop
 
 
 class Clocks:
@@ -746,9 +746,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                             "launch_sets": [{"kernels": list(k), "calls": n} for k, n in sets.items()]}
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
-    ordered = sorted(spans)
-    q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
-    return {**base, "median_us": median(spans), "p10_us": q(0.1), "p90_us": q(0.9),
+    return {**base, "median_us": median(spans), "p10_us": quantile(spans, 0.1), "p90_us": quantile(spans, 0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
             "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
 
@@ -865,8 +863,7 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
         out["launch_sets"] = [{"kernels": list(k), "calls": c} for k, c in merged.items()]
         if nxt["split"] != "launch":
             out["split"] = nxt["split"]
-    ordered = sorted(out["spans_us"])
-    q = lambda f: ordered[min(len(ordered) - 1, int(f * (len(ordered) - 1)))]  # noqa: E731
-    out.update(median_us=median(ordered), p10_us=q(0.1), p90_us=q(0.9), stop_reason=reason,
+    spans = out["spans_us"]
+    out.update(median_us=median(spans), p10_us=quantile(spans, 0.1), p90_us=quantile(spans, 0.9), stop_reason=reason,
                profile_s=time.perf_counter() - t0)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ..registry import REGISTRY_DIR
+from .. import registry as registries
 
 
 def normalize_methods(doc: Any) -> dict[str, Any]:
@@ -74,7 +74,8 @@ def validate_methods(doc: Mapping[str, Any], registry: Mapping[str, Any], budget
     for m in chosen:
         spec = by_id.get(m.get("id"))
         if spec is None:
-            errors.append(Problem(f"{m.get('id')}: not in {REGISTRY_DIR / 'method_registry.json'}", m.get("id"), "unknown"))
+            errors.append(Problem(f"{m.get('id')}: not in {registries.path(registries.METHODS)}", m.get("id"),
+                                  "unknown"))
             continue
         if m.get("axis") not in (None, spec["axis"]):
             errors.append(Problem(f"{spec['id']}: axis is {spec['axis']}, not {m['axis']}", spec["id"], "axis"))

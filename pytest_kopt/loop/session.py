@@ -76,7 +76,7 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{methods_path} is not valid:\n  - " + "\n  - ".join(problems), gate="methods",
                           path=str(methods_path), details="\n".join(f"- {p}" for p in problems),
                           figures={"problem_details": [getattr(p, "detail", {"message": str(p)}) for p in problems]},
-                          fix=f"follow the axis budget in roofline.json and {registry.REGISTRY_DIR / 'method_registry.json'}")
+                          fix=f"follow the axis budget in roofline.json and {registry.path(registry.METHODS)}")
     names = {k.parent.name for k in branches}
     for m, k in ablations.items():
         base = st.read_base(k.parent)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from ..artifacts import read_dict, write_json, write_text
 from ..errors import ConfigError
-from ..registry import REGISTRY_DIR
+from .. import registry
 from .decisions import classify, improved
 from .summary import render_summary
 
@@ -227,8 +227,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                               "one step; otherwise the close asks for the champion's (action write_ablations)",
             # the registries the methods come from, where this install keeps them (site-packages for a wheel)
             "read": [str(it / n) for n in ("roofline.json", "ncu_top.json", "analysis.md")] + [str(run_dir / "state.json")]
-            + [str(REGISTRY_DIR / n) for n in ("method_registry.json", "optimization_catalog.md",
-                                               "ncu_metrics_guide.md")],
+            + [str(registry.path(n)) for n in (registry.METHODS, "optimization_catalog.md", "ncu_metrics_guide.md")],
             "write": [str(it / "methods.json"), *(str(it / "branches" / f"b{b}" / f"kernel{ext}") for b in range(1, k + 1)),
                       str(it / "ablations" / "<method id>" / f"kernel{ext}"), str(it / "ablations" / "<method id>" / "base")],
             "command": command}

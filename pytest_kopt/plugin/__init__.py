@@ -7,7 +7,6 @@ Registered through the ``pytest11`` entry point ``kopt``; the only package that 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 
 from ..errors import ConfigError
 from ..gates import gpus, hardware
-from ..gates.roofline import import_plotting
 from ..loop import state as loop_state
 from ..proc.runner import SESSION_PID_ENV
 from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
@@ -61,11 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if settings.session_seed is not None and cache is not None:
             cache.set(SEED_CACHE_KEY, settings.session_seed)
         config.pluginmanager.register(ControllerPlugin(config, state), "kopt-controller")
-        if settings.loop_mode == "run" and not state.plotting:
-            # the close's charts (speedup, roofline drift) are drawn here at the session's end: matplotlib's import
-            # (0.4 to 0.8 s) runs while the items do
-            state.plotting = True
-            threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
+        if settings.loop_mode == "run":  # the close's charts are drawn here at the session's end
+            state.import_plotting_ahead()
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
     if state.env.get("pinned"):

@@ -10,7 +10,6 @@ import pytest
 
 from ..errors import Blocked, KoptError, NotApplicable
 from ..gates.plan import prestart_harness
-from ..gates.roofline import import_plotting
 from ..gates.table import GATES, Gate, run
 from .stash import STATE
 
@@ -138,12 +137,8 @@ class KoptItem(pytest.Item):
                            sass)
         if ctx.collected & HARNESS_GATES:
             prestart_harness(ctx)
-        # matplotlib's import (0.4 to 0.8 s on the 2-core CPU machine, 2026-12-03) off the roofline item
-        if "roofline" in ctx.collected and not state.plotting:
-            import threading
-
-            state.plotting = True
-            threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
+        if "roofline" in ctx.collected:  # matplotlib's import off the roofline item
+            state.import_plotting_ahead()
         return ctx
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
