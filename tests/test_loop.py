@@ -354,6 +354,8 @@ def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> No
     loop.stop_run(run, "no GPU", "hardware", 3)
     nxt = loop.next_step(run)
     assert nxt["action"] == "start_over" and str(run / "stop.json") in nxt["read"]
+    # what a person reads of the stop too, and every file listed is there to read
+    assert str(run / "summary.md") in nxt["read"] and all(Path(r).is_file() for r in nxt["read"])
     # a stop for want of a GPU: the same command here would stop the same way; next says where it can succeed
     assert nxt["requires"].startswith("a machine with an NVIDIA GPU")
     assert "stopped at hardware (no GPU)" in nxt["requires"]

@@ -190,7 +190,8 @@ def next_step(run_dir: Path) -> dict[str, Any]:
             where = ("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one stopped at "
                      f"{stop.get('stop_stage')} ({state.get('stop_reason')})")
         return {"action": "start_over", "reason": state.get("stop_reason"), "requires": where,
-                "read": [str(run_dir / "state.json"), str(run_dir / "stop.json")], "write": [],
+                "read": [str(run_dir / "state.json"), str(run_dir / "stop.json"), str(run_dir / "summary.md")],
+                "write": [],
                 "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline", str(state.get("baseline_file")),
                             "--kopt-ref", str(state.get("ref_file")), "--kopt-dims", json.dumps(state.get("dims") or {}),
                             "--kopt-iterations", str(state.get("iterations_total") or 3),
