@@ -104,7 +104,7 @@ PY
       wall speed $? $t0; cat "$OUT/speed.log" ;;
     fidelity)
       left=$(( ${KOPT_VERIFY_S:-580} - ($(date +%s) - T0) ))
-      [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out /tmp/tf > "$OUT/fidelity.log" 2>&1
+      [ $left -gt 60 ] && timeout $left python3 benchmarks/timing_fidelity.py --out "$OUT" > "$OUT/fidelity.log" 2>&1
       wall fidelity $? $t0; tail -20 "$OUT/fidelity.log" 2>/dev/null ;;
     formats)
       K="-p no:randomly -p no:cacheprovider"

@@ -243,7 +243,8 @@ def main() -> None:
         over = lambda v: None if v is None or not c else v / c  # noqa: E731
         per_ncu = lambda v: None if v is None or not ref else v / ref  # noqa: E731
         rows.append({"case": name, "cupti_span_us": c, "cupti_span_spread_pct": spread(span),
-                     "kopt_backend": auto_info["backend"], "kopt_us": med(kopt), "kopt_runs": len(kopt),
+                     "kopt_backend": auto_info["backend"], "kopt_us": med(kopt), "kopt_runs": len(kopt), "kopt_runs_us": kopt,
+                     "kopt_torch_profiler_runs_us": kopt_t, "cupti_span_runs_us": span,
                      "kopt_spread_pct": spread(kopt), "kopt_over_span": over(med(kopt)),
                      "kopt_grid_runs": sum(1 for t in auto[name].get("tick_us") or [] if t),
                      "kopt_tick_us": med([t for t in auto[name].get("tick_us") or [] if t]),
