@@ -581,6 +581,26 @@ def test_cupti_python_batches_bracket_each_flush_in_its_window_and_split_by_laun
     assert act.log == ["start", "stop", "start", "stop"]  # the flush probe, then the batch
 
 
+def test_a_profiled_call_ends_before_the_next_window_is_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host launches nothing while a profiled call runs: each call's launch is followed by a device
+    synchronisation before the next call's refresh, flush and spin are queued (launches queued behind a call
+    lengthened a two-kernel torch.sum by up to 1 µs on the H200, docs/timing.md)."""
+    from pytest_kopt.child import timer as tm
+
+    act = _FakeActivity()
+    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
+    timer = _fake_timer(act)
+    order: list[str] = []
+    timer.torch.cuda.synchronize = lambda: order.append("sync")  # type: ignore[attr-defined]
+    launch = act.launch
+    monkeypatch.setattr(act, "launch", lambda name: (order.append(name), launch(name)))
+    got = tm.kernel_times(timer, calls=3, hold_us=5.0, flush_names={"flush", "spin"})
+    assert got["calls"] == 3
+    kernels = [i for i, x in enumerate(order) if x.startswith("kernel_")]
+    assert len(kernels) == 3 and all(order[i + 1] == "sync" for i in kernels)
+    assert order[kernels[0] + 2:kernels[1]] == ["flush", "spin"]  # the next window, queued after the sync
+
+
 def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profiler(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """CUPTI can start (no error) and record nothing: the warm-up runs no kernel, so the first batch's flush probe
