@@ -16,7 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -28,6 +28,9 @@ from .contract import local_headers, uses_cutlass
 from .inputs import draw_plan
 from .preflight import preflight
 from .trust import digest, local_sources
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 BUILD_SCHEMA = 1
 
@@ -202,6 +205,10 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
 #: started ahead (:class:`BuildAhead`) reports it as built, not as a cache hit.
 BUILT_HERE: dict[str, float] = {}
 
+#: The builds :class:`BuildAhead` started in this process (kernel path -> its future): a compile item waits for its
+#: own rather than racing it to the build folder's lock (won by the item, the build read as not started ahead).
+STARTED: dict[Path, Future[None]] = {}
+
 #: The status of a build a signal ended (nvcc, or the compiler it ran): not the kernel's error, never remembered.
 INTERRUPTED = "INTERRUPTED"
 _KILLED = re.compile(r"died due to signal|terminated by signal|^Killed$", re.M)
@@ -352,7 +359,7 @@ class BuildAhead:
                                        thread_name_prefix="kopt-build")
         for c in todo:
             self.sassed.update({c.kernel} & sass)
-            self.pool.submit(build_quietly, c, c.kernel in sass)
+            STARTED[c.kernel] = self.pool.submit(build_quietly, c, c.kernel in sass)
         return len(todo)
 
     def wait(self) -> None:
@@ -417,6 +424,9 @@ def gate_compile(ctx: Context, case: Any = None) -> Outcome:
         except ContractError as exc:
             raise Blocked("preflight", exc.message) from None
         raise NotApplicable("pure-Python candidate (no @triton.jit kernel): nothing to compile")
+    started = STARTED.get(ctx.kernel)
+    if started is not None:
+        started.result()  # a kernel's build failure is remembered, and ensure_built raises it; a bug raises here
     res = ensure_built(ctx)
     ahead = res.cache_hit and res.artifact in BUILT_HERE  # built by this process, from its first item on
     seconds = BUILT_HERE[res.artifact] if ahead else res.seconds
