@@ -592,13 +592,17 @@ def test_a_profiled_call_ends_before_the_next_window_is_queued(monkeypatch: pyte
     timer = _fake_timer(act)
     order: list[str] = []
     timer.torch.cuda.synchronize = lambda: order.append("sync")  # type: ignore[attr-defined]
-    launch = act.launch
+    launch, stop = act.launch, act.stop
     monkeypatch.setattr(act, "launch", lambda name: (order.append(name), launch(name)))
-    got = tm.kernel_times(timer, calls=3, hold_us=5.0, flush_names={"flush", "spin"})
+    monkeypatch.setattr(act, "stop", lambda: (order.append("stop"), stop()))
+    got = tm.kernel_times(timer, calls=3, hold_us=5.0)  # a flush alone first (its names), then the 3 calls
     assert got["calls"] == 3
     kernels = [i for i, x in enumerate(order) if x.startswith("kernel_")]
     assert len(kernels) == 3 and all(order[i + 1] == "sync" for i in kernels)
     assert order[kernels[0] + 2:kernels[1]] == ["flush", "spin"]  # the next window, queued after the sync
+    # CUPTI delivers finished work only: each batch, the flush-alone one too, ends with the device synchronised
+    stops = [i for i, x in enumerate(order) if x == "stop"]
+    assert len(stops) == 2 and all(order[i - 1] == "sync" for i in stops), order
 
 
 def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profiler(

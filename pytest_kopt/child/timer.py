@@ -793,6 +793,7 @@ def _capture_cupti(backend: dict[str, Any], timer: Timer, calls: int, start: int
             windows.append((t0, act.now_us()))
             timer.launch(timer.sets[k % len(timer.sets)])
             torch.cuda.synchronize()  # the next window is queued once this call has ended (:func:`_flush_window`)
+        torch.cuda.synchronize()  # CUPTI delivers only finished work: with calls=0, the flush alone
     finally:
         act.stop()
     return sorted(act.device), dict(act.launches), windows
@@ -817,6 +818,7 @@ def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int
                 _flush_window(timer, k, hold, refresh_every)
             timer.launch(timer.sets[k % len(timer.sets)])
             torch.cuda.synchronize()  # the next window is queued once this call has ended (:func:`_flush_window`)
+        torch.cuda.synchronize()  # with calls=0, the flush alone
     records = sorted((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id))
                      for e in prof.events()
                      if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start
