@@ -330,42 +330,76 @@ def build_quietly(ctx: Context, sass: bool = False) -> None:
 
 
 class BuildAhead:
-    """The ``.cu`` kernels of a session built side by side, from a process's first item on: nvcc starts for every
+    """The ``.cu`` kernels of a session built side by side, ahead of their compile items: nvcc starts for every
     ``.cu`` kernel whose compile item this process collected, at most one build per CPU, in threads, while the
-    hardware, preflight and plan items run; each compile item then finds its build done or waits for it on the
-    build folder's lock. So one process compiles as many kernels at once as xdist workers would, without their
-    start-up; under xdist, a build another worker has started is waited for, never run twice (the
-    content-addressed cache and its lock). A kernel with a sass item has its SASS dumped in the same thread."""
+    hardware, preflight and plan items run; each compile item then waits for its own build. So one process
+    compiles as many kernels at once as xdist workers would, without their start-up; under xdist, a build another
+    worker has started is waited for, never run twice (the content-addressed cache and its lock). A kernel with a
+    sass item has its SASS dumped in the same thread.
+
+    Builds start at a process's first item (:meth:`start`), or before the GPU probe when the process knows the
+    arch that early (:meth:`start_early`: the plugin's configure, without xdist)."""
 
     def __init__(self) -> None:
         self.pool: Any = None
         self.sassed: set[Path] = set()
+        #: (kernel, arch) of every build started, so none is started twice
+        self.begun: set[tuple[Path, str]] = set()
+
+    def _pool(self, builds: int) -> Any:
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(max_workers=max(1, min(builds, os.cpu_count() or 1)),
+                                           thread_name_prefix="kopt-build")
+        return self.pool
 
     def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset()) -> int:
-        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) once per process, each followed by
-        its SASS dump when it is in ``sass`` (kernel paths: the kernels this process runs the sass item of, as far
-        as it knows; under xdist a worker learns its kernels one at a time, at each one's first item, and a later
-        call adds their dumps). Returns how many builds were started (0 after the first call)."""
+        """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) not started yet for their arch, each
+        followed by its SASS dump when it is in ``sass`` (kernel paths: the kernels this process runs the sass
+        item of, as far as it knows; under xdist a worker learns its kernels one at a time, at each one's first
+        item, and a later call adds their dumps). Returns how many builds were started."""
         todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
-        if self.pool is not None:
-            for c in todo:
-                if c.kernel in sass and c.kernel not in self.sassed:
-                    self.sassed.add(c.kernel)
-                    self.pool.submit(build_quietly, c, True)  # the build is done, or waited for on its lock
-            return 0
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1)),
-                                       thread_name_prefix="kopt-build")
+        pool = self._pool(len(todo))
+        started = 0
         for c in todo:
-            self.sassed.update({c.kernel} & sass)
-            STARTED[c.kernel] = self.pool.submit(build_quietly, c, c.kernel in sass)
+            dump = c.kernel in sass and c.kernel not in self.sassed
+            if dump:
+                self.sassed.add(c.kernel)
+            if (c.kernel, c.arch) in self.begun:
+                if dump:
+                    pool.submit(build_quietly, c, True)  # the build is done, or waited for on its lock
+                continue
+            self.begun.add((c.kernel, c.arch))
+            STARTED[c.kernel] = pool.submit(build_quietly, c, dump)
+            started += 1
+        return started
+
+    def start_early(self, kernels: list[Path], arch: str, cache_root: Path, nvcc: str, nvcc_version: str | None,
+                    timeout_s: float) -> int:
+        """Start nvcc for ``kernels`` (``.cu`` files) for ``arch`` before the session's contexts exist, with the
+        arguments :func:`ensure_built` will pass :func:`build_cuda` (``cache_root`` is the contexts'
+        ``cache_dir / "builds"``), so the compile item finds the build done or waits for it. A failure is not
+        remembered here: the compile item runs nvcc again and reports it. Returns how many builds were started."""
+        todo = [k for k in kernels if k.suffix == ".cu" and (k, arch) not in self.begun]
+        pool = self._pool(len(todo))
+        for k in todo:
+            self.begun.add((k, arch))
+            STARTED[k] = pool.submit(_build_early, k, arch, cache_root, nvcc, nvcc_version, timeout_s)
         return len(todo)
 
     def wait(self) -> None:
         """Wait for the builds still running (at session end: nvcc must not outlive the session)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+
+
+def _build_early(source: Path, arch: str, cache_root: Path, nvcc: str, nvcc_version: str | None,
+                 timeout_s: float) -> None:
+    try:
+        build_cuda(source, arch, cache_root, nvcc, nvcc_version, uses_cutlass(source), timeout_s=timeout_s)
+    except (KoptError, OSError):  # the compile item builds it again and reports the error with its context
+        pass
 
 
 def built(ctx: Context) -> BuildResult:
@@ -434,7 +468,7 @@ def gate_compile(ctx: Context, case: Any = None) -> Outcome:
                                "compile_s": round(seconds, 3), "build_key": res.key,
                                "compiler_warnings": len(res.warnings)}
     where = res.artifact if not res.cubins else f"{len(res.cubins)} cubin(s) in {res.artifact}"
-    line = (f"built in {seconds:.1f} s (started at the session's first item)" if ahead else
+    line = (f"built in {seconds:.1f} s (started ahead)" if ahead else
             "cache hit" if res.cache_hit else f"built in {res.seconds:.1f} s") + f": {where}"
     if res.include_dirs:
         figures["cutlass_include"] = res.include_dirs[0]

@@ -143,6 +143,43 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def nvml_arch(visible: str | None = None) -> str | None:
+    """The build arch of the GPUs this process can see, read through NVML (nvidia-ml-py) without a CUDA context:
+    0.09 s on the H200, against 0.47 s for :func:`probe_gpus` (which creates one; 2026-12-03), so nvcc can start
+    while the probe runs. ``visible`` is ``CUDA_VISIBLE_DEVICES`` (read from the environment when not given).
+
+    Returns None when NVML is missing or fails, when ``visible`` hides every GPU or names a MIG instance, or when
+    the GPUs differ in compute capability and ``visible`` does not name one by UUID (NVML's order is not CUDA's).
+    Never raises. The probe's arch stays the truth: a build started for another arch is simply not the one used."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    first = visible.split(",")[0].strip() if visible is not None else None
+    if first is not None and (not first or first == "-1" or first.startswith("MIG-")):
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # not installed, no driver, or any NVML error: the probe decides
+        return None
+    try:
+        if first is not None and first.startswith("GPU-"):
+            handles = [pynvml.nvmlDeviceGetHandleByUUID(first)]
+        else:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        ccs = {tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles}
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    if len(ccs) != 1:
+        return None
+    major, minor = ccs.pop()
+    return arch_of(f"{major}.{minor}")
+
+
 def _probe_with_retries(attempts: int) -> dict[str, Any]:
     """:func:`probe_gpus` up to ``attempts`` times (:data:`RETRY_PAUSE_S` apart) until it finds a GPU or finds no
     driver at all; its result gains ``attempts`` (one record per probe)."""

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..gates import gpus, hardware
 from ..loop import state as loop_state
 from ..proc.runner import SESSION_PID_ENV
+from .early import start_builds_early
 from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
 from .options import SEED_CACHE_KEY, pytest_addoption, pytest_load_initial_conftests, read_settings, usage_error
 from .session import ControllerPlugin
@@ -52,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
     else:
+        start_builds_early(config, state)  # beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1)
         if settings.loop_mode == "init":
             _init_run(state)

@@ -1,0 +1,145 @@
+"""Tests for the builds started before the GPU probe (pytest_kopt.plugin.early) and the arch read through NVML
+(pytest_kopt.gates.hardware.nvml_arch). No GPU and no nvcc needed, except the session test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt.gates.hardware import find_tool
+
+
+def _config(tmp_path: Path, keyword: str = "", markexpr: str = "", args: tuple[str, ...] = (), **flags: object):
+    from types import SimpleNamespace
+
+    option = SimpleNamespace(keyword=keyword, markexpr=markexpr, collectonly=False, lf=False, stepwise=False,
+                             deselect=None)
+    for name, value in flags.items():
+        setattr(option, name, value)
+    return SimpleNamespace(option=option, args=list(args), rootpath=tmp_path)
+
+
+@pytest.mark.parametrize("keyword, markexpr, flags, kept", [
+    ("", "", {}, True),
+    ("compile", "", {}, True),
+    ("COMPILE or timing", "", {}, True),
+    ("not compile", "", {}, False),
+    ("correctness", "", {}, False),
+    ("b0", "", {}, True),                      # the file's name
+    ("b1", "", {}, False),
+    ("sub and compile", "", {}, True),         # a folder below the root
+    ("kopt and not gpu", "", {}, True),        # the marker is a keyword too
+    ("", "not gpu", {}, True),                 # a CI's GPU-less selection keeps compile (no gpu marker)
+    ("", "gpu", {}, False),
+    ("", "kopt(gate='compile')", {}, False),   # call parameters: unsure, so no early start
+    ("compile and (", "", {}, False),           # pytest reports the syntax error itself, later
+    ("", "", {"collectonly": True}, False),
+    ("", "", {"lf": True}, False),
+    ("", "", {"stepwise": True}, False),
+    ("", "", {"deselect": ["sub/b0.cu::compile"]}, False),
+])
+def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_path: Path, keyword: str,
+                                                                           markexpr: str, flags: dict,
+                                                                           kept: bool) -> None:
+    """A build started before collection is waited for at the session's end even when the selection then drops
+    its compile item (a CUTLASS build takes a minute), so it starts early only where -k/-m (evaluated by pytest's
+    own parser over the names pytest matches the item by) and the other selection options surely keep it."""
+    from pytest_kopt.plugin.early import selection_keeps_compile
+
+    kernel = tmp_path / "sub" / "b0.cu"
+    assert selection_keeps_compile(_config(tmp_path, keyword, markexpr, **flags), kernel) is kept  # type: ignore[arg-type]
+
+
+def test_a_node_id_among_the_arguments_keeps_builds_at_the_first_item(tmp_path: Path) -> None:
+    """``pytest k.cu::timing`` selects by node id: compile is not surely kept, so nothing starts early."""
+    from pytest_kopt.plugin.early import selection_keeps_compile
+
+    config = _config(tmp_path, args=("k.cu::timing",))
+    assert not selection_keeps_compile(config, tmp_path / "k.cu")  # type: ignore[arg-type]
+
+
+class _FakeNvml:
+    """pynvml's calls the arch needs, over GPUs given as (uuid, (major, minor))."""
+
+    def __init__(self, gpus: list[tuple[str, tuple[int, int]]], init_error: bool = False) -> None:
+        self.gpus, self.init_error, self.shut = gpus, init_error, 0
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self) -> None:
+        self.shut += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        return next(i for i, g in enumerate(self.gpus) if g[0] == uuid)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        return self.gpus[handle][1]
+
+
+@pytest.mark.parametrize("gpus, visible, arch", [
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], None, "sm_90a"),
+    ([("GPU-a", (8, 0))], None, "sm_80"),
+    ([("GPU-a", (9, 0)), ("GPU-b", (8, 0))], None, None),         # NVML's order is not CUDA's: unsure
+    ([("GPU-a", (9, 0)), ("GPU-b", (8, 0))], "GPU-b,GPU-a", "sm_80"),  # named by UUID: that one
+    ([("GPU-a", (9, 0)), ("GPU-b", (8, 0))], "1", None),
+    ([("GPU-a", (9, 0))], "", None),                              # every GPU hidden
+    ([("GPU-a", (9, 0))], "-1", None),
+    ([("GPU-a", (9, 0))], "MIG-1234", None),
+    ([], None, None),
+])
+def test_nvml_arch_is_the_visible_gpus_one_arch_or_none(monkeypatch: pytest.MonkeyPatch, gpus, visible,
+                                                        arch) -> None:
+    """The arch read without a CUDA context (0.09 s against the probe's 0.47 s on the H200), or None wherever it
+    could differ from the probe's: the probe's arch stays the truth."""
+    import sys
+
+    from pytest_kopt.gates.hardware import nvml_arch
+
+    fake = _FakeNvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert nvml_arch(visible) == arch
+    assert fake.shut == (1 if visible not in ("", "-1", "MIG-1234") else 0)
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(gpus, init_error=True))
+    assert nvml_arch(visible) is None
+
+
+CONFTEST = '''
+import threading
+
+def pytest_sessionstart(session):
+    alive = sorted(t.name for t in threading.enumerate() if t.name.startswith("kopt-build"))
+    print("BUILDS AT SESSION START:", len(alive))
+'''
+
+
+@pytest.mark.skipif(find_tool("nvcc") is None, reason="nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin)")
+def test_with_the_arch_given_nvcc_runs_before_collection(pytester: pytest.Pytester) -> None:
+    """With --kopt-arch the builds start at configure, so nvcc is already running when the session starts (before
+    the GPU probe's end, collection and the first item); a selection without the compile item starts none, and
+    the compile item still reports its build as built, not as a cache hit."""
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    from pytest_kopt.gates.hardware import nvml_arch
+
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    pytester.makeconftest(CONFTEST)
+    base = ["-s", "-p", "no:xdist", "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims", "n=4096"]
+    got = pytester.runpytest_subprocess(*base, "--kopt-arch", "sm_90a", "-k", "compile", timeout=600)
+    assert got.ret == 0, got.stdout.str()[-2000:]
+    got.stdout.fnmatch_lines(["*BUILDS AT SESSION START: 1*", "compile * built in * (started ahead): *"])
+    got = pytester.runpytest_subprocess(*base, "--kopt-arch", "sm_80", "-k", "preflight", timeout=600)
+    got.stdout.fnmatch_lines(["*BUILDS AT SESSION START: 0*"])
+    # without --kopt-arch the arch comes from NVML where it can be read, else the builds wait for the first item
+    got = pytester.runpytest_subprocess(*base, "-k", "compile", timeout=600)
+    assert got.ret == 0, got.stdout.str()[-2000:]
+    got.stdout.fnmatch_lines([f"*BUILDS AT SESSION START: {1 if nvml_arch() else 0}*"])
