@@ -143,3 +143,32 @@ def test_with_the_arch_given_nvcc_runs_before_collection(pytester: pytest.Pytest
     got = pytester.runpytest_subprocess(*base, "-k", "compile", timeout=600)
     assert got.ret == 0, got.stdout.str()[-2000:]
     got.stdout.fnmatch_lines([f"*BUILDS AT SESSION START: {1 if nvml_arch() else 0}*"])
+
+
+def test_the_compile_item_imports_hypothesis_only_while_it_waits_for_its_build(monkeypatch: pytest.MonkeyPatch,
+                                                                               tmp_path: Path) -> None:
+    """hypothesis's pytest plugin imports hypothesis in every terminal summary (0.64 s on the H200): the compile
+    item does that import where it would only wait for its build started ahead, in the thread that runs the
+    items (a second thread importing it deadlocked), and not when the build is done already."""
+    import threading
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from pytest_kopt.gates import build
+
+    calls: list[str] = []
+    monkeypatch.setattr(build, "import_hypothesis", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(build, "ensure_built",
+                        lambda ctx: build.BuildResult(str(tmp_path / "k.so"), "key", False, 1.5, ["nvcc"], ""))
+    ctx = SimpleNamespace(kind="cuda", kernel=tmp_path / "k.cu", arch="sm_90a")
+    pending: Future[None] = Future()
+    threading.Timer(0.2, pending.set_result, (None,)).start()
+    monkeypatch.setitem(build.STARTED, ctx.kernel, pending)
+    out = build.gate_compile(ctx)  # type: ignore[arg-type]
+    assert calls == [threading.current_thread().name] and pending.done()
+    assert out.figures["compile_s"] == 1.5 and out.summary.startswith("built in 1.5 s")
+    finished: Future[None] = Future()
+    finished.set_result(None)
+    monkeypatch.setitem(build.STARTED, ctx.kernel, finished)
+    build.gate_compile(ctx)  # type: ignore[arg-type]
+    assert len(calls) == 1

@@ -239,37 +239,6 @@ GPU_CRASH_CU = textwrap.dedent("""\
 """)
 
 
-def test_hypothesis_import_is_started_ahead_once_where_its_plugin_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    """hypothesis's pytest plugin imports hypothesis in every session's terminal summary (0.64 s on the H200): the
-    process that prints that summary starts the import in a thread while the items run, once; not where the plugin
-    is off (-p no:hypothesispytest) or hypothesis is imported already."""
-    import importlib
-    import sys
-    import threading
-    from types import SimpleNamespace
-
-    from pytest_kopt.plugin.stash import SessionState
-
-    started: list[str] = []
-    done = threading.Event()
-    monkeypatch.setattr(importlib, "import_module", lambda name: (started.append(name), done.set()))
-    monkeypatch.delitem(sys.modules, "hypothesis", raising=False)
-    plugins: set[str] = set()
-    config = SimpleNamespace(pluginmanager=SimpleNamespace(has_plugin=lambda name: name in plugins))
-    state = SessionState(settings=SimpleNamespace())  # type: ignore[arg-type]
-    state.import_hypothesis_ahead(config)  # type: ignore[arg-type]
-    assert not state.hypothesis and started == []  # the plugin is off: nothing imports it at the end
-    plugins.add("hypothesispytest")
-    state.import_hypothesis_ahead(config)  # type: ignore[arg-type]
-    state.import_hypothesis_ahead(config)  # type: ignore[arg-type]
-    assert done.wait(5) and state.hypothesis
-    assert started == ["hypothesis"]
-    monkeypatch.setitem(sys.modules, "hypothesis", SimpleNamespace())  # imported already (a session of its tests)
-    again = SessionState(settings=SimpleNamespace())  # type: ignore[arg-type]
-    again.import_hypothesis_ahead(config)  # type: ignore[arg-type]
-    assert not again.hypothesis and started == ["hypothesis"]
-
-
 @needs_nvcc
 def test_a_build_started_ahead_is_reported_as_built_then_as_a_cache_hit(pytester: pytest.Pytester) -> None:
     """nvcc starts at the kernel's first item, beside the hardware and preflight items; the compile item then finds

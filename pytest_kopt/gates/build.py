@@ -25,7 +25,7 @@ from ..child.autotune import describe
 from ..errors import Blocked, CompileError, ConfigError, ContractError, HardwareError, KoptError, NotApplicable
 from .context import Context, Outcome
 from .contract import local_headers, uses_cutlass
-from .inputs import draw_plan
+from .inputs import draw_plan, import_hypothesis
 from .preflight import preflight
 from .trust import digest, local_sources
 
@@ -460,6 +460,8 @@ def gate_compile(ctx: Context, case: Any = None) -> Outcome:
         raise NotApplicable("pure-Python candidate (no @triton.jit kernel): nothing to compile")
     started = STARTED.get(ctx.kernel)
     if started is not None:
+        if not started.done():
+            import_hypothesis()  # while this thread would only wait
         started.result()  # a kernel's build failure is remembered, and ensure_built raises it; a bug raises here
     res = ensure_built(ctx)
     ahead = res.cache_hit and res.artifact in BUILT_HERE  # built by this process, from its first item on

@@ -16,6 +16,16 @@ REGIMES = ("normal", "uniform", "small_int", "wide")
 DEFAULT_REGIMES = ("normal", "uniform", "small_int")
 
 
+def import_hypothesis() -> None:
+    """Import hypothesis in this thread (nothing once it is imported). The compile item calls it where it would only
+    wait for its build: the plan item's :func:`draw_plan` and hypothesis's own pytest plugin (in every session's
+    terminal summary, 0.64 s on the H200, 2026-12-03) import it later anyway, so a session of compile items alone
+    (``-k compile``) does not pay for it at its end. In the thread that runs the items, never in another: two
+    threads importing hypothesis through different modules deadlocked (``_DeadlockError``, a background import
+    tried on 2026-12-03)."""
+    import hypothesis  # noqa: F401
+
+
 def draw_plan(seed: int, index: int, regimes: tuple[str, ...] = DEFAULT_REGIMES) -> dict[str, Any]:
     """The input plan of validation seed number ``index`` (0-based) with value ``seed``.
 

@@ -38,11 +38,6 @@ class ControllerPlugin:
         self.leader: tuple[float, Path] | None = None
         self.ahead_log: list[str] = []
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """The terminal summary is this process's: start the import it will wait for while the items run."""
-        if session.items and not self.config.option.collectonly:
-            self.state.import_hypothesis_ahead(self.config)
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep one record per kopt item; in a loop's close, start the likely champion's profile."""
         before = len(self.ledger.records)

@@ -35,8 +35,6 @@ class SessionState:
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
     #: True once matplotlib's import was started in a thread (:meth:`import_plotting_ahead`)
     plotting: bool = False
-    #: True once hypothesis's import was started in a thread (:meth:`import_hypothesis_ahead`)
-    hypothesis: bool = False
 
     def import_plotting_ahead(self) -> None:
         """Start matplotlib's import (:func:`pytest_kopt.gates.roofline.import_plotting`, 0.4 to 0.8 s on the 2-core
@@ -50,22 +48,6 @@ class SessionState:
 
         self.plotting = True
         threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
-
-    def import_hypothesis_ahead(self, config: pytest.Config) -> None:
-        """Start hypothesis's import in a daemon thread, once per process, where its pytest plugin is active and
-        hypothesis is not imported yet. That plugin imports hypothesis in its terminal summary of every session,
-        after the last item, and the session waits for it: 0.64 s on the H200 (Python 3.12) and 0.23 s on the
-        2-core CPU machine (``python -X importtime``, 2026-12-03). Started while the items run, it is done by then."""
-        import sys
-
-        if self.hypothesis or "hypothesis" in sys.modules or not config.pluginmanager.has_plugin("hypothesispytest"):
-            return
-        import importlib
-        import threading
-
-        self.hypothesis = True
-        threading.Thread(target=importlib.import_module, args=("hypothesis",), name="kopt-import-hypothesis",
-                         daemon=True).start()
 
     @staticmethod
     def cache_dir(config: pytest.Config) -> Path:

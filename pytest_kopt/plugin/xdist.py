@@ -51,7 +51,6 @@ class XdistControllerPlugin:
         worker on another host (a gateway that is not ``popen``) detects its own GPUs."""
         env = self.state.env
         node.workerinput["kopt_env"] = env
-        self.state.import_hypothesis_ahead(self.config)  # this process's terminal summary imports it, at the end
         if not getattr(getattr(node.gateway, "spec", None), "popen", True):
             node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
         elif env.get("pinned"):
