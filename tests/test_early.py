@@ -17,7 +17,8 @@ def _config(tmp_path: Path, keyword: str = "", markexpr: str = "", args: tuple[s
                              deselect=None)
     for name, value in flags.items():
         setattr(option, name, value)
-    return SimpleNamespace(option=option, args=list(args), rootpath=tmp_path)
+    return SimpleNamespace(option=option, args=list(args), rootpath=tmp_path,
+                           invocation_params=SimpleNamespace(dir=tmp_path))
 
 
 @pytest.mark.parametrize("keyword, markexpr, flags, kept", [
@@ -38,6 +39,9 @@ def _config(tmp_path: Path, keyword: str = "", markexpr: str = "", args: tuple[s
     ("", "", {"lf": True}, False),
     ("", "", {"stepwise": True}, False),
     ("", "", {"deselect": ["sub/b0.cu::compile"]}, False),
+    ("", "", {"help": True}, False),           # no item runs: --help, the listings, the setup plans
+    ("", "", {"markers": True}, False),
+    ("", "", {"setupplan": True}, False),
 ])
 def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_path: Path, keyword: str,
                                                                            markexpr: str, flags: dict,
@@ -51,12 +55,18 @@ def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_pa
     assert selection_keeps_compile(_config(tmp_path, keyword, markexpr, **flags), kernel) is kept  # type: ignore[arg-type]
 
 
-def test_a_node_id_among_the_arguments_keeps_builds_at_the_first_item(tmp_path: Path) -> None:
-    """``pytest k.cu::timing`` selects by node id: compile is not surely kept, so nothing starts early."""
+def test_node_ids_missing_paths_and_kernels_outside_the_root_keep_builds_at_the_first_item(tmp_path: Path) -> None:
+    """``pytest k.cu::timing`` selects by node id, a missing path argument ends the session at collection (a
+    usage error), and a kernel outside the root is named by folders the prediction does not know: none is surely
+    a session whose compile item runs, so nothing starts early."""
     from pytest_kopt.plugin.early import selection_keeps_compile
 
-    config = _config(tmp_path, args=("k.cu::timing",))
-    assert not selection_keeps_compile(config, tmp_path / "k.cu")  # type: ignore[arg-type]
+    (tmp_path / "k.cu").write_text("")
+    assert selection_keeps_compile(_config(tmp_path, args=("k.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert not selection_keeps_compile(_config(tmp_path, args=("k.cu::timing",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert not selection_keeps_compile(_config(tmp_path, args=("nope.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    outside = tmp_path.parent / "elsewhere" / "deep" / "k.cu"
+    assert not selection_keeps_compile(_config(tmp_path, "not deep"), outside)  # type: ignore[arg-type]
 
 
 class _FakeNvml:
@@ -172,3 +182,44 @@ def test_the_compile_item_imports_hypothesis_only_while_it_waits_for_its_build(m
     monkeypatch.setitem(build.STARTED, ctx.kernel, finished)
     build.gate_compile(ctx)  # type: ignore[arg-type]
     assert len(calls) == 1
+
+
+NVCC_LOG = """#!/bin/sh
+echo "$@" >> "{log}"
+exec "{nvcc}" "$@"
+"""
+
+
+@pytest.mark.skipif(find_tool("nvcc") is None, reason="nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin)")
+def test_a_build_started_early_is_the_compile_items_own(pytester: pytest.Pytester) -> None:
+    """A build started before the probe is the one the compile item would make: a kernel that fails to compile
+    runs nvcc once (its failure remembered, reported by the compile item with file:line), and one whose contract
+    fails runs nvcc never (before, three times and once)."""
+    import os
+
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    log = pytester.path / "nvcc.log"
+    wrap = pytester.path / "bin" / "nvcc"
+    wrap.parent.mkdir()
+    wrap.write_text(NVCC_LOG.format(log=log, nvcc=find_tool("nvcc")))
+    wrap.chmod(0o755)
+    pytester.makefile(".cu", bad=GOOD_CU + "\nthis is not C++;\n",
+                      nosolve=GOOD_CU.replace("solve(", "run_it("))
+    pytester.makepyfile(ref=SCALE_REF)
+    env = {"PATH": f"{wrap.parent}{os.pathsep}{os.environ['PATH']}"}
+    for kernel, status in (("bad.cu", "FAILED"), ("nosolve.cu", "")):
+        log.unlink(missing_ok=True)
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            got = pytester.runpytest_subprocess("-p", "no:xdist", "--kopt-baseline", kernel, "--kopt-ref", "ref.py",
+                                                "--kopt-dims", "n=4096", "--kopt-arch", "sm_90a", timeout=600)
+        builds = [ln for ln in (log.read_text().splitlines() if log.exists() else []) if "--version" not in ln]
+        if kernel == "bad.cu":
+            assert len(builds) == 1, builds
+            got.stdout.fnmatch_lines(["*bad.cu:*: error*"])
+            assert (pytester.path / ".kopt" / "bad.cu" / "compile_error.json").is_file()
+        else:
+            assert builds == [], builds
+            assert "CONTRACT_ERROR" in got.stdout.str() or "preflight" in got.stdout.str()

@@ -164,7 +164,7 @@ def test_a_worker_on_another_host_detects_its_own_gpus(monkeypatch: pytest.Monke
     for g, u in zip(theirs["gpus"], ("GPU-aaaaaaaa-0000-0000-0000-000000000000",
                                      "GPU-bbbbbbbb-0000-0000-0000-000000000000")):
         g["uuid"] = u
-    monkeypatch.setattr(hardware, "detect", lambda attempts=1: theirs)
+    monkeypatch.setattr(hardware, "detect", lambda attempts=1, **kw: theirs)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     env = kopt_xdist.worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
                               "kopt_detect_here": True, "workerid": "gw3"})
@@ -289,8 +289,8 @@ import json, os
 import pytest
 from pytest_kopt.gates import hardware
 _real = hardware.detect
-def _two(attempts=1):
-    env = _real(attempts)
+def _two(attempts=1, **kw):
+    env = _real(attempts, **kw)
     g = [{{"index": i, "name": "NVIDIA H200", "uuid": u, "cc": "9.0", "sm_count": 132}}
          for i, u in enumerate(({UUID0!r}, {UUID1!r}))]
     return {{**env, "gpu": g[0], "gpus": g, "sm_arch": "sm_90a"}}
@@ -388,7 +388,7 @@ def test_an_in_process_run_gives_cuda_visible_devices_back(pytester: pytest.Pyte
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A session that pinned its process to a GPU restores the caller's CUDA_VISIBLE_DEVICES when it ends."""
     real = hardware.detect()
-    monkeypatch.setattr(hardware, "detect", lambda attempts=1: {**real, **two_gpu_env()})
+    monkeypatch.setattr(hardware, "detect", lambda attempts=1, **kw: {**real, **two_gpu_env()})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "callers-value")
     pytester.makepyfile(k=PY_SCALE, ref=LOOSE_REF)
     result = pytester.runpytest("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",

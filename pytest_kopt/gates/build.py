@@ -337,8 +337,9 @@ class BuildAhead:
     worker has started is waited for, never run twice (the content-addressed cache and its lock). A kernel with a
     sass item has its SASS dumped in the same thread.
 
-    Builds start at a process's first item (:meth:`start`), or before the GPU probe when the process knows the
-    arch that early (:meth:`start_early`: the plugin's configure, without xdist)."""
+    Builds start at a process's first item, or before the GPU probe when the process knows the arch that early
+    (the plugin's configure, without xdist: :mod:`pytest_kopt.plugin.early`); a later call starts only what is not
+    started yet for its arch."""
 
     def __init__(self) -> None:
         self.pool: Any = None
@@ -346,12 +347,11 @@ class BuildAhead:
         #: (kernel, arch) of every build started, so none is started twice
         self.begun: set[tuple[Path, str]] = set()
 
-    def _pool(self, builds: int) -> Any:
-        if self.pool is None:
+    def _pool(self) -> Any:
+        if self.pool is None:  # threads start as builds are submitted, up to one per CPU
             from concurrent.futures import ThreadPoolExecutor
 
-            self.pool = ThreadPoolExecutor(max_workers=max(1, min(builds, os.cpu_count() or 1)),
-                                           thread_name_prefix="kopt-build")
+            self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="kopt-build")
         return self.pool
 
     def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset()) -> int:
@@ -360,33 +360,20 @@ class BuildAhead:
         item of, as far as it knows; under xdist a worker learns its kernels one at a time, at each one's first
         item, and a later call adds their dumps). Returns how many builds were started."""
         todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
-        pool = self._pool(len(todo))
+        pool = self._pool()
         started = 0
         for c in todo:
             dump = c.kernel in sass and c.kernel not in self.sassed
             if dump:
                 self.sassed.add(c.kernel)
             if (c.kernel, c.arch) in self.begun:
-                if dump:
-                    pool.submit(build_quietly, c, True)  # the build is done, or waited for on its lock
+                if dump:  # after the build started before: its failure is remembered then, not built again
+                    pool.submit(_after, STARTED.get(c.kernel), build_quietly, c, True)
                 continue
             self.begun.add((c.kernel, c.arch))
             STARTED[c.kernel] = pool.submit(build_quietly, c, dump)
             started += 1
         return started
-
-    def start_early(self, kernels: list[Path], arch: str, cache_root: Path, nvcc: str, nvcc_version: str | None,
-                    timeout_s: float) -> int:
-        """Start nvcc for ``kernels`` (``.cu`` files) for ``arch`` before the session's contexts exist, with the
-        arguments :func:`ensure_built` will pass :func:`build_cuda` (``cache_root`` is the contexts'
-        ``cache_dir / "builds"``), so the compile item finds the build done or waits for it. A failure is not
-        remembered here: the compile item runs nvcc again and reports it. Returns how many builds were started."""
-        todo = [k for k in kernels if k.suffix == ".cu" and (k, arch) not in self.begun]
-        pool = self._pool(len(todo))
-        for k in todo:
-            self.begun.add((k, arch))
-            STARTED[k] = pool.submit(_build_early, k, arch, cache_root, nvcc, nvcc_version, timeout_s)
-        return len(todo)
 
     def wait(self) -> None:
         """Wait for the builds still running (at session end: nvcc must not outlive the session)."""
@@ -394,12 +381,10 @@ class BuildAhead:
             self.pool.shutdown(wait=True)
 
 
-def _build_early(source: Path, arch: str, cache_root: Path, nvcc: str, nvcc_version: str | None,
-                 timeout_s: float) -> None:
-    try:
-        build_cuda(source, arch, cache_root, nvcc, nvcc_version, uses_cutlass(source), timeout_s=timeout_s)
-    except (KoptError, OSError):  # the compile item builds it again and reports the error with its context
-        pass
+def _after(first: Future[None] | None, then: Any, *args: Any) -> None:
+    if first is not None:
+        first.exception()  # waits; a failure of ``first`` is reported where it is awaited
+    then(*args)
 
 
 def built(ctx: Context) -> BuildResult:

@@ -195,21 +195,47 @@ def _probe_with_retries(attempts: int) -> dict[str, Any]:
     return {**probe, "attempts": hw_attempts}
 
 
-def detect(attempts: int = 1) -> dict[str, Any]:
+#: The tools ``env.json`` records (SKILL.md step 0)
+TOOLS = ("nvcc", "ncu", "cuobjdump")
+#: The distributions whose versions ``env.json`` records
+PACKAGES = ("torch", "triton", "numpy", "pytest", "pytest-xdist", "hypothesis", "nvidia-cutlass", "cupti-python",
+            "nvidia-cuda-cupti", "nvidia-cuda-cupti-cu12")
+
+
+def detect_tools() -> dict[str, dict[str, str | None]]:
+    """``env.json``'s ``tools``: each of :data:`TOOLS` with its path (:func:`find_tool`) and version, the
+    ``--version`` runs side by side (0.09 s on the H200). Never raises."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    found = {name: find_tool(name) for name in TOOLS}
+    with ThreadPoolExecutor(max_workers=len(TOOLS), thread_name_prefix="kopt-tools") as pool:
+        versions = {name: pool.submit(tool_version, path) for name, path in found.items() if path}
+        return {name: {"path": path, "version": versions[name].result() if path else None}
+                for name, path in found.items()}
+
+
+def package_versions() -> dict[str, str | None]:
+    """``env.json``'s ``packages``: the installed version of each of :data:`PACKAGES` (None when absent)."""
+    return {n: _dist_version(n) for n in PACKAGES}
+
+
+def detect(attempts: int = 1, tools: dict[str, dict[str, str | None]] | None = None) -> dict[str, Any]:
     """Detect the environment: SKILL.md's ``env.json`` document (GPUs, tools with versions, library versions).
+    ``tools`` is :func:`detect_tools`' result when the caller has it already (the plugin's configure, for the builds
+    it starts before the probe); otherwise the tools' ``--version`` runs overlap the GPU probe.
 
     ``generation_allowed`` is true only with a GPU context, nvcc, ncu and cuobjdump all present (SKILL.md step 0);
     ``can_read_counters`` stays None until the ncu gate has tried. Retries the GPU probe up to ``attempts`` times.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    if tools is None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    # the tools' --version runs overlap the GPU probe
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="kopt-tools") as pool:
-        found = {name: find_tool(name) for name in ("nvcc", "ncu", "cuobjdump")}
-        versions = {name: pool.submit(tool_version, path) for name, path in found.items() if path}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kopt-tools") as pool:
+            pending = pool.submit(detect_tools)
+            probe = _probe_with_retries(attempts)
+            tools = pending.result()
+    else:
         probe = _probe_with_retries(attempts)
-        tools = {name: {"path": path, "version": versions[name].result() if path else None}
-                 for name, path in found.items()}
     hw_attempts = probe.pop("attempts")
     gpus = probe["gpus"]
     missing = [n for n, t in tools.items() if not t["path"]]
@@ -233,9 +259,7 @@ def detect(attempts: int = 1) -> dict[str, Any]:
         "reason": "; ".join(reasons) or None,
         "hardware_attempts": hw_attempts,
         "python": platform.python_version(),
-        "packages": {n: _dist_version(n) for n in ("torch", "triton", "numpy", "pytest", "pytest-xdist",
-                                                   "hypothesis", "nvidia-cutlass", "cupti-python",
-                                                   "nvidia-cuda-cupti", "nvidia-cuda-cupti-cu12")},
+        "packages": package_versions(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 

@@ -53,8 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
     else:
-        start_builds_early(config, state)  # beside the GPU probe, where the arch is known without it
-        state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1)
+        tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
+        state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)
         if settings.loop_mode == "init":
             _init_run(state)
         cache = getattr(config, "cache", None)
@@ -69,12 +69,14 @@ def pytest_configure(config: pytest.Config) -> None:
         state.restore_visible = (True, before)
 
 
-def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1) -> dict[str, Any]:
+def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
+                    tools: dict[str, Any] | None = None) -> dict[str, Any]:
     """Detect the hardware and choose the session's GPUs (``--kopt-gpus``). When the session pins GPUs (several
     used, or the option given), this process is pinned to the first one: the loop's decisions (re-timing, the
     champion's profile) run there. A loop session probes up to ``attempts`` times (SKILL.md step 0: at most 3).
-    Raises UsageError for a bad ``--kopt-gpus``."""
-    env = hardware.detect(attempts)
+    ``tools``: the tools detected already (:func:`~pytest_kopt.plugin.early.start_builds_early`). Raises
+    UsageError for a bad ``--kopt-gpus``."""
+    env = hardware.detect(attempts, tools=tools)
     try:
         chosen = gpus.select(env, spec)
     except ConfigError as exc:

@@ -8,6 +8,7 @@ waited for at its end (nvcc must not outlive the session), and a CUTLASS build t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +18,29 @@ from ..gates import hardware
 from .stash import SessionState
 
 
+#: pytest options under which no item runs (the help and listings, the setup plans)
+_NO_ITEMS = ("help", "version", "markers", "showfixtures", "show_fixtures_per_test", "setupplan", "setuponly",
+             "collectonly")
+
+
 def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
-    """True when ``kernel``'s compile item is surely selected: no ``--collect-only``, ``--lf``, ``--sw``,
-    ``--deselect`` or node id (``k.cu::compile``) among the arguments, and ``-k``/``-m`` (if given) evaluate true
-    for it with pytest's own expression parser, over the names and markers pytest matches it by (its name
-    ``compile``, its file's name and folders below the root, the ``kopt`` marker). False when unsure: an
+    """True when ``kernel``'s compile item surely runs: no option under which no item runs (``--help``,
+    ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``, ``--deselect`` or node id
+    (``k.cu::compile``), every path argument existing, the kernel inside the root folder, and ``-k``/``-m`` (if
+    given) true for the item by pytest's own expression parser, over the names and markers pytest matches it by
+    (its name ``compile``, the folders and file name below the root, the ``kopt`` marker). False when unsure: an
     expression pytest cannot parse here, or one with call parameters."""
     opt = config.option
-    if (getattr(opt, "collectonly", False) or getattr(opt, "lf", False) or getattr(opt, "stepwise", False)
-            or getattr(opt, "deselect", None) or any("::" in str(a) for a in config.args)):
+    if (any(getattr(opt, name, False) for name in _NO_ITEMS) or getattr(opt, "lf", False)
+            or getattr(opt, "stepwise", False) or getattr(opt, "deselect", None)
+            or any("::" in str(a) or not Path(config.invocation_params.dir, str(a)).exists() for a in config.args)):
         return False
     try:
         from _pytest.mark.expression import Expression
-    except ImportError:
+
+        names = {"compile", "kopt", *kernel.resolve().relative_to(config.rootpath.resolve()).parts}
+    except (ImportError, ValueError):  # pytest's parser moved, or a kernel outside the root (named by its path)
         return False
-    try:
-        rel = kernel.resolve().relative_to(config.rootpath.resolve())
-        names = {"compile", "kopt", *rel.parts}
-    except ValueError:  # outside the root: pytest names it by its own folders
-        names = {"compile", "kopt", kernel.name, kernel.parent.name}
 
     def keyword(sub: str, /, **kwargs: Any) -> bool:
         if kwargs:
@@ -57,18 +62,26 @@ def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
     return True
 
 
-def start_builds_early(config: pytest.Config, state: SessionState) -> int:
-    """Start the session's ``.cu`` builds (:meth:`~pytest_kopt.gates.build.BuildAhead.start_early`) when this
-    process runs the items (no xdist), nvcc is found, the arch is known before the probe (``--kopt-arch``, else
-    :func:`~pytest_kopt.gates.hardware.nvml_arch`) and the selection keeps the kernel's compile item. Returns how
-    many builds were started."""
+def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, Any] | None:
+    """Detect the tools (:func:`~pytest_kopt.gates.hardware.detect_tools`) and start the builds of the session's
+    ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps_compile`), through
+    :class:`~pytest_kopt.gates.build.BuildAhead` with contexts whose environment holds the tools, the package
+    versions and the arch: the build, its remembered failure and its contract check are then the ones the compile
+    item would have made. Only where this process runs the items (no xdist), the GPUs are not chosen by
+    ``--kopt-gpus`` (whose errors come later, in configure), the session does not open a loop's run
+    (``--kopt-init``) and the arch is known before the probe
+    (``--kopt-arch``, else :func:`~pytest_kopt.gates.hardware.nvml_arch`). Returns the tools, for
+    :func:`~pytest_kopt.gates.hardware.detect` to reuse, or None when it detected nothing."""
     s = state.settings
-    if getattr(config.option, "dist", "no") != "no" or getattr(config.option, "numprocesses", None):
-        return 0  # each xdist worker starts its kernels' builds at its first item
+    if (getattr(config.option, "dist", "no") != "no" or getattr(config.option, "numprocesses", None) or s.gpus
+            or s.loop_mode == "init"):  # xdist: each worker starts its kernels' builds at its first item;
+        return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
     kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps_compile(config, k)]
-    nvcc = hardware.find_tool("nvcc") if kernels else None
-    arch = (s.arch or hardware.nvml_arch()) if nvcc else None
-    if not arch or not nvcc:
-        return 0
-    return state.builds.start_early(kernels, arch, state.cache_dir(config) / "builds", nvcc,
-                                    hardware.tool_version(nvcc), max(600.0, s.gate_timeout_s))
+    if not kernels:
+        return None
+    tools = hardware.detect_tools()
+    arch = (s.arch or hardware.nvml_arch()) if tools["nvcc"]["path"] else None
+    if arch:
+        env = {"tools": tools, "packages": hardware.package_versions(), "sm_arch": arch}
+        state.builds.start([state.context(config, k, os.path.relpath(k, config.rootpath), env=env) for k in kernels])
+    return tools
