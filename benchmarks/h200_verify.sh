@@ -8,7 +8,8 @@
 #   loop      the loop-speed scenario: benchmarks/loop_gemm.py -n 4 --iterations 1 (naive SGEMM 4096^3)
 #   saved     --kopt-save / --kopt-compare on the tiled SGEMM
 #   pr        the PR gate on (naive, tiled), (tiled, tiled), (tiled, naive) SGEMM at 4096^3
-#   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates)
+#   speed     benchmarks/loop_speed.py --jobs 8 (compile -n 8 vs -n 0, cache hits, collection of 64 candidates), then
+#             benchmarks/compile_timeline.py --runs 3 (where the -n 0 compile session's time goes)
 #   fidelity  benchmarks/timing_fidelity.py (kopt's default, events and graph, do_bench, ncu, against the kernels'
 #             own span measured apart from kopt)
 #   formats   kernels as people write them: the autotuned Triton matmul (4 configs) through every gate, a GPU MODE
@@ -101,6 +102,7 @@ PY
       wall pr 0 $t0 ;;
     speed)
       timeout 200 python3 benchmarks/loop_speed.py --jobs 8 > "$OUT/speed.log" 2>&1
+      timeout 120 python3 benchmarks/compile_timeline.py --runs 3 >> "$OUT/speed.log" 2>&1
       wall speed $? $t0; cat "$OUT/speed.log" ;;
     fidelity)
       left=$(( ${KOPT_VERIFY_S:-580} - ($(date +%s) - T0) ))

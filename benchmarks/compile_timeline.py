@@ -1,0 +1,138 @@
+"""Where an 8-branch compile session's wall time goes: the ``-n 0`` row of ``loop_speed.py`` (8 distinct ``.cu``
+branches, ``-k compile``, a fresh cache each run), with a timeline of pytest's phases and each nvcc build.
+
+Run as a script, it runs that session ``--runs`` times, each as ``python3 -m pytest -p compile_timeline`` (this file,
+loaded as a pytest plugin, writes one JSON line per stamp to ``$KOPT_TIMELINE``), and prints per run the seconds
+from the process's start to: the first kopt hook (the plugins imported), the GPU probe's end, collection's end, the
+first and last build's start and end, the terminal summary's end, and the process's exit. Also the serial floor
+(the 8 builds through ``build_cuda`` one after another, no pytest) and each run's speed-up over it.
+
+Usage (any machine with nvcc; the GPU machine for the figures of docs/loop.md):
+    python3 benchmarks/compile_timeline.py [--runs 2] [--arch sm_90a]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMELINE = os.environ.get("KOPT_TIMELINE")
+
+
+def _stamp(what: str, **fields: object) -> None:
+    with open(TIMELINE, "a") as f:  # type: ignore[arg-type]
+        f.write(json.dumps({"t": time.time(), "what": what, **fields}) + "\n")
+
+
+if TIMELINE:  # loaded by pytest as a plugin (-p compile_timeline): stamps, and a wrapper around each build
+    import pytest
+
+    from pytest_kopt.gates import build as _build
+    from pytest_kopt.gates import hardware as _hardware
+
+    _build_cuda, _probe = _build.build_cuda, _hardware.probe_gpus
+
+    def _timed_build(source, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        _stamp("build_start")
+        try:
+            return _build_cuda(source, *args, **kwargs)
+        finally:
+            _stamp("build_end")
+
+    def _timed_probe(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        try:
+            return _probe(*args, **kwargs)
+        finally:
+            _stamp("probe_end")
+
+    _build.build_cuda, _hardware.probe_gpus = _timed_build, _timed_probe
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(config: pytest.Config) -> None:  # noqa: D103
+        _stamp("configure")
+
+    def pytest_collection_finish(session: pytest.Session) -> None:  # noqa: D103
+        _stamp("collected")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(terminalreporter: object) -> None:  # noqa: D103
+        _stamp("summary_end")
+
+
+def kernels(work: Path) -> list[str]:
+    """The 8 distinct branches loop_speed.py compiles (the tiled SGEMM with different macros)."""
+    names = []
+    for i in range(8):
+        src = f"#define BM 64\n#define BN 64\n#define TM 4\n#define TN 4\n#define VEC {i % 2}\n// variant {i}\n"
+        (work / f"b{i}.cu").write_text(src + (ROOT / "examples" / "gemm_tiled" / "reg_tiled.cuh").read_text())
+        names.append(f"b{i}.cu")
+    (work / "ref.py").write_text((ROOT / "examples" / "gemm" / "ref.py").read_text())
+    return names
+
+
+def session(work: Path, names: list[str], run: int, arch: str | None) -> dict[str, float]:
+    """One ``-n 0`` compile session; seconds from its start to each stamp (first and last of repeated ones)."""
+    log = work / f"timeline{run}.jsonl"
+    env = {**os.environ, "KOPT_TIMELINE": str(log),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cands = [x for n in names[1:] for x in ("--kopt-candidate", n)]
+    args = [sys.executable, "-m", "pytest", "-p", "compile_timeline", "-p", "no:randomly", "-p", "no:xdist", "-q",
+            "--kopt-baseline", names[0], *cands, "--kopt-ref", "ref.py", "--kopt-dims", "M=256,N=256,K=64",
+            "-k", "compile", "--kopt-seeds", "1", "-o", f"cache_dir=.c{run}", *(["--kopt-arch", arch] if arch else [])]
+    t0 = time.time()
+    proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True)
+    out: dict[str, float] = {"exit": time.time() - t0, "rc": proc.returncode}
+    for line in log.read_text().splitlines():
+        d = json.loads(line)
+        t = d["t"] - t0
+        first, last = f"{d['what']} (first)", f"{d['what']} (last)"
+        out.setdefault(first, t)
+        out[last] = t
+    return out
+
+
+def serial_floor(work: Path, names: list[str], arch: str) -> float:
+    """The 8 builds one after another through build_cuda, into a fresh cache (no pytest), wall seconds."""
+    from pytest_kopt.gates.build import build_cuda
+    from pytest_kopt.gates.hardware import find_tool, tool_version
+
+    nvcc = find_tool("nvcc")
+    version = tool_version(nvcc) if nvcc else None
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as root:
+        for name in names:
+            build_cuda(work / name, arch, Path(root), nvcc, version, False)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--arch", default=None, help="passed as --kopt-arch (default: the session detects it)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        names = kernels(work)
+        runs = [session(work, names, i, a.arch) for i in range(a.runs)]
+        floor = serial_floor(work, names, a.arch or "sm_90a")
+    rows = [("first kopt hook (plugins imported)", "configure (first)"), ("GPU probe done", "probe_end (last)"),
+            ("collection done", "collected (first)"), ("first build started", "build_start (first)"),
+            ("last build done", "build_end (last)"), ("terminal summary done", "summary_end (last)"),
+            ("process exit", "exit")]
+    print(f"{'stamp (s from the start)':<36}" + "".join(f"{f'run {i + 1}':>9}" for i in range(len(runs))))
+    for label, key in rows:
+        print(f"{label:<36}" + "".join(f"{r[key]:9.2f}" if key in r else f"{'-':>9}" for r in runs))
+    print(f"{'exit code':<36}" + "".join(f"{int(r['rc']):9d}" for r in runs))
+    print(f"\nserial floor (8 build_cuda one by one): {floor:.2f} s; speed-up per run: "
+          + ", ".join(f"{floor / r['exit']:.2f}x" for r in runs))
+
+
+if __name__ == "__main__":
+    main()
