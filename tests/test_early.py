@@ -42,6 +42,7 @@ def _config(tmp_path: Path, keyword: str = "", markexpr: str = "", args: tuple[s
     ("", "", {"help": True}, False),           # no item runs: --help, the listings, the setup plans
     ("", "", {"markers": True}, False),
     ("", "", {"setupplan": True}, False),
+    ("", "", {"cacheshow": True}, False),
 ])
 def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_path: Path, keyword: str,
                                                                            markexpr: str, flags: dict,

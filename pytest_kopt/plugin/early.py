@@ -20,7 +20,7 @@ from .stash import SessionState
 
 #: pytest options under which no item runs (the help and listings, the setup plans)
 _NO_ITEMS = ("help", "version", "markers", "showfixtures", "show_fixtures_per_test", "setupplan", "setuponly",
-             "collectonly")
+             "collectonly", "cacheshow")
 
 
 def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
