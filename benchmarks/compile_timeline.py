@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 TIMELINE = os.environ.get("KOPT_TIMELINE")
 
 
@@ -66,17 +67,6 @@ if TIMELINE:  # loaded by pytest as a plugin (-p compile_timeline): stamps, and 
         _stamp("summary_end")
 
 
-def kernels(work: Path) -> list[str]:
-    """The 8 distinct branches loop_speed.py compiles (the tiled SGEMM with different macros)."""
-    names = []
-    for i in range(8):
-        src = f"#define BM 64\n#define BN 64\n#define TM 4\n#define TN 4\n#define VEC {i % 2}\n// variant {i}\n"
-        (work / f"b{i}.cu").write_text(src + (ROOT / "examples" / "gemm_tiled" / "reg_tiled.cuh").read_text())
-        names.append(f"b{i}.cu")
-    (work / "ref.py").write_text((ROOT / "examples" / "gemm" / "ref.py").read_text())
-    return names
-
-
 def session(work: Path, names: list[str], run: int, arch: str | None) -> dict[str, float]:
     """One ``-n 0`` compile session; seconds from its start to each stamp (first and last of repeated ones)."""
     log = work / f"timeline{run}.jsonl"
@@ -98,30 +88,18 @@ def session(work: Path, names: list[str], run: int, arch: str | None) -> dict[st
     return out
 
 
-def serial_floor(work: Path, names: list[str], arch: str) -> float:
-    """The 8 builds one after another through build_cuda, into a fresh cache (no pytest), wall seconds."""
-    from pytest_kopt.gates.build import build_cuda
-    from pytest_kopt.gates.hardware import find_tool, tool_version
-
-    nvcc = find_tool("nvcc")
-    version = tool_version(nvcc) if nvcc else None
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as root:
-        for name in names:
-            build_cuda(work / name, arch, Path(root), nvcc, version, False)
-    return time.perf_counter() - t0
-
-
 def main() -> None:
+    from loop_speed import serial_floor, write_branches
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--arch", default=None, help="passed as --kopt-arch (default: the session detects it)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        names = kernels(work)
+        names = write_branches(work)
         runs = [session(work, names, i, a.arch) for i in range(a.runs)]
-        floor = serial_floor(work, names, a.arch or "sm_90a")
+        floor = serial_floor(work, names, a.arch or "sm_90a")[2]
     rows = [("first kopt hook (plugins imported)", "configure (first)"), ("GPU probe done", "probe_end (last)"),
             ("collection done", "collected (first)"), ("first build started", "build_start (first)"),
             ("last build done", "build_end (last)"), ("terminal summary done", "summary_end (last)"),

@@ -3,8 +3,9 @@ for collecting 64 candidates (CPU seconds and peak memory of the controller).
 
 The anchor for the compile rows is the serial floor: the same 8 builds run one after another through
 :func:`pytest_kopt.gates.build.build_cuda` (nvcc with kopt's flags, no pytest), which is what a loop that compiles
-its branches in turn pays. kopt starts every build of a session at its first item (``BuildAhead``), so ``-n 0``
-compiles in parallel too; the speed-up printed is the serial floor over each kopt row.
+its branches in turn pays. kopt starts every build of a session ahead of its compile item (``BuildAhead``: at the
+first item, or at configure where the arch is known before the GPU probe), so ``-n 0`` compiles in parallel too;
+the speed-up printed is the serial floor over each kopt row. Where that row's time goes: ``compile_timeline.py``.
 
 The GPU part (set-up and close of an iteration at 4096^3) is ``benchmarks/loop_gemm.py``, which prints the wall
 time of each phase. Usage: python3 benchmarks/loop_speed.py [--jobs N]
@@ -39,6 +40,18 @@ def run(args: list[str], cwd: Path) -> tuple[int, float, float, int, str]:
     return proc.returncode, wall, cpu, after.ru_maxrss // 1024, proc.stdout + proc.stderr
 
 
+def write_branches(work: Path) -> list[str]:
+    """8 distinct ``.cu`` branches (the tiled SGEMM with different macros, so 8 real nvcc builds) and the
+    reference ``ref.py`` in ``work``; returns the branches' file names."""
+    shutil.copy(ROOT / "examples" / "gemm" / "ref.py", work / "ref.py")
+    names = []
+    for i in range(8):
+        src = f"#define BM 64\n#define BN 64\n#define TM 4\n#define TN 4\n#define VEC {i % 2}\n// variant {i}\n"
+        (work / f"b{i}.cu").write_text(src + (ROOT / "examples" / "gemm_tiled" / "reg_tiled.cuh").read_text())
+        names.append(f"b{i}.cu")
+    return names
+
+
 def serial_floor(work: Path, names: list[str], arch: str) -> tuple[str, int, float, float, int, str]:
     """The 8 builds one after another, in this process, into a fresh cache: (label, rc, wall s, child CPU s, peak
     MB, note) like :func:`run`'s rows. ``arch`` is the target kopt built for (its compile item's figure)."""
@@ -65,12 +78,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        shutil.copy(ROOT / "examples" / "gemm" / "ref.py", work / "ref.py")
-        names = []
-        for i in range(8):  # 8 distinct sources, so 8 real nvcc builds
-            src = f"#define BM 64\n#define BN 64\n#define TM 4\n#define TN 4\n#define VEC {i % 2}\n// variant {i}\n"
-            (work / f"b{i}.cu").write_text(src + (ROOT / "examples" / "gemm_tiled" / "reg_tiled.cuh").read_text())
-            names.append(f"b{i}.cu")
+        names = write_branches(work)
         cands = [x for n in names[1:] for x in ("--kopt-candidate", n)]
         base = ["--kopt-baseline", names[0], *cands, "--kopt-ref", "ref.py", "--kopt-dims", "M=256,N=256,K=64",
                 "-k", "compile", "--kopt-seeds", "1"]

@@ -49,20 +49,15 @@ class SessionState:
         self.plotting = True
         threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
 
-    @staticmethod
-    def cache_dir(config: pytest.Config) -> Path:
-        """The session's cache folder (builds, reference outputs): pytest's cache ``kopt``, or the same path where
-        the cache plugin is off."""
-        cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-        return Path(cache.mkdir("kopt")) if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
-
     def context(self, config: pytest.Config, kernel: Path, display: str, env: dict[str, Any] | None = None) -> Context:
         """The gate context of one kernel file; ``env`` replaces the detected environment (the builds started
         before the GPU probe: :mod:`pytest_kopt.plugin.early`)."""
         assert self.settings.ref is not None
+        cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+        cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=self.settings, env=self.env if env is None else env, kernel=Path(kernel).resolve(),
-                       ref=self.settings.ref,
-                       display=display, cache_dir=self.cache_dir(config), pool=self.pool, blocks=self.blocks,
+                       ref=self.settings.ref, display=display, cache_dir=Path(cache_dir), pool=self.pool,
+                       blocks=self.blocks,
                        trust=self.trust, collected=self.collected.get(Path(kernel).resolve(), frozenset()))
 
 
