@@ -67,7 +67,7 @@ def _ctx(tmp_path: Path, collected: frozenset[str] = frozenset({"ncu"}), gpu: bo
     return SimpleNamespace(kernel=tmp_path / "k.cu", outdir=outdir, collected=collected,
                            gpu={"uuid": "GPU-x"} if gpu else None, tool=lambda name: "/bin/ncu",
                            settings=SimpleNamespace(ncu_set=ncu_set), benchmarks=({"n": 1},),
-                           pool=SimpleNamespace(ahead={}))
+                           pool=SimpleNamespace(ahead={}, profiled=set()))
 
 
 def _record(folder: Path, name: str, **fields: object) -> None:
@@ -91,12 +91,47 @@ def test_the_estimate_is_the_fastest_passed_call(tmp_path: Path) -> None:
     assert ncu.choose_set(ncu.estimated_ms(ctx))[0] == "full"
 
 
-@pytest.mark.parametrize("why", ["no ncu item", "no GPU", "no estimate"])
+@pytest.mark.parametrize("why", ["no ncu item", "no GPU", "no estimate", "ncu item ran"])
 def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path, why: str) -> None:
     ctx = _ctx(tmp_path, collected=frozenset({"timing"}) if why == "no ncu item" else frozenset({"ncu"}),
                gpu=why != "no GPU")
-    assert ncu.profile_ahead(ctx) is None
+    if why == "ncu item ran":
+        _record(ctx.outdir / "correctness", "seed=1", passed=True, call_ms=2.0)
+        assert ncu._take_ahead(ctx, "full") == (None, "none started")
+    assert ncu.profile_ahead(ctx) == ()
+    assert ncu.profile_ahead(ctx, early=why != "no estimate") == ()
     assert ctx.pool.ahead == {}
+
+
+def test_started_at_the_first_seed_with_both_sets_then_narrowed_by_the_estimate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The correctness gate starts the profile before any seed has a call time: both sets, since either may be
+    the one the ncu item picks. The timing gate, with the seeds' estimate (12 ms: light), ends the full set's
+    process and keeps the light one running; a second early call starts nothing new."""
+    started: list[str] = []
+
+    def start(ctx: SimpleNamespace, set_name: str, dims: object) -> bool:
+        key = (str(ctx.kernel), set_name)
+        if key not in ctx.pool.ahead:
+            started.append(set_name)
+            ctx.pool.ahead[key] = ncu.Ahead(_Proc(True), tmp_path / set_name, time.time())
+        return True
+
+    monkeypatch.setattr(ncu, "start_profile", start)
+    ctx = _ctx(tmp_path)
+    assert ncu.profile_ahead(ctx, early=True) == ("full", "light")
+    full = ctx.pool.ahead[(str(ctx.kernel), "full")].proc
+    _record(ctx.outdir / "correctness", "seed=1", passed=True, call_ms=12.0)
+    assert ncu.profile_ahead(ctx, early=True) == ("light",)
+    assert not full.killed  # an early call ends nothing
+    assert ncu.profile_ahead(ctx) == ("light",)
+    assert full.killed and list(ctx.pool.ahead) == [(str(ctx.kernel), "light")]
+    assert started == ["full", "light"]
+
+
+def test_a_pinned_set_starts_alone_even_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: set_name == "light")
+    assert ncu.profile_ahead(_ctx(tmp_path, ncu_set="light"), early=True) == ("light",)
 
 
 class _Proc:
@@ -176,3 +211,27 @@ def test_a_profile_started_ahead_runs_once_the_gate_releases_it(tmp_path: Path,
     ahead.release()
     result = ahead.proc.finish(timeout_s=60.0, path="k.cu")
     assert result["ok"] is True and result["at"] == {"released": 1}
+
+
+def test_the_build_thread_starts_the_profile_once_the_kernel_is_built(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile needs the built library, and nothing else the items make: BuildAhead starts it right after the
+    build, in the build's thread, for a kernel this process runs the ncu item of; once per kernel, also when its
+    build began before the process knew its items (the early build at configure); never for another kernel."""
+    from pytest_kopt.gates import build
+
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(build, "ensure_built", lambda c: events.append(("built", c.kernel.name)) or
+                        SimpleNamespace(artifact="k.so"))
+    monkeypatch.setattr(ncu, "profile_ahead", lambda c, early=False: events.append(("profile", c.kernel.name))
+                        or ("full", "light"))
+    monkeypatch.setattr(build, "STARTED", {})
+    ctxs = [SimpleNamespace(kind="cuda", tool=lambda name: "/bin/nvcc", kernel=tmp_path / n, arch="sm_90a")
+            for n in ("a.cu", "b.cu")]
+    ahead = build.BuildAhead()
+    assert ahead.start(ctxs) == 2  # as at configure: the items are not known yet
+    assert ahead.start(ctxs, profile=frozenset({ctxs[0].kernel})) == 0  # a's first item: its build had begun
+    assert ahead.start(ctxs, profile=frozenset({ctxs[0].kernel})) == 0
+    ahead.wait()
+    assert sorted(events) == [("built", "a.cu"), ("built", "a.cu"), ("built", "b.cu"), ("profile", "a.cu")]
+    assert events.index(("profile", "a.cu")) > events.index(("built", "a.cu"))

@@ -315,14 +315,24 @@ def ensure_built(ctx: Context) -> BuildResult:
     return res
 
 
-def build_quietly(ctx: Context, sass: bool = False) -> None:
+def build_quietly(ctx: Context, sass: bool = False, profile: bool = False) -> None:
     """:func:`ensure_built` for a build started ahead of its compile item (:class:`BuildAhead`): a failure is
-    remembered in ``compile_error.json`` as usual, and the compile item reports it when it runs. With ``sass``,
-    the built library's SASS is dumped next (:func:`pytest_kopt.gates.sass.prefetch_sass`) for the sass item."""
+    remembered in ``compile_error.json`` as usual, and the compile item reports it when it runs. With ``profile``,
+    the ncu item's profile is started next (:func:`pytest_kopt.gates.ncu.profile_ahead`, both sets: no seed has
+    run), so ncu, Python, torch and the CUDA context come up under the plan, correctness and timing items. With
+    ``sass``, the built library's SASS is dumped then (:func:`pytest_kopt.gates.sass.prefetch_sass`) for the sass
+    item."""
     try:
         res = ensure_built(ctx)
     except (KoptError, Blocked, OSError):
         return
+    if profile:
+        from .ncu import profile_ahead
+
+        try:
+            profile_ahead(ctx, early=True)
+        except (KoptError, Blocked, OSError):
+            pass  # the correctness or ncu item starts it
     if sass and ctx.kind == "cuda":
         from .sass import prefetch_sass
 
@@ -344,6 +354,7 @@ class BuildAhead:
     def __init__(self) -> None:
         self.pool: Any = None
         self.sassed: set[Path] = set()
+        self.profiled: set[Path] = set()
         #: (kernel, arch) of every build started, so none is started twice
         self.begun: set[tuple[Path, str]] = set()
 
@@ -354,24 +365,27 @@ class BuildAhead:
             self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="kopt-build")
         return self.pool
 
-    def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset()) -> int:
+    def start(self, ctxs: list[Context], sass: frozenset[Path] = frozenset(),
+              profile: frozenset[Path] = frozenset()) -> int:
         """Start the builds of ``ctxs`` (``.cu`` kernels; others are skipped) not started yet for their arch, each
-        followed by its SASS dump when it is in ``sass`` (kernel paths: the kernels this process runs the sass
-        item of, as far as it knows; under xdist a worker learns its kernels one at a time, at each one's first
-        item, and a later call adds their dumps). Returns how many builds were started."""
+        followed by the start of its ncu item's profile when it is in ``profile`` and its SASS dump when it is in
+        ``sass`` (kernel paths: the kernels this process runs the ncu or sass item of, as far as it knows; under
+        xdist a worker learns its kernels one at a time, at each one's first item, and a later call adds them).
+        Returns how many builds were started."""
         todo = [c for c in ctxs if c.kind == "cuda" and c.tool("nvcc")]
         pool = self._pool()
         started = 0
         for c in todo:
             dump = c.kernel in sass and c.kernel not in self.sassed
-            if dump:
-                self.sassed.add(c.kernel)
+            prof = c.kernel in profile and c.kernel not in self.profiled
+            self.sassed.update([c.kernel] if dump else [])
+            self.profiled.update([c.kernel] if prof else [])
             if (c.kernel, c.arch) in self.begun:
-                if dump:  # after the build started before: its failure is remembered then, not built again
-                    pool.submit(_after, STARTED.get(c.kernel), build_quietly, c, True)
+                if dump or prof:  # after the build started before: its failure is remembered then, not built again
+                    pool.submit(_after, STARTED.get(c.kernel), build_quietly, c, dump, prof)
                 continue
             self.begun.add((c.kernel, c.arch))
-            STARTED[c.kernel] = pool.submit(build_quietly, c, dump)
+            STARTED[c.kernel] = pool.submit(build_quietly, c, dump, prof)
             started += 1
         return started
 

@@ -154,6 +154,13 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     device = ctx.device_for("correctness", cpu_ok=ctx.kind in ("triton", "python"))
     res = built(ctx)
     interpreter_unsound(ctx, device, (read_dict(ctx.outdir / "plan.json") or {}).get("spec"))
+    if device == "cuda" and "correctness" in ctx.collected:
+        from .ncu import profile_ahead
+
+        try:
+            profile_ahead(ctx, early=True)  # ncu's start under the seeds; its kernels wait for the ncu item's turn
+        except (OSError, KoptError):
+            pass  # the ncu item starts its own
     record: dict[str, Any] = {"case": case, "device": device, "fingerprint": fingerprint(ctx, res, case, device),
                               "passed": False}
     try:

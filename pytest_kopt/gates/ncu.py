@@ -11,6 +11,7 @@ import hashlib
 import os
 import secrets
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,32 +148,57 @@ def estimated_ms(ctx: Context) -> float | None:
     return min(seen) if seen else None
 
 
-def profile_ahead(ctx: Context) -> str | None:
-    """Start the ncu item's profile now (the timing gate calls it before it measures), so ncu's start, Python's,
-    torch's import and the CUDA context under ncu (about 5 s on the H200, ``phase_s`` of ``ncu_top.json``) overlap
-    the timing instead of following it. The process launches no kernel until :func:`gate_ncu` holds the GPU lock
-    and creates its go file (:func:`pytest_kopt.child.profile.wait_for_go`). The ncu set is the run's pinned one,
-    else the one :func:`choose_set` gives for :func:`estimated_ms` (the gate discards the process when the timed
-    median picks the other set). Returns the set started, or None when nothing was started: no ncu item for this
-    kernel in this process, no ncu, no GPU, several benchmark shapes without a pinned set, or no estimate."""
-    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu"):
-        return None
+#: Held while a kernel's profiles started ahead are started, taken or ended: the build threads start them
+#: (:func:`pytest_kopt.gates.build.build_quietly`) while the items run in the main thread.
+_AHEAD_LOCK = threading.RLock()
+
+
+def profile_ahead(ctx: Context, *, early: bool = False) -> tuple[str, ...]:
+    """Start the ncu item's profile before its turn, so ncu's start, Python's, torch's import and the CUDA context
+    under ncu (5-6.5 s on the H200, ``phase_s`` of ``ncu_top.json``) overlap the correctness and timing items
+    instead of following them. The process launches no kernel until :func:`gate_ncu` holds the GPU lock and creates
+    its go file (:func:`pytest_kopt.child.profile.wait_for_go`).
+
+    The ncu set is the run's pinned one, else the one :func:`choose_set` gives for :func:`estimated_ms`. ``early``
+    (the build's thread once the kernel is built, :class:`pytest_kopt.gates.build.BuildAhead`, and the correctness
+    gate): with no estimate yet (no seed has a call time) or several benchmark shapes (whose first shape no seed
+    timed), both sets start, and the ncu item takes the one its timed median picks and ends the other. Later (the
+    timing gate, ``early`` False) the estimate's set is started if it is not running yet and the other set's
+    process is ended. Returns the sets started or already running; empty when nothing was: no ncu item for this
+    kernel in this process, no ncu, no GPU, the ncu item already ran, or (not ``early``) no estimate."""
+    with _AHEAD_LOCK:
+        return _profile_ahead(ctx, early)
+
+
+def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
+    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu") or str(ctx.kernel) in ctx.pool.profiled:
+        return ()
     dims, _ = profiled_shape(ctx)
     pinned = ctx.settings.ncu_set
+    est = estimated_ms(ctx) if dims is None and not pinned else None
     if pinned:
-        set_name = pinned
+        sets: tuple[str, ...] = (pinned,)
+    elif est is not None:
+        sets = (choose_set(est)[0],)
+    elif early:
+        sets = ("full", "light")
     else:
-        est = estimated_ms(ctx) if dims is None else None
-        if est is None:
-            return None
-        set_name = choose_set(est)[0]
-    return set_name if start_profile(ctx, set_name, dims) else None
+        return ()
+    if not early:
+        for key in [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel) and k[1] not in sets]:
+            ctx.pool.ahead.pop(key).kill()
+    return tuple(s for s in sets if start_profile(ctx, s, dims))
 
 
 def start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> bool:
     """Start ``ctx``'s kernel's profile with ``set_name`` at ``dims`` (None: the session's) ahead of its gate
     (:func:`profile_ahead`; the loop's close for the likely champion). False when it cannot start (no build, no
     ncu); True when it runs (or already did)."""
+    with _AHEAD_LOCK:
+        return _start_profile(ctx, set_name, dims)
+
+
+def _start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> bool:
     key = (str(ctx.kernel), set_name)
     if key in ctx.pool.ahead:
         return True
@@ -203,13 +229,14 @@ def start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> b
 
 def drop_ahead(ctx: Context, keep: Path | None = None) -> None:
     """End the profiles started ahead in ``ctx``'s pool, but ``keep``'s (a kernel path)."""
-    for key in [k for k in ctx.pool.ahead if keep is None or k[0] != str(keep)]:
-        ctx.pool.ahead.pop(key).kill()
+    with _AHEAD_LOCK:
+        for key in [k for k in ctx.pool.ahead if keep is None or k[0] != str(keep)]:
+            ctx.pool.ahead.pop(key).kill()
 
 
 @dataclass
 class Ahead:
-    """A profile process :func:`profile_ahead` started: the process, its go file, when it started, its go token."""
+    """A profile process :func:`start_profile` started: the process, its go file, when it started, its go token."""
 
     proc: FreshProcess
     go: Path
@@ -232,6 +259,12 @@ def _take_ahead(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
     """The profile started ahead for this kernel with ``set_name``, if it is still waiting for its turn, and what
     became of it (``used``; ``none started``; ``started with the <set> set``; ``ended before its turn``, with its
     output's tail); any other of this kernel's is ended."""
+    with _AHEAD_LOCK:
+        return _take(ctx, set_name)
+
+
+def _take(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
+    ctx.pool.profiled.add(str(ctx.kernel))
     mine = [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel)]
     held, note = None, "none started"
     for key in mine:

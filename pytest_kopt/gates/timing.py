@@ -340,7 +340,7 @@ def gate_timing(ctx: Context, case: Any = None) -> Outcome:
         from .ncu import profile_ahead
 
         try:
-            profile_ahead(ctx)  # ncu's start under this measurement; its kernels wait for the ncu item's turn
+            profile_ahead(ctx)  # the estimate's set only; its kernels wait for the ncu item's turn
         except (OSError, KoptError):
             pass  # the ncu item starts its own
     if case is None:

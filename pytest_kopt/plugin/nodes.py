@@ -122,8 +122,8 @@ class KoptItem(pytest.Item):
     def _kickoff(self, state: Any) -> Any:
         """At a kernel's first item in this process, start what its later items wait for, so it runs beside the
         hardware, preflight and plan items: nvcc for every ``.cu`` kernel this process collected a compile item
-        of (:class:`~pytest_kopt.gates.build.BuildAhead`, once per process), this kernel's SASS dump when it has a
-        sass item, and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
+        of (:class:`~pytest_kopt.gates.build.BuildAhead`, once per process), this kernel's ncu profile (when it has
+        an ncu item and a GPU) and SASS dump (when it has a sass item) after its build, and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
         the gates this process collected (``Context.collected``), and returns this kernel's context with them."""
         mine = [i for i in self.session.items if isinstance(i, KoptItem)]
         for item in mine:
@@ -133,8 +133,9 @@ class KoptItem(pytest.Item):
         ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
         # the SASS dump of this kernel only: under xdist every worker collects every kernel, and runs few of them
         sass = frozenset({ctx.kernel}) if "sass" in ctx.collected else frozenset()
+        profile = frozenset({ctx.kernel}) if "ncu" in ctx.collected and ctx.gpu else frozenset()
         state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in compiles.values()],
-                           sass)
+                           sass, profile)
         if ctx.collected & HARNESS_GATES:
             prestart_harness(ctx)
         if "roofline" in ctx.collected:  # matplotlib's import off the roofline item

@@ -204,6 +204,8 @@ class HarnessPool:
         #: one-request processes started ahead of the gate that finishes them (the ncu gate's profile, keyed by
         #: (kernel, ncu set); each has ``kill()``); ended at :meth:`shutdown` when no gate took them
         self.ahead: dict[Any, Any] = {}
+        #: kernels (paths) whose ncu gate has taken or ended their profiles: none is started ahead for them again
+        self.profiled: set[str] = set()
         self._atexit = False
 
     def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
