@@ -227,10 +227,10 @@ def _start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> 
     return True
 
 
-def drop_ahead(ctx: Context, keep: Path | None = None) -> None:
-    """End the profiles started ahead in ``ctx``'s pool, but ``keep``'s (a kernel path)."""
+def end_ahead(ctx: Context, kernel: Path) -> None:
+    """End the profiles started ahead for ``kernel`` (a path) in ``ctx``'s pool."""
     with _AHEAD_LOCK:
-        for key in [k for k in ctx.pool.ahead if keep is None or k[0] != str(keep)]:
+        for key in [k for k in ctx.pool.ahead if k[0] == str(kernel)]:
             ctx.pool.ahead.pop(key).kill()
 
 

@@ -21,6 +21,11 @@ from .stash import SessionState
 from .terminal import summary
 
 
+#: The most branch profiles a loop's close keeps waiting at once (each holds a CUDA context on the GPU and took
+#: about one CPU-second per second of its 6.5 s start on the H200).
+PROFILES_AHEAD = 4
+
+
 class ControllerPlugin:
     """Collects every kopt item's report, sets SKILL.md's exit code, closes the loop's step, compares kernels,
     writes ``--kopt-json`` and prints the summary."""
@@ -33,44 +38,78 @@ class ControllerPlugin:
         self.loop_result: dict[str, Any] | None = None
         self.errors: list[str] = []
         self.comparisons: list[dict[str, Any]] = []
-        #: in a loop's close, the fastest branch timed so far: (median ms, kernel path), and what was started for
-        #: each leader in turn (shown with -v)
+        #: in a loop's close: the fastest branch timed so far (median ms, kernel path), the branches whose profile
+        #: was started ahead, those a start was tried for, those ruled out as champion (an item failed or skipped, or timed slower than the
+        #: fastest), and what was done for each (shown with -v)
         self.leader: tuple[float, Path] | None = None
+        self.profiling: set[Path] = set()
+        self.tried: set[Path] = set()
+        self.ruled_out: set[Path] = set()
         self.ahead_log: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep one record per kopt item; in a loop's close, start the likely champion's profile."""
+        """Keep one record per kopt item; in a loop's close, start the likely champions' profiles."""
         before = len(self.ledger.records)
         self.ledger.add(report)
         if self.state.settings.loop_mode == "run" and len(self.ledger.records) > before:
-            self._profile_leader_ahead(self.ledger.records[-1])
+            self._profile_branches_ahead(self.ledger.records[-1])
 
-    def _profile_leader_ahead(self, rec: Any) -> None:
-        """A branch's timing passed faster than every branch's before it: start its profile with the run's ncu set
-        now (:func:`pytest_kopt.gates.ncu.start_profile`), ending the previous leader's, so ncu's start overlaps the
-        rest of the close and the champion's profile (:func:`pytest_kopt.loop.session.finish_run`) finds it
-        waiting. A champion the decision picks otherwise is profiled from the start, as before."""
-        from ..gates.ncu import drop_ahead, start_profile
+    def _profile_branches_ahead(self, rec: Any) -> None:
+        """Start each branch's profile with the run's ncu set at its first passed correctness seed
+        (:func:`pytest_kopt.gates.ncu.start_profile`), at most :data:`PROFILES_AHEAD` at once, so ncu's start
+        (Python, torch, the CUDA context under ncu: about 6.5 s on the H200) overlaps the rest of the close and the
+        champion's profile (:func:`pytest_kopt.loop.session.finish_run`) finds it waiting; a branch timed last is
+        then no later than one timed first. A branch whose item fails, whose correctness or timing skips, or whose
+        timing is slower than the fastest branch's so far, has its profile ended (and none started). A champion the
+        decision picks otherwise is profiled from the start, as before."""
+        from ..gates.ncu import start_profile
 
-        median = rec.figures.get("median_ms")
         kernel = Path(rec.kernel) if rec.kernel else None
-        if rec.gate != "timing" or rec.outcome != "passed" or rec.case or not isinstance(median, (int, float)) \
-                or kernel is None or kernel.parent.parent.name != "branches" or not self.state.settings.ncu_set \
-                or not self.state.env.get("gpu"):
+        if kernel is None or kernel.parent.parent.name != "branches" or not self.state.settings.ncu_set \
+                or not self.state.env.get("gpu") or kernel in self.ruled_out:
             return
-        if self.leader is not None and self.leader[0] <= median:
-            return
-        self.leader = (float(median), kernel)
         ctx = self.state.context(self.config, kernel, str(kernel))
-        drop_ahead(ctx, keep=kernel)
+        median = rec.figures.get("median_ms")
+        slower = None
+        if rec.outcome == "failed" or (rec.outcome == "skipped" and rec.gate in ("correctness", "timing")):
+            slower = f"{rec.gate} {rec.outcome}"
+        elif rec.outcome != "passed":
+            return
+        elif rec.gate == "timing" and not rec.case and isinstance(median, (int, float)):
+            if self.leader is not None and self.leader[0] <= median:
+                slower = f"{median:.4f} ms, slower than {self.leader[1].parent.name}"
+            else:
+                if self.leader is not None:
+                    self._rule_out(ctx, self.leader[1], f"slower than {kernel.parent.name} ({median:.4f} ms)")
+                self.leader = (float(median), kernel)
+        if slower is not None:
+            self._rule_out(ctx, kernel, slower)
+            return
+        if kernel in self.tried or not (rec.gate == "correctness" or self.leader and self.leader[1] == kernel):
+            return
+        self.tried.add(kernel)
+        if len(self.profiling) >= PROFILES_AHEAD:
+            self.ahead_log.append(f"{kernel.parent.name}: not started ({PROFILES_AHEAD} profiles already wait)")
+            return
         try:
             started = start_profile(ctx, self.state.settings.ncu_set, None)
         except Exception as exc:  # noqa: BLE001  (a start ahead never fails a session: the champion's profile
             started, why = False, f"{type(exc).__name__}: {exc}"  # starts its own, and reports what fails)
         else:
             why = "" if started else "no build or no ncu"
-        self.ahead_log.append(f"{kernel.parent.name} ({median:.4f} ms): " + ("profile started ahead" if started else
-                                                                            f"not started ({why})"))
+        if started:
+            self.profiling.add(kernel)
+        self.ahead_log.append(f"{kernel.parent.name} ({rec.gate} passed): " + (
+            "profile started ahead" if started else f"not started ({why})"))
+
+    def _rule_out(self, ctx: Any, kernel: Path, why: str) -> None:
+        from ..gates.ncu import end_ahead
+
+        self.ruled_out.add(kernel)
+        if kernel in self.profiling:
+            self.profiling.discard(kernel)
+            end_ahead(ctx, kernel)
+            self.ahead_log.append(f"{kernel.parent.name}: profile ended ({why})")
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
