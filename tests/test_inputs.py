@@ -123,3 +123,20 @@ def test_fresh_session_seed_range():
     assert len(set(seeds)) > 1
     # 200 draws of 32 bits: some land above 2**31 (probability of none is 2**-200)
     assert max(seeds) >= 2**31
+
+
+def test_a_drawn_plan_is_kept_so_a_later_draw_needs_no_hypothesis(monkeypatch) -> None:
+    """The build's thread starts the ncu profile, whose request draws the first seed's plan; the kernel's first
+    item draws it before (KoptItem._kickoff), so that thread never imports or runs hypothesis beside the thread
+    that runs the items (two threads importing it deadlocked). The kept draw gives the same plan, and the regime
+    still follows the index."""
+    import sys
+
+    from pytest_kopt.gates.inputs import draw_plan
+
+    first = draw_plan(424242, 0)
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # any import of hypothesis now raises ImportError
+    assert draw_plan(424242, 0) == first
+    assert draw_plan(424242, 1) == {**first, "regime": "uniform"}
+    with pytest.raises(ImportError):
+        draw_plan(424243, 0)

@@ -6,6 +6,7 @@ seeded ``torch.Generator``, so the same seed gives bit-identical inputs in every
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Any
@@ -39,6 +40,16 @@ def draw_plan(seed: int, index: int, regimes: tuple[str, ...] = DEFAULT_REGIMES)
     for r in regimes:
         if r not in REGIMES:
             raise ValueError(f"unknown value regime {r!r}; choose from {', '.join(REGIMES)}")
+    plan = dict(_drawn(seed))
+    plan["regime"] = regimes[index % len(regimes)]
+    return plan
+
+
+@functools.lru_cache(maxsize=256)
+def _drawn(seed: int) -> tuple[tuple[str, Any], ...]:
+    """hypothesis's draw for ``seed`` (the plan without its regime), once per process: a later call, such as the
+    build thread's start of the ncu profile (:func:`pytest_kopt.gates.build.build_quietly`), finds it without
+    importing or running hypothesis outside the thread that runs the items (see :func:`import_hypothesis`)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
@@ -54,9 +65,7 @@ def draw_plan(seed: int, index: int, regimes: tuple[str, ...] = DEFAULT_REGIMES)
         drawn.append({"scale": round(scale, 6), "int_lo": lo, "int_hi": hi, "decades": decades})
 
     draw()
-    plan = dict(drawn[-1])
-    plan["regime"] = regimes[index % len(regimes)]
-    return plan
+    return tuple(drawn[-1].items())
 
 
 def derive_seeds(session_seed: int, count: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 import pytest
 
 from ..errors import Blocked, KoptError, NotApplicable
+from ..gates.inputs import draw_plan
 from ..gates.plan import prestart_harness
 from ..gates.table import GATES, Gate, run
 from .stash import STATE
@@ -134,6 +135,11 @@ class KoptItem(pytest.Item):
         # the SASS dump of this kernel only: under xdist every worker collects every kernel, and runs few of them
         sass = frozenset({ctx.kernel}) if "sass" in ctx.collected else frozenset()
         profile = frozenset({ctx.kernel}) if "ncu" in ctx.collected and ctx.gpu else frozenset()
+        if profile:  # the profile's request draws its plan: here, so the build's thread never runs hypothesis
+            try:
+                draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)
+            except (IndexError, ValueError):  # no seed, an unknown regime: the gates report it; nothing ahead
+                profile = frozenset()
         state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in compiles.values()],
                            sass, profile)
         if ctx.collected & HARNESS_GATES:
