@@ -75,28 +75,52 @@ def _record(folder: Path, name: str, **fields: object) -> None:
     (folder / f"{name}.json").write_text(json.dumps(fields))
 
 
-def test_the_estimate_is_the_fastest_passed_call(tmp_path: Path) -> None:
-    """The set is picked from the smallest warm call of a passed seed (an upper bound of the kernel's time); a
-    failed seed's call and a record without a call time do not count."""
+def _seeds(monkeypatch: pytest.MonkeyPatch, labels: tuple[str, ...] = ("seed=1", "seed=2", "seed=3", "seed=4",
+                                                                         "seed=5")) -> None:
+    """This session's cases: the seeds ``labels`` at the session's dims and one boundary shape; a record's
+    fingerprint is its label's (``fp-<label>``), as a record of this build has."""
+    monkeypatch.setattr(ncu, "cases", lambda ctx: [(lb, {"seed": lb, "dims": None}) for lb in labels]
+                        + [("n=1", {"seed": "seed=1", "dims": {"n": 1}})])
+    monkeypatch.setattr(ncu, "fingerprint", lambda ctx, res, case, device: f"fp-{case['seed']}-{device}")
+    monkeypatch.setattr(ncu, "built", lambda ctx: SimpleNamespace(artifact="k.so"))
+
+
+def _passed(folder: Path, label: str, call_ms: float | None, fp: str | None = None, passed: bool = True) -> None:
+    fields: dict[str, object] = {"passed": passed, "fingerprint": fp or f"fp-{label}-cuda"}
+    if call_ms is not None:
+        fields["call_ms"] = call_ms
+    _record(folder, label, **fields)
+
+
+def test_the_estimate_is_the_fastest_passed_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The set is picked from the smallest warm call of this session's passed seeds (an upper bound of the
+    kernel's time); a failed seed's call, a record without a call time, a boundary shape's, another session's
+    seed's and an earlier build's (another fingerprint) do not count."""
+    _seeds(monkeypatch)
     ctx = _ctx(tmp_path)
     assert ncu.estimated_ms(ctx) is None
     folder = ctx.outdir / "correctness"
-    _record(folder, "seed=1", passed=True, call_ms=12.5)
-    _record(folder, "seed=2", passed=True, call_ms=11.0)
-    _record(folder, "seed=3", passed=False, call_ms=0.5)
-    _record(folder, "seed=4", passed=True)
+    _passed(folder, "seed=1", 12.5)
+    _passed(folder, "seed=2", 11.0)
+    _passed(folder, "seed=3", 0.5, passed=False)
+    _passed(folder, "seed=4", None)
+    _passed(folder, "n=1", 0.01)
+    _passed(folder, "seed=99", 0.02)  # an earlier session's seed
+    _passed(folder, "seed=5", 0.03, fp="fp-of-an-earlier-build")
     assert ncu.estimated_ms(ctx) == 11.0
     assert ncu.choose_set(ncu.estimated_ms(ctx))[0] == "light"
-    _record(folder, "seed=5", passed=True, call_ms=9.5)
+    _passed(folder, "seed=5", 9.5)
     assert ncu.choose_set(ncu.estimated_ms(ctx))[0] == "full"
 
 
 @pytest.mark.parametrize("why", ["no ncu item", "no GPU", "no estimate", "ncu item ran"])
-def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path, why: str) -> None:
+def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path, why: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _seeds(monkeypatch)
     ctx = _ctx(tmp_path, collected=frozenset({"timing"}) if why == "no ncu item" else frozenset({"ncu"}),
                gpu=why != "no GPU")
     if why == "ncu item ran":
-        _record(ctx.outdir / "correctness", "seed=1", passed=True, call_ms=2.0)
+        _passed(ctx.outdir / "correctness", "seed=1", 2.0)
         assert ncu._take_ahead(ctx, "full") == (None, "none started")
     assert ncu.profile_ahead(ctx) == ()
     assert ncu.profile_ahead(ctx, early=why != "no estimate") == ()
@@ -105,9 +129,10 @@ def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path,
 
 def test_started_at_the_first_seed_with_both_sets_then_narrowed_by_the_estimate(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The correctness gate starts the profile before any seed has a call time: both sets, since either may be
-    the one the ncu item picks. The timing gate, with the seeds' estimate (12 ms: light), ends the full set's
-    process and keeps the light one running; a second early call starts nothing new."""
+    """The build's thread starts the profile before any seed has a call time: both sets, since either may be the
+    one the ncu item picks. The timing gate keeps both while the seeds' estimate is near the 10 ms threshold (12
+    ms); at 25 ms (light) it ends the full set's process and keeps the light one running; an early call starts
+    nothing new and ends nothing. A failed seed ends them all, and none starts again."""
     started: list[str] = []
 
     def start(ctx: SimpleNamespace, set_name: str, dims: object) -> bool:
@@ -118,15 +143,20 @@ def test_started_at_the_first_seed_with_both_sets_then_narrowed_by_the_estimate(
         return True
 
     monkeypatch.setattr(ncu, "start_profile", start)
+    _seeds(monkeypatch)
     ctx = _ctx(tmp_path)
     assert ncu.profile_ahead(ctx, early=True) == ("full", "light")
     full = ctx.pool.ahead[(str(ctx.kernel), "full")].proc
-    _record(ctx.outdir / "correctness", "seed=1", passed=True, call_ms=12.0)
+    _passed(ctx.outdir / "correctness", "seed=1", 12.0)  # near the 10 ms threshold: both kept
+    assert ncu.profile_ahead(ctx) == ("light",) and not full.killed
+    _passed(ctx.outdir / "correctness", "seed=1", 25.0)
     assert ncu.profile_ahead(ctx, early=True) == ("light",)
     assert not full.killed  # an early call ends nothing
     assert ncu.profile_ahead(ctx) == ("light",)
     assert full.killed and list(ctx.pool.ahead) == [(str(ctx.kernel), "light")]
     assert started == ["full", "light"]
+    ncu.abandon_ahead(ctx)  # a seed failed: the ncu item is blocked
+    assert ctx.pool.ahead == {} and ncu.profile_ahead(ctx, early=True) == ()
 
 
 def test_a_pinned_set_starts_alone_even_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,7 +253,8 @@ def test_the_build_thread_starts_the_profile_once_the_kernel_is_built(tmp_path: 
     events: list[tuple[str, str]] = []
     monkeypatch.setattr(build, "ensure_built", lambda c: events.append(("built", c.kernel.name)) or
                         SimpleNamespace(artifact="k.so"))
-    monkeypatch.setattr(ncu, "profile_ahead", lambda c, early=False: events.append(("profile", c.kernel.name))
+    monkeypatch.setattr(ncu, "profile_ahead", lambda c, early=False: events.append(("profile" if early else
+                                                                                    "late", c.kernel.name))
                         or ("full", "light"))
     monkeypatch.setattr(build, "STARTED", {})
     ctxs = [SimpleNamespace(kind="cuda", tool=lambda name: "/bin/nvcc", kernel=tmp_path / n, arch="sm_90a")
@@ -243,7 +274,8 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
     champion timed last finds its profile as ready as one timed first (on the H200 the champion timed last had
     started 0.6 s before its profile, which then needed 3.9 s more). A branch timed slower than the fastest so
     far, one whose correctness fails, and a former leader overtaken have theirs ended; ablations are not branches;
-    a skipped SASS item rules out nothing."""
+    a skipped SASS item and a failed sanitizer item rule out nothing (the decision reads compile, correctness and
+    timing)."""
     from pytest_kopt.plugin import session
 
     started: list[str] = []
@@ -252,7 +284,8 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
                         or True)
     monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: ended.append(kernel.parent.name))
     state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
-                            context=lambda config, kernel, display: SimpleNamespace(kernel=kernel))
+                            context=lambda config, kernel, display: SimpleNamespace(kernel=kernel,
+                                                                                    benchmarks=({"n": 1},)))
     plugin = session.ControllerPlugin(SimpleNamespace(), state)
     run = tmp_path / "iterv1"
 
@@ -263,7 +296,8 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
 
     for r in (rec("branches/b1", "correctness", case="seed=1"), rec("branches/b2", "correctness", case="seed=1"),
               rec("branches/b3", "correctness", case="seed=1"), rec("ablations/m", "correctness", case="seed=1"),
-              rec("branches/b1", "correctness", case="seed=2"), rec("branches/b3", "sass", "skipped")):
+              rec("branches/b1", "correctness", case="seed=2"), rec("branches/b3", "sass", "skipped"),
+              rec("branches/b2", "sanitizer", "failed")):
         plugin._profile_branches_ahead(r)
     assert started == ["b1", "b2", "b3"] and ended == []
     plugin._profile_branches_ahead(rec("branches/b3", "correctness", "failed", case="seed=2"))
@@ -274,3 +308,33 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
     assert plugin.profiling == {run / "branches/b1" / "kernel.cu"} and started == ["b1", "b2", "b3"]
     assert [ln for ln in plugin.ahead_log if "ended" in ln] == [
         "b3: profile ended (correctness failed)", "b2: profile ended (slower than b1 (15.6000 ms))"]
+
+
+def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most PROFILES_AHEAD branch profiles wait at once; a branch refused at the cap is tried again at its next
+    passed item, so when it is timed fastest (the old leader's profile ended) it gets one. A kernel of several
+    benchmark shapes gets none: the profile is of its first shape."""
+    from pytest_kopt.plugin import session
+
+    started: list[str] = []
+    monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
+                        or True)
+    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: None)
+    shapes = {"b9": ({"n": 1}, {"n": 2})}
+    state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
+                            context=lambda config, kernel, display: SimpleNamespace(
+                                kernel=kernel, benchmarks=shapes.get(kernel.parent.name, ({"n": 1},))))
+    plugin = session.ControllerPlugin(SimpleNamespace(), state)
+
+    def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
+        return SimpleNamespace(kernel=str(tmp_path / "branches" / name / "kernel.cu"), gate=gate, outcome="passed",
+                               case=None if gate == "timing" else "seed=1",
+                               figures={"median_ms": median} if median else {})
+
+    for name in ("b1", "b2", "b3", "b4", "b5", "b9"):
+        plugin._profile_branches_ahead(rec(name, "correctness"))
+    assert started == ["b1", "b2", "b3", "b4"] == sorted(k.parent.name for k in plugin.profiling)
+    plugin._profile_branches_ahead(rec("b1", "timing", 20.0))
+    plugin._profile_branches_ahead(rec("b5", "timing", 10.0))  # the fastest: b1's profile ends, b5's starts
+    assert started == ["b1", "b2", "b3", "b4", "b5"]
+    assert sorted(k.parent.name for k in plugin.profiling) == ["b2", "b3", "b4", "b5"]

@@ -154,7 +154,7 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     device = ctx.device_for("correctness", cpu_ok=ctx.kind in ("triton", "python"))
     res = built(ctx)
     interpreter_unsound(ctx, device, (read_dict(ctx.outdir / "plan.json") or {}).get("spec"))
-    if device == "cuda" and "correctness" in ctx.collected:
+    if device == "cuda" and "correctness" in ctx.collected:  # a correctness item, not require_correct's own run
         from .ncu import profile_ahead
 
         try:
@@ -169,6 +169,10 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
         return outcome
     except KoptError as exc:
         record["status"], record["message"] = exc.status, exc.message
+        if device == "cuda":
+            from .ncu import abandon_ahead
+
+            abandon_ahead(ctx)  # the ncu item is blocked now: its profile started ahead must not wait for it
         raise
     finally:
         record["mac"] = ctx.trust.mac(record["fingerprint"], record["passed"])

@@ -26,7 +26,7 @@ from ..errors import Blocked, KernelRuntimeError, KoptError, ProfilerError
 from ..proc.runner import FreshProcess
 from .build import built
 from .context import Context, Outcome
-from .correctness import require_correct
+from .correctness import cases, fingerprint, require_correct
 from .ncu_csv import NcuLaunch, NcuParseError, metric_value, parse_ncu_csv
 from .request import harness_request
 from .roofline import metric_table, top_metrics
@@ -138,14 +138,31 @@ def _profile_request(ctx: Context, res: Any, device: str, dims: dict[str, Any] |
 
 
 def estimated_ms(ctx: Context) -> float | None:
-    """The kernel's time as this kernel's passed correctness seeds saw it (the smallest ``call_ms``: one warm call's
-    wall time from launch to synchronized, an upper bound of its GPU time), ms; None when none recorded it."""
+    """The kernel's time as this session's passed correctness seeds saw it (the smallest ``call_ms``: one warm
+    call's wall time from launch to synchronized, an upper bound of its GPU time), ms; None when none recorded it.
+    Only the seed cases at the session's dims count, and only records of this build on the GPU (their
+    fingerprint): a boundary shape's, another session's seeds' and an earlier build's do not."""
+    res = None
     seen = []
-    for path in sorted((ctx.outdir / "correctness").glob("*.json")):
-        rec = read_dict(path) or {}
-        if rec.get("passed") and isinstance(rec.get("call_ms"), (int, float)):
+    for label, case in cases(ctx):
+        if case.get("dims") is not None:
+            continue
+        rec = read_dict(ctx.outdir / "correctness" / f"{label}.json") or {}
+        if not rec.get("passed") or not isinstance(rec.get("call_ms"), (int, float)):
+            continue
+        try:
+            res = res or built(ctx)
+        except Blocked:
+            return None
+        if rec.get("fingerprint") == fingerprint(ctx, res, case, "cuda"):
             seen.append(float(rec["call_ms"]))
     return min(seen) if seen else None
+
+
+#: Where the seeds' estimate is this close to :data:`FULL_BELOW_MS` (a factor, either side), the timing gate keeps
+#: both sets' profiles running: the estimate is a warm call's wall time, the set is picked by the timed median of
+#: cold calls.
+NEAR_FULL_BELOW = 1.5
 
 
 #: Held while a kernel's profiles started ahead are started, taken or ended: the build threads start them
@@ -164,7 +181,7 @@ def profile_ahead(ctx: Context, *, early: bool = False) -> tuple[str, ...]:
     gate): with no estimate yet (no seed has a call time) or several benchmark shapes (whose first shape no seed
     timed), both sets start, and the ncu item takes the one its timed median picks and ends the other. Later (the
     timing gate, ``early`` False) the estimate's set is started if it is not running yet and the other set's
-    process is ended. Returns the sets started or already running; empty when nothing was: no ncu item for this
+    process is ended, unless the estimate is within :data:`NEAR_FULL_BELOW` of the sets' threshold. Returns the sets started or already running; empty when nothing was: no ncu item for this
     kernel in this process, no ncu, no GPU, the ncu item already ran, or (not ``early``) no estimate."""
     with _AHEAD_LOCK:
         return _profile_ahead(ctx, early)
@@ -184,7 +201,8 @@ def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
         sets = ("full", "light")
     else:
         return ()
-    if not early:
+    near = est is not None and FULL_BELOW_MS / NEAR_FULL_BELOW <= est < FULL_BELOW_MS * NEAR_FULL_BELOW
+    if not early and not near:
         for key in [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel) and k[1] not in sets]:
             ctx.pool.ahead.pop(key).kill()
     return tuple(s for s in sets if start_profile(ctx, s, dims))
@@ -225,6 +243,14 @@ def _start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> 
                                           metrics["metric_sets"][set_name]))
     ctx.pool.ahead[key] = Ahead(proc, go, time.time(), token)
     return True
+
+
+def abandon_ahead(ctx: Context) -> None:
+    """``ctx``'s kernel will not be profiled in this session (a correctness case failed): end the profiles started
+    ahead for it and start none again."""
+    with _AHEAD_LOCK:
+        ctx.pool.profiled.add(str(ctx.kernel))
+        end_ahead(ctx, ctx.kernel)
 
 
 def end_ahead(ctx: Context, kernel: Path) -> None:

@@ -56,12 +56,14 @@ class ControllerPlugin:
 
     def _profile_branches_ahead(self, rec: Any) -> None:
         """Start each branch's profile with the run's ncu set at its first passed correctness seed
-        (:func:`pytest_kopt.gates.ncu.start_profile`), at most :data:`PROFILES_AHEAD` at once, so ncu's start
-        (Python, torch, the CUDA context under ncu: about 6.5 s on the H200) overlaps the rest of the close and the
-        champion's profile (:func:`pytest_kopt.loop.session.finish_run`) finds it waiting; a branch timed last is
-        then no later than one timed first. A branch whose item fails, whose correctness or timing skips, or whose
-        timing is slower than the fastest branch's so far, has its profile ended (and none started). A champion the
-        decision picks otherwise is profiled from the start, as before."""
+        (:func:`pytest_kopt.gates.ncu.start_profile`), at most :data:`PROFILES_AHEAD` at once (a branch over the
+        cap is tried again at its next passed item), so ncu's start (Python, torch, the CUDA context under ncu:
+        about 6.5 s on the H200) overlaps the rest of the close and the champion's profile
+        (:func:`pytest_kopt.loop.session.finish_run`) finds it waiting; a branch timed last is then no later than
+        one timed first. A branch whose compile, correctness or timing item fails, whose correctness or timing
+        skips, or whose timing is slower than the fastest branch's so far, has its profile ended (and none
+        started). A kernel of several benchmark shapes gets none. A champion the decision picks otherwise is
+        profiled from the start, as before."""
         from ..gates.ncu import start_profile
 
         kernel = Path(rec.kernel) if rec.kernel else None
@@ -69,9 +71,12 @@ class ControllerPlugin:
                 or not self.state.env.get("gpu") or kernel in self.ruled_out:
             return
         ctx = self.state.context(self.config, kernel, str(kernel))
+        if len(ctx.benchmarks) > 1:
+            return  # the profile is of the first benchmark shape, the decision of all: left to the close
         median = rec.figures.get("median_ms")
         slower = None
-        if rec.outcome == "failed" or (rec.outcome == "skipped" and rec.gate in ("correctness", "timing")):
+        if (rec.outcome == "failed" and rec.gate in loop_session.BRANCH_GATES) or \
+                (rec.outcome == "skipped" and rec.gate in ("correctness", "timing")):
             slower = f"{rec.gate} {rec.outcome}"
         elif rec.outcome != "passed":
             return
@@ -87,10 +92,9 @@ class ControllerPlugin:
             return
         if kernel in self.tried or not (rec.gate == "correctness" or self.leader and self.leader[1] == kernel):
             return
-        self.tried.add(kernel)
-        if len(self.profiling) >= PROFILES_AHEAD:
-            self.ahead_log.append(f"{kernel.parent.name}: not started ({PROFILES_AHEAD} profiles already wait)")
+        if len(self.profiling) >= PROFILES_AHEAD:  # tried again at its next passed item (as the fastest, say)
             return
+        self.tried.add(kernel)
         try:
             started = start_profile(ctx, self.state.settings.ncu_set, None)
         except Exception as exc:  # noqa: BLE001  (a start ahead never fails a session: the champion's profile
