@@ -50,8 +50,9 @@ class GateRecord:
 
 def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
     """One verdict per kernel of a session, in the order its items ran: ``name`` (the node id's file part, as the
-    terminal shows it), ``kernel`` (its resolved path), ``status`` (PASSED, or the status of its first failed item
-    in gate order), ``failed_gate`` and ``exit_code`` of that item (None when none failed), ``passed``/``failed``/
+    terminal shows it), ``kernel`` (its resolved path), ``status`` (the status of its first failed item in gate
+    order, else PASSED, or SKIPPED when every item of it skipped: a selection such as ``-k "timing or ncu"`` on a
+    machine without a GPU passes nothing), ``failed_gate`` and ``exit_code`` of that item (None when none failed), ``passed``/``failed``/
     ``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate order), ``output_checked``
     (a correctness item passed: without it a PASSED kernel's output was never compared with the reference, as on a
     machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that timing ``median_ms`` and
@@ -64,7 +65,9 @@ def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
         failed = min((r for r in recs if r.outcome == "failed"), key=lambda r: ORDER.get(r.gate, 99), default=None)
         timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), None)
         skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=lambda g: ORDER.get(g, 99))
-        out.append({"name": name, "kernel": recs[0].kernel, "status": failed.status if failed else "PASSED",
+        ran = any(r.outcome == "passed" for r in recs)
+        status = failed.status if failed else "PASSED" if ran else "SKIPPED"
+        out.append({"name": name, "kernel": recs[0].kernel, "status": status,
                     "failed_gate": failed.gate if failed else None,
                     "exit_code": failed.exit_code if failed else None,
                     "passed": sum(r.outcome == "passed" for r in recs),

@@ -141,8 +141,8 @@ def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.D
 
 def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
     """The report's ``kernels``: an agent reads from it that a kernel passed with its output unchecked (a .cu on a
-    machine without a GPU: exit 0), which kernel failed at which gate first (gate order, not report order), and a
-    timed kernel's median and speedup."""
+    machine without a GPU: exit 0), which kernel failed at which gate first (gate order, not report order), a
+    timed kernel's median and speedup, and a kernel none of whose items ran (SKIPPED, not PASSED)."""
     from pytest_kopt.records import GateRecord, kernel_verdicts
 
     def rec(node: str, gate: str, outcome: str, status: str, **kw: object) -> GateRecord:
@@ -154,8 +154,11 @@ def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
                rec("b.cu", "timing", "failed", "UNSTABLE", exit_code=2),
                rec("b.cu", "correctness", "failed", "INCORRECT_NUMERICAL", exit_code=2),
                rec("c.cu", "correctness", "passed", "PASSED"),
-               rec("c.cu", "timing", "passed", "PASSED", figures={"median_ms": 1.25, "speedup_vs_ref": 2.0})]
-    a, b, c = kernel_verdicts(records)
+               rec("c.cu", "timing", "passed", "PASSED", figures={"median_ms": 1.25, "speedup_vs_ref": 2.0}),
+               rec("d.cu", "timing", "skipped", "SKIPPED", blocked_by="hardware"),
+               rec("d.cu", "ncu", "skipped", "SKIPPED", blocked_by="hardware")]
+    a, b, c, d = kernel_verdicts(records)
+    assert (d["status"], d["passed"], d["skipped"], d["output_checked"]) == ("SKIPPED", 0, 2, False)
     assert (a["status"], a["output_checked"], a["skipped_gates"], a["timed"]) == ("PASSED", False, ["correctness"],
                                                                                   False)
     assert (b["status"], b["failed_gate"], b["exit_code"], b["failed"]) == ("INCORRECT_NUMERICAL", "correctness", 2, 2)

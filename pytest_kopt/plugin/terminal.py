@@ -11,14 +11,14 @@ from ..records import GateRecord, kernel_verdicts
 
 def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
     """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
-    gate's status, else PASSED with the number of skipped gates), the timing median and the speedup over the
+    gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing median and the speedup over the
     reference."""
     verdicts = kernel_verdicts(rows)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
         note = f"{v['skipped']} skipped" + ("" if v["output_checked"] else "; output not checked")
         status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
-            "PASSED" + (f" ({note})" if v["skipped"] else "")
+            v["status"] + (f" ({note})" if v["skipped"] else "")
         fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
             (f", {v['speedup_vs_ref']:.2f}x ref" if v["speedup_vs_ref"] is not None else "")
         tr.write_line(f"{v['name']:<{width}}  {status}{fig}"[:200])
