@@ -112,14 +112,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> Any:
     """After every other plugin's session end (the controller's loop step profiles the champion with the process
-    started ahead for it, and may re-time kernels in warm processes): wait for the builds started ahead, and end
-    this process's harness processes (the pool's atexit hook would, later)."""
+    started ahead for it, and may re-time kernels in warm processes): wait for the builds started ahead and for
+    matplotlib's import started ahead, and end this process's harness processes (the pool's atexit hook would,
+    later)."""
     try:
         return (yield)
     finally:
         state = session.config.stash.get(STATE, None)
         if state is not None:
+            from ..gates.roofline import wait_plotting
+
             state.builds.wait()
+            wait_plotting()
             state.pool.shutdown()
 
 

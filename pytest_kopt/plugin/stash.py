@@ -33,21 +33,12 @@ class SessionState:
     kicked: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
-    #: True once matplotlib's import was started in a thread (:meth:`import_plotting_ahead`)
-    plotting: bool = False
-
     def import_plotting_ahead(self) -> None:
-        """Start matplotlib's import (:func:`pytest_kopt.gates.roofline.import_plotting`, 0.4 to 0.8 s on the 2-core
-        CPU machine, 2026-12-03) in a daemon thread, once per process, so the charts drawn later (the roofline
-        item's, the close's at the session's end) do not wait for it."""
-        if self.plotting:
-            return
-        import threading
+        """Start matplotlib's import in a daemon thread, once per process
+        (:func:`pytest_kopt.gates.roofline.import_plotting_ahead`)."""
+        from ..gates.roofline import import_plotting_ahead
 
-        from ..gates.roofline import import_plotting
-
-        self.plotting = True
-        threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True).start()
+        import_plotting_ahead()
 
     def context(self, config: pytest.Config, kernel: Path, display: str, env: dict[str, Any] | None = None) -> Context:
         """The gate context of one kernel file; ``env`` replaces the detected environment (the builds started
