@@ -52,11 +52,11 @@ def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
     """One verdict per kernel of a session, in the order its items ran: ``name`` (the node id's file part, as the
     terminal shows it), ``kernel`` (its resolved path), ``status`` (the status of its first failed item in gate
     order, else PASSED, or SKIPPED when every item of it skipped: a selection such as ``-k "timing or ncu"`` on a
-    machine without a GPU passes nothing), ``failed_gate`` and ``exit_code`` of that item (None when none failed), ``passed``/``failed``/
-    ``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate order), ``output_checked``
-    (a correctness item passed: without it a PASSED kernel's output was never compared with the reference, as on a
-    machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that timing ``median_ms`` and
-    ``speedup_vs_ref`` (None when not timed)."""
+    machine without a GPU passes nothing), ``failed_gate`` and ``exit_code`` of that item (None when none failed),
+    ``passed``/``failed``/``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate
+    order), ``output_checked`` (a correctness item passed: without it a PASSED kernel's output was never compared
+    with the reference, as on a machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that
+    timing ``median_ms`` and ``speedup_vs_ref`` (None when not timed)."""
     by: dict[str, list[GateRecord]] = {}
     for r in records:
         by.setdefault(r.nodeid.split("::")[0], []).append(r)

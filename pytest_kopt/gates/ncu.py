@@ -181,8 +181,9 @@ def profile_ahead(ctx: Context, *, early: bool = False) -> tuple[str, ...]:
     gate): with no estimate yet (no seed has a call time) or several benchmark shapes (whose first shape no seed
     timed), both sets start, and the ncu item takes the one its timed median picks and ends the other. Later (the
     timing gate, ``early`` False) the estimate's set is started if it is not running yet and the other set's
-    process is ended, unless the estimate is within :data:`NEAR_FULL_BELOW` of the sets' threshold. Returns the sets started or already running; empty when nothing was: no ncu item for this
-    kernel in this process, no ncu, no GPU, the ncu item already ran, or (not ``early``) no estimate."""
+    process is ended, unless the estimate is within :data:`NEAR_FULL_BELOW` of the sets' threshold. Returns the
+    sets started or already running; empty when nothing was: no ncu item for this kernel in this process, no ncu,
+    no GPU, the ncu item already ran, or (not ``early``) no estimate."""
     with _AHEAD_LOCK:
         return _profile_ahead(ctx, early)
 

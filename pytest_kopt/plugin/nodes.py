@@ -124,8 +124,9 @@ class KoptItem(pytest.Item):
         """At a kernel's first item in this process, start what its later items wait for, so it runs beside the
         hardware, preflight and plan items: nvcc for every ``.cu`` kernel this process collected a compile item
         of (:class:`~pytest_kopt.gates.build.BuildAhead`, once per process), this kernel's ncu profile (when it has
-        an ncu item and a GPU) and SASS dump (when it has a sass item) after its build, and this kernel's warm harness processes when it has items that use them. Notes, per kernel,
-        the gates this process collected (``Context.collected``), and returns this kernel's context with them."""
+        an ncu item and a GPU) and SASS dump (when it has a sass item) after its build, and this kernel's warm
+        harness processes when it has items that use them. Notes, per kernel, the gates this process collected
+        (``Context.collected``), and returns this kernel's context with them."""
         mine = [i for i in self.session.items if isinstance(i, KoptItem)]
         for item in mine:
             key = Path(item.path).resolve()

@@ -39,8 +39,8 @@ class ControllerPlugin:
         self.errors: list[str] = []
         self.comparisons: list[dict[str, Any]] = []
         #: in a loop's close: the fastest branch timed so far (median ms, kernel path), the branches whose profile
-        #: was started ahead, those a start was tried for, those ruled out as champion (an item failed or skipped, or timed slower than the
-        #: fastest), and what was done for each (shown with -v)
+        #: was started ahead, those a start was tried for, those ruled out as champion (an item failed or skipped,
+        #: or timed slower than the fastest), and what was done for each (shown with -v)
         self.leader: tuple[float, Path] | None = None
         self.profiling: set[Path] = set()
         self.tried: set[Path] = set()

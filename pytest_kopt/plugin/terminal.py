@@ -11,8 +11,8 @@ from ..records import GateRecord, kernel_verdicts
 
 def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
     """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
-    gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing median and the speedup over the
-    reference."""
+    gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing
+    median and the speedup over the reference."""
     verdicts = kernel_verdicts(rows)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
