@@ -67,7 +67,7 @@ def _ctx(tmp_path: Path, collected: frozenset[str] = frozenset({"ncu"}), gpu: bo
     return SimpleNamespace(kernel=tmp_path / "k.cu", outdir=outdir, collected=collected,
                            gpu={"uuid": "GPU-x"} if gpu else None, tool=lambda name: "/bin/ncu",
                            settings=SimpleNamespace(ncu_set=ncu_set), benchmarks=({"n": 1},),
-                           pool=SimpleNamespace(ahead={}, profiled=set()))
+                           pool=SimpleNamespace(ahead={}, ahead_closed=set()))
 
 
 def _record(folder: Path, name: str, **fields: object) -> None:

@@ -354,7 +354,7 @@ class BuildAhead:
     def __init__(self) -> None:
         self.pool: Any = None
         self.sassed: set[Path] = set()
-        self.profiled: set[Path] = set()
+        self.profile_started: set[Path] = set()
         #: (kernel, arch) of every build started, so none is started twice
         self.begun: set[tuple[Path, str]] = set()
 
@@ -377,9 +377,9 @@ class BuildAhead:
         started = 0
         for c in todo:
             dump = c.kernel in sass and c.kernel not in self.sassed
-            prof = c.kernel in profile and c.kernel not in self.profiled
+            prof = c.kernel in profile and c.kernel not in self.profile_started
             self.sassed.update([c.kernel] if dump else [])
-            self.profiled.update([c.kernel] if prof else [])
+            self.profile_started.update([c.kernel] if prof else [])
             if (c.kernel, c.arch) in self.begun:
                 if dump or prof:  # after the build started before: its failure is remembered then, not built again
                     pool.submit(_after, STARTED.get(c.kernel), build_quietly, c, dump, prof)

@@ -189,7 +189,7 @@ def profile_ahead(ctx: Context, *, early: bool = False) -> tuple[str, ...]:
 
 
 def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
-    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu") or str(ctx.kernel) in ctx.pool.profiled:
+    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu") or str(ctx.kernel) in ctx.pool.ahead_closed:
         return ()
     dims, _ = profiled_shape(ctx)
     pinned = ctx.settings.ncu_set
@@ -204,8 +204,7 @@ def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
         return ()
     near = est is not None and FULL_BELOW_MS / NEAR_FULL_BELOW <= est < FULL_BELOW_MS * NEAR_FULL_BELOW
     if not early and not near:
-        for key in [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel) and k[1] not in sets]:
-            ctx.pool.ahead.pop(key).kill()
+        end_ahead(ctx, ctx.kernel, keep=sets)
     return tuple(s for s in sets if start_profile(ctx, s, dims))
 
 
@@ -250,14 +249,15 @@ def abandon_ahead(ctx: Context) -> None:
     """``ctx``'s kernel will not be profiled in this session (a correctness case failed): end the profiles started
     ahead for it and start none again."""
     with _AHEAD_LOCK:
-        ctx.pool.profiled.add(str(ctx.kernel))
+        ctx.pool.ahead_closed.add(str(ctx.kernel))
         end_ahead(ctx, ctx.kernel)
 
 
-def end_ahead(ctx: Context, kernel: Path) -> None:
-    """End the profiles started ahead for ``kernel`` (a path) in ``ctx``'s pool."""
+def end_ahead(ctx: Context, kernel: Path, keep: tuple[str, ...] = ()) -> None:
+    """End the profiles started ahead for ``kernel`` (a path) in ``ctx``'s pool, but those of the ncu sets in
+    ``keep``."""
     with _AHEAD_LOCK:
-        for key in [k for k in ctx.pool.ahead if k[0] == str(kernel)]:
+        for key in [k for k in ctx.pool.ahead if k[0] == str(kernel) and k[1] not in keep]:
             ctx.pool.ahead.pop(key).kill()
 
 
@@ -291,7 +291,7 @@ def _take_ahead(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
 
 
 def _take(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
-    ctx.pool.profiled.add(str(ctx.kernel))
+    ctx.pool.ahead_closed.add(str(ctx.kernel))
     mine = [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel)]
     held, note = None, "none started"
     for key in mine:

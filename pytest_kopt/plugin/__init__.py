@@ -14,6 +14,7 @@ import pytest
 
 from ..errors import ConfigError
 from ..gates import gpus, hardware
+from ..gates.roofline import import_plotting_ahead
 from ..loop import state as loop_state
 from ..proc.runner import SESSION_PID_ENV
 from .early import start_builds_early
@@ -62,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
             cache.set(SEED_CACHE_KEY, settings.session_seed)
         config.pluginmanager.register(ControllerPlugin(config, state), "kopt-controller")
         if settings.loop_mode == "run":  # the close's charts are drawn here at the session's end
-            state.import_plotting_ahead()
+            import_plotting_ahead()
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
     if state.env.get("pinned"):

@@ -11,6 +11,7 @@ import pytest
 from ..errors import Blocked, KoptError, NotApplicable
 from ..gates.inputs import draw_plan
 from ..gates.plan import prestart_harness
+from ..gates.roofline import import_plotting_ahead
 from ..gates.table import GATES, Gate, run
 from .stash import STATE
 
@@ -146,7 +147,7 @@ class KoptItem(pytest.Item):
         if ctx.collected & HARNESS_GATES:
             prestart_harness(ctx)
         if "roofline" in ctx.collected:  # matplotlib's import off the roofline item
-            state.import_plotting_ahead()
+            import_plotting_ahead()
         return ctx
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:

@@ -33,14 +33,9 @@ class SessionState:
     kicked: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
-    def import_plotting_ahead(self) -> None:
-        """Start matplotlib's import in a daemon thread, once per process
-        (:func:`pytest_kopt.gates.roofline.import_plotting_ahead`)."""
-        from ..gates.roofline import import_plotting_ahead
 
-        import_plotting_ahead()
-
-    def context(self, config: pytest.Config, kernel: Path, display: str, env: dict[str, Any] | None = None) -> Context:
+    def context(self, config: pytest.Config, kernel: Path, display: str,
+                env: dict[str, Any] | None = None) -> Context:
         """The gate context of one kernel file; ``env`` replaces the detected environment (the builds started
         before the GPU probe: :mod:`pytest_kopt.plugin.early`)."""
         assert self.settings.ref is not None
@@ -48,8 +43,7 @@ class SessionState:
         cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=self.settings, env=self.env if env is None else env, kernel=Path(kernel).resolve(),
                        ref=self.settings.ref, display=display, cache_dir=Path(cache_dir), pool=self.pool,
-                       blocks=self.blocks,
-                       trust=self.trust, collected=self.collected.get(Path(kernel).resolve(), frozenset()))
+                       blocks=self.blocks, trust=self.trust, collected=self.collected.get(Path(kernel).resolve(), frozenset()))
 
 
 STATE = pytest.StashKey[SessionState]()

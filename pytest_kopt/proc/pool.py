@@ -204,8 +204,9 @@ class HarnessPool:
         #: one-request processes started ahead of the gate that finishes them (the ncu gate's profile, keyed by
         #: (kernel, ncu set); each has ``kill()``); ended at :meth:`shutdown` when no gate took them
         self.ahead: dict[Any, Any] = {}
-        #: kernels (paths) whose ncu gate has taken or ended their profiles: none is started ahead for them again
-        self.profiled: set[str] = set()
+        #: kernels (paths) no profile is started ahead for any more: their ncu gate took or ended them, or a
+        #: correctness case failed
+        self.ahead_closed: set[str] = set()
         self._atexit = False
 
     def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
