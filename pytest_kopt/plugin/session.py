@@ -21,8 +21,8 @@ from .stash import SessionState
 from .terminal import summary
 
 
-#: The most branch profiles a loop's close keeps waiting at once (each holds a CUDA context on the GPU and took
-#: about one CPU-second per second of its 6.5 s start on the H200).
+#: The most branch profiles a loop's close keeps waiting at once (each holds a CUDA context on the GPU, and its
+#: start imports torch under ncu beside the workers' items; the cap is a judgement, not a measured optimum).
 PROFILES_AHEAD = 4
 
 
