@@ -45,7 +45,6 @@ def step(folder: Path, report: Path, label: str) -> dict:
     nxt = json.loads(report.read_text())["loop"]["next"]
     cmd = list(nxt["command"])
     out = folder / f"{label}.json"
-    cmd[0] = sys.executable
     if "--kopt-json" in cmd:
         cmd[cmd.index("--kopt-json") + 1] = str(out)
     else:

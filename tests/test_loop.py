@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import shutil
 from pathlib import Path
 
@@ -303,7 +304,7 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
                                                                           "INCORRECT_NUMERICAL")
     nxt = doc["loop"]["next"]
     assert nxt["action"] == "write_and_close" and nxt["iteration"] == 1
-    assert nxt["command"][:4] == ["python3", "-m", "pytest", "--kopt-run"] and nxt["command"][4] == str(run)
+    assert nxt["command"][:4] == [sys.executable, "-m", "pytest", "--kopt-run"] and nxt["command"][4] == str(run)
     assert str(it / "branches" / "b2" / "kernel.py") in nxt["write"]
     # the registries the methods come from, by the path this install keeps them at (a wheel's site-packages)
     listed = [Path(r) for r in nxt["read"] if r.endswith("method_registry.json")]

@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,6 +20,10 @@ from ..errors import ConfigError
 from .. import registry
 from .decisions import classify, improved
 from .summary import render_summary
+
+#: The start of ``next.command``: pytest through this process's interpreter (an absolute path), so an agent that
+#: runs the command gets the installation that wrote the report, not whatever ``python3`` is first on its PATH.
+PYTEST = (sys.executable or "python3", "-m", "pytest")
 
 STATE_SCHEMA = 5
 #: SKILL.md: improvement and attribution are judged against a 2% noise threshold by default.
@@ -192,7 +197,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
         return {"action": "start_over", "reason": state.get("stop_reason"), "requires": where,
                 "read": [str(run_dir / "state.json"), str(run_dir / "stop.json"), str(run_dir / "summary.md")],
                 "write": [],
-                "command": ["python3", "-m", "pytest", "--kopt-init", "--kopt-baseline", str(state.get("baseline_file")),
+                "command": [*PYTEST, "--kopt-init", "--kopt-baseline", str(state.get("baseline_file")),
                             "--kopt-ref", str(state.get("ref_file")), "--kopt-dims", json.dumps(state.get("dims") or {}),
                             "--kopt-iterations", str(state.get("iterations_total") or 3),
                             "--kopt-branches", str(state.get("branches") or 4),
@@ -201,7 +206,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                             "--kopt-json", str(base.parent / "kopt-init.json")]}
     it = run_dir / f"iterv{i}"
     ext = Path(str(state.get("baseline_file") or "kernel.cu")).suffix or ".cu"
-    command = ["python3", "-m", "pytest", "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",
+    command = [*PYTEST, "--kopt-run", str(run_dir), "-n", "4", "--kopt-json",
                str(run_dir / f"iterv{i}" / "report.json")]
     pending = state.get("ablation_step")
     if pending and int(pending.get("iter", 0)) == int(i):
