@@ -1,8 +1,8 @@
 """Where an 8-branch compile session's wall time goes: the ``-n 0`` row of ``loop_speed.py`` (8 distinct ``.cu``
 branches, ``-k compile``, a fresh cache each run), with a timeline of pytest's phases and each nvcc build.
 
-Run as a script, it runs that session ``--runs`` times, each as ``python3 -m pytest -p compile_timeline`` (this file,
-loaded as a pytest plugin, writes one JSON line per stamp to ``$KOPT_TIMELINE``), and prints per run the seconds
+Run as a script, it runs that session ``--runs`` times, each as ``python3 -m pytest -p kopt_timeline`` (the
+plugin beside this file, which writes one JSON line per stamp to ``$KOPT_TIMELINE``), and prints per run the seconds
 from the process's start to: the first kopt hook (the plugins imported), the GPU probe's end, collection's end, the
 first and last build's start and end, the terminal summary's end, and the process's exit. Also the serial floor
 (the 8 builds through ``build_cuda`` one after another, no pytest) and each run's speed-up over it.
@@ -14,7 +14,6 @@ Usage (any machine with nvcc; the GPU machine for the figures of docs/loop.md):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,47 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-TIMELINE = os.environ.get("KOPT_TIMELINE")
 
-
-def _stamp(what: str, **fields: object) -> None:
-    with open(TIMELINE, "a") as f:  # type: ignore[arg-type]
-        f.write(json.dumps({"t": time.time(), "what": what, **fields}) + "\n")
-
-
-if TIMELINE:  # loaded by pytest as a plugin (-p compile_timeline): stamps, and a wrapper around each build
-    import pytest
-
-    from pytest_kopt.gates import build as _build
-    from pytest_kopt.gates import hardware as _hardware
-
-    _build_cuda, _probe = _build.build_cuda, _hardware.probe_gpus
-
-    def _timed_build(source, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        _stamp("build_start")
-        try:
-            return _build_cuda(source, *args, **kwargs)
-        finally:
-            _stamp("build_end")
-
-    def _timed_probe(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        try:
-            return _probe(*args, **kwargs)
-        finally:
-            _stamp("probe_end")
-
-    _build.build_cuda, _hardware.probe_gpus = _timed_build, _timed_probe
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_configure(config: pytest.Config) -> None:  # noqa: D103
-        _stamp("configure")
-
-    def pytest_collection_finish(session: pytest.Session) -> None:  # noqa: D103
-        _stamp("collected")
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(terminalreporter: object) -> None:  # noqa: D103
-        _stamp("summary_end")
+from kopt_timeline import read  # noqa: E402  (beside this file)
 
 
 def session(work: Path, names: list[str], run: int, arch: str | None) -> dict[str, float]:
@@ -73,19 +33,12 @@ def session(work: Path, names: list[str], run: int, arch: str | None) -> dict[st
     env = {**os.environ, "KOPT_TIMELINE": str(log),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     cands = [x for n in names[1:] for x in ("--kopt-candidate", n)]
-    args = [sys.executable, "-m", "pytest", "-p", "compile_timeline", "-p", "no:randomly", "-p", "no:xdist", "-q",
+    args = [sys.executable, "-m", "pytest", "-p", "kopt_timeline", "-p", "no:randomly", "-p", "no:xdist", "-q",
             "--kopt-baseline", names[0], *cands, "--kopt-ref", "ref.py", "--kopt-dims", "M=256,N=256,K=64",
             "-k", "compile", "--kopt-seeds", "1", "-o", f"cache_dir=.c{run}", *(["--kopt-arch", arch] if arch else [])]
     t0 = time.time()
     proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True)
-    out: dict[str, float] = {"exit": time.time() - t0, "rc": proc.returncode}
-    for line in log.read_text().splitlines():
-        d = json.loads(line)
-        t = d["t"] - t0
-        first, last = f"{d['what']} (first)", f"{d['what']} (last)"
-        out.setdefault(first, t)
-        out[last] = t
-    return out
+    return {**read(str(log), t0), "exit": time.time() - t0, "rc": proc.returncode}
 
 
 def main() -> None:

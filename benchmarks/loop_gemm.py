@@ -23,6 +23,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = Path(__file__).resolve().parent / "loop_kernels"
+#: each phase's start (epoch s), by its log
+STARTS: dict[Path, float] = {}
+#: the timeline's rows: (label, stamp key); the keys are kopt_timeline.read's
+TIMELINE_ROWS = [
+    ("plugins imported (first kopt hook)", "controller: configure"),
+    ("collection done (controller)", "controller: collected"),
+    ("last worker's collection done", "collected (last)"),
+    ("last item's report (controller)", "controller: item_done"),
+    ("first worker down", "worker_down (first)"),
+    ("last worker down", "worker_down (last)"),
+    ("workers' harness pools shut down (last)", "pool_shutdown_end (last)"),
+    ("controller's session end starts", "controller: sessionfinish_start"),
+    ("  branch results read", "controller: branch_results_end"),
+    ("  champion's ncu item (profile taken, read)", "controller: gate_ncu_end"),
+    ("  champion's roofline (and chart)", "controller: gate_roofline_end"),
+    ("  iteration closed in state.json", "controller: close_iteration_end"),
+    ("  next iteration opened", "controller: open_iteration_end"),
+    ("  history chart drawn", "controller: plot_history_end"),
+    ("  summary.md rendered", "controller: render_summary_end"),
+    ("controller's session end done", "controller: sessionfinish_end"),
+    ("terminal summary done", "controller: summary_end"),
+    ("exit", "exit"),
+]
 
 
 def variant(template: str, **defines: int) -> str:
@@ -40,10 +63,18 @@ def naive(block: int) -> str:
 
 def pytest(args: list[str], cwd: Path, log: Path, timeout_s: float = 600.0) -> tuple[int, float]:
     """Run pytest (``-v``), streaming its output into ``log`` with each line's elapsed seconds, so a phase cut off by a
-    timeout still shows which items finished when; returns (exit code, wall seconds), exit code 124 on a timeout."""
+    timeout still shows which items finished when; returns (exit code, wall seconds), exit code 124 on a timeout.
+    Every process of the session stamps its steps into ``log`` with ``.timeline.jsonl`` (``kopt_timeline.py``);
+    :func:`print_timeline` prints them."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly", "-rs", "-v", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timeline = log.with_suffix(".timeline.jsonl")
+    timeline.unlink(missing_ok=True)
+    env = {**os.environ, "KOPT_TIMELINE": str(timeline),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    STARTS[log] = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "kopt_timeline", "-rs", "-v",
+                             *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     lines: list[str] = []
     timer = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
@@ -63,6 +94,19 @@ def pytest(args: list[str], cwd: Path, log: Path, timeout_s: float = 600.0) -> t
         print(f"(cut off after {timeout_s:.0f} s; see {log})")
         return 124, wall
     return rc, wall
+
+
+def print_timeline(logs: list[Path], phases: list[tuple[str, int, float]]) -> None:
+    """Seconds from each phase's start to each stamp of its timeline (``-`` where a phase has none)."""
+    from kopt_timeline import read
+
+    cols = []
+    for log, (_, _, wall) in zip(logs, phases):
+        tl = log.with_suffix(".timeline.jsonl")
+        cols.append({**(read(str(tl), STARTS[log]) if tl.is_file() else {}), "exit": wall})
+    print("\nwhere each phase's time goes (s from its start)".ljust(48) + "".join(f"{log.stem:>10}" for log in logs))
+    for label, key in TIMELINE_ROWS:
+        print(f"{label:<48}" + "".join(f"{c[key]:10.2f}" if key in c else f"{'-':>10}" for c in cols))
 
 
 def write_iteration(run: Path, i: int, plan: dict) -> list[str]:
@@ -130,6 +174,7 @@ def main() -> None:
     print("\nphase                                                    rc   wall s")
     for name, rc, wall in phases:
         print(f"{name[:56]:<56} {rc:>3} {wall:>8.1f}")
+    print_timeline([work / "init.log"] + sorted(work.glob("iter*.log")), phases)
     for log in [work / "init.log"] + sorted(work.glob("iter*.log")):
         line = next((ln[8:] for ln in log.read_text().splitlines() if ln[8:].startswith("kopt item time per gate")),
                     "")
