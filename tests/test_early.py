@@ -50,24 +50,24 @@ def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_pa
     """A build started before collection is waited for at the session's end even when the selection then drops
     its compile item (a CUTLASS build takes a minute), so it starts early only where -k/-m (evaluated by pytest's
     own parser over the names pytest matches the item by) and the other selection options surely keep it."""
-    from pytest_kopt.plugin.early import selection_keeps_compile
+    from pytest_kopt.plugin.early import selection_keeps
 
     kernel = tmp_path / "sub" / "b0.cu"
-    assert selection_keeps_compile(_config(tmp_path, keyword, markexpr, **flags), kernel) is kept  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, keyword, markexpr, **flags), kernel) is kept  # type: ignore[arg-type]
 
 
 def test_node_ids_missing_paths_and_kernels_outside_the_root_keep_builds_at_the_first_item(tmp_path: Path) -> None:
     """``pytest k.cu::timing`` selects by node id, a missing path argument ends the session at collection (a
     usage error), and a kernel outside the root is named by folders the prediction does not know: none is surely
     a session whose compile item runs, so nothing starts early."""
-    from pytest_kopt.plugin.early import selection_keeps_compile
+    from pytest_kopt.plugin.early import selection_keeps
 
     (tmp_path / "k.cu").write_text("")
-    assert selection_keeps_compile(_config(tmp_path, args=("k.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
-    assert not selection_keeps_compile(_config(tmp_path, args=("k.cu::timing",)), tmp_path / "k.cu")  # type: ignore[arg-type]
-    assert not selection_keeps_compile(_config(tmp_path, args=("nope.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, args=("k.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, args=("k.cu::timing",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, args=("nope.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
     outside = tmp_path.parent / "elsewhere" / "deep" / "k.cu"
-    assert not selection_keeps_compile(_config(tmp_path, "not deep"), outside)  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, "not deep"), outside)  # type: ignore[arg-type]
 
 
 class _FakeNvml:

@@ -127,7 +127,8 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
 
 
 def test_a_worker_takes_the_gpu_the_controller_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # recorded, so the worker's pin is undone after the test
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     env = kopt_xdist.worker_env({"kopt_env": gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0]),
                               "kopt_gpu": two_gpu_env()["gpus"][1], "workerid": "gw0"})
     import os
@@ -447,3 +448,80 @@ def test_a_noise_threshold_that_leaves_no_improvement_is_a_usage_error(pytester:
                                            timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--kopt-noise" in result.stderr.str()
+
+
+def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -> None:
+    """The controller plans kernel -> worker over the sorted kernels and hands each worker the first kernel planned
+    for it (its harness processes start at the worker's configure); a worker with none planned, a session without
+    a GPU and a worker on another host get none."""
+    kernels = [Path(f"/r/b{i}/kernel.cu") for i in (3, 1, 2)]
+    assert kopt_xdist.kernel_plan(kernels, 2) == {Path("/r/b1/kernel.cu"): 0, Path("/r/b2/kernel.cu"): 1,
+                                                   Path("/r/b3/kernel.cu"): 0}
+    assert kopt_xdist.kernel_plan(kernels, 0) == {}
+    assert [kopt_xdist.worker_index(w) for w in ("gw0", "gw12", "foo", "gw")] == [0, 12, None, None]
+    config = SimpleNamespace(getvalue=lambda name: "load")
+    for env, handed in ((two_gpu_env(), {"gw0": "/r/b1/kernel.cu", "gw1": "/r/b2/kernel.cu", "gw2": "/r/b3/kernel.cu"}),
+                        ({"gpu": None}, {})):
+        state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/r/.kopt")),
+                             env=env, kernels=frozenset(kernels))  # type: ignore[arg-type]
+        ctl = kopt_xdist.XdistControllerPlugin(config, state)  # type: ignore[arg-type]
+        nodes = [SimpleNamespace(workerinput={"workerid": f"gw{i}", "workercount": 4},
+                                 gateway=SimpleNamespace(spec=SimpleNamespace(popen=True))) for i in range(4)]
+        for n in nodes:
+            ctl.pytest_configure_node(n)
+        got = {n.workerinput["workerid"]: n.workerinput["kopt_first_kernel"] for n in nodes
+               if "kopt_first_kernel" in n.workerinput}
+        assert got == handed
+
+
+class _Node:
+    """What xdist's scheduler uses of a worker: its id, the indices it was sent, whether it was shut down."""
+
+    def __init__(self, wid: str) -> None:
+        self.workerinput = {"workerid": wid}
+        self.gateway = SimpleNamespace(id=wid)
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_the_scheduler_gives_each_kernel_to_its_planned_worker_and_lets_a_free_worker_take_the_rest(
+        tmp_path: Path) -> None:
+    """Workers come up in any order; the plan still decides (gw1 gets b2, gw0 b1), the surplus worker xdist ends
+    is one with no kernel planned, and a worker done with its planned kernels takes the queue's next one."""
+    pytest.importorskip("xdist")
+    kernels = [tmp_path / f"b{i}" / "kernel.cu" for i in (1, 2, 3)]
+    plan = kopt_xdist.kernel_plan(kernels, 3)
+    config = SimpleNamespace(getvalue=lambda name: {"tx": ["4*popen"]}.get(name), rootpath=tmp_path,
+                             option=SimpleNamespace(loadscopereorder=False))
+    sched = kopt_xdist._load_scope()(config, None, lambda workers: plan)
+    gates = ("hardware", "plan", "compile", "timing")
+    collection = [f"b{i}/kernel.cu::{g}" for i in (3, 1, 2) for g in gates]
+    nodes = {w: _Node(w) for w in ("gw3", "gw1", "gw2", "gw0")}
+    for node in nodes.values():
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    ran = {w: sorted({collection[i].split("/")[0] for i in n.sent}) for w, n in nodes.items()}
+    assert ran == {"gw0": ["b1"], "gw1": ["b2"], "gw2": ["b3"], "gw3": []}
+    assert nodes["gw3"].shutting_down  # surplus: ended before it ran anything
+
+    # two workers, three kernels: gw1 finishes b2 first and takes b3, which was planned for gw0, still busy
+    plan2 = kopt_xdist.kernel_plan(kernels, 2)
+    sched = kopt_xdist._load_scope()(SimpleNamespace(**{**vars(config), "getvalue": lambda name: ["2*popen"]}),
+                                     None, lambda workers: plan2)
+    nodes = {w: _Node(w) for w in ("gw1", "gw0")}
+    for node in nodes.values():
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    assert {w: sorted({collection[i].split("/")[0] for i in n.sent}) for w, n in nodes.items()} == \
+        {"gw0": ["b1"], "gw1": ["b2"]}
+    for i in list(nodes["gw1"].sent):
+        sched.mark_test_complete(nodes["gw1"], i)
+    assert sorted({collection[i].split("/")[0] for i in nodes["gw1"].sent}) == ["b2", "b3"]

@@ -22,7 +22,7 @@ from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_mak
 from .options import SEED_CACHE_KEY, pytest_addoption, pytest_load_initial_conftests, read_settings, usage_error
 from .session import ControllerPlugin
 from .stash import STATE, SessionState
-from .xdist import XdistControllerPlugin, worker_env, worker_trust
+from .xdist import XdistControllerPlugin, prestart_planned, worker_env, worker_trust
 
 __all__ = ["KoptFile", "KoptItem", "pytest_addoption", "pytest_collect_file", "pytest_configure",
            "pytest_load_initial_conftests", "pytest_pycollect_makemodule", "pytest_report_header",
@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "kopt_env" in handed:  # an xdist worker
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
+        prestart_planned(config, state, handed)
     else:
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)

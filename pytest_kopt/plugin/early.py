@@ -23,13 +23,13 @@ _NO_ITEMS = ("help", "version", "markers", "showfixtures", "show_fixtures_per_te
              "collectonly", "cacheshow")
 
 
-def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
-    """True when ``kernel``'s compile item surely runs: no option under which no item runs (``--help``,
-    ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``, ``--deselect`` or node id
-    (``k.cu::compile``), every path argument existing, the kernel inside the root folder, and ``-k``/``-m`` (if
-    given) true for the item by pytest's own expression parser, over the names and markers pytest matches it by
-    (its name ``compile``, the folders and file name below the root, the ``kopt`` marker). False when unsure: an
-    expression pytest cannot parse here, or one with call parameters."""
+def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") -> bool:
+    """True when ``kernel``'s item of ``gate`` (one without parameters: ``compile``, ``plan``) surely runs: no
+    option under which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``,
+    ``--deselect`` or node id (``k.cu::compile``), every path argument existing, the kernel inside the root folder,
+    and ``-k``/``-m`` (if given) true for the item by pytest's own expression parser, over the names and markers
+    pytest matches it by (its name, the folders and file name below the root, the ``kopt`` marker). False when
+    unsure: an expression pytest cannot parse here, or one with call parameters."""
     opt = config.option
     if (any(getattr(opt, name, False) for name in _NO_ITEMS) or getattr(opt, "lf", False)
             or getattr(opt, "stepwise", False) or getattr(opt, "deselect", None)
@@ -38,7 +38,7 @@ def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
     try:
         from _pytest.mark.expression import Expression
 
-        names = {"compile", "kopt", *kernel.resolve().relative_to(config.rootpath.resolve()).parts}
+        names = {gate, "kopt", *kernel.resolve().relative_to(config.rootpath.resolve()).parts}
     except (ImportError, ValueError):  # pytest's parser moved, or a kernel outside the root (named by its path)
         return False
 
@@ -64,7 +64,7 @@ def selection_keeps_compile(config: pytest.Config, kernel: Path) -> bool:
 
 def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, Any] | None:
     """Detect the tools (:func:`~pytest_kopt.gates.hardware.detect_tools`) and start the builds of the session's
-    ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps_compile`), through
+    ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps`), through
     :class:`~pytest_kopt.gates.build.BuildAhead` with contexts whose environment holds the tools, the package
     versions and the arch: the build, its remembered failure and its contract check are then the ones the compile
     item would have made. Only where this process runs the items (no xdist), the GPUs are not chosen by
@@ -76,7 +76,7 @@ def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, 
     if (getattr(config.option, "dist", "no") != "no" or getattr(config.option, "numprocesses", None) or s.gpus
             or s.loop_mode == "init"):  # xdist: each worker starts its kernels' builds at its first item;
         return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
-    kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps_compile(config, k)]
+    kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps(config, k)]
     if not kernels:
         return None
     tools = hardware.detect_tools()

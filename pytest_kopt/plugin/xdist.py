@@ -1,5 +1,6 @@
-"""pytest-xdist: what the controller hands each worker (environment, GPU, seed, key, run folder) and how it
-schedules (one kernel's items on one worker, in gate order), and how a worker takes what it was handed.
+"""pytest-xdist: what the controller hands each worker (environment, GPU, seed, key, run folder, the kernel it
+will run first) and how it schedules (one kernel's items on one worker, in gate order, each kernel on the worker
+planned for it), and how a worker takes what it was handed.
 
 Values that cross to a worker are builtins only (execnet cannot carry enums, paths or numpy scalars).
 """
@@ -7,13 +8,72 @@ Values that cross to a worker are builtins only (execnet cannot carry enums, pat
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import pytest
 
 from ..gates import gpus, hardware
+from ..gates.plan import prestart_harness
 from ..gates.trust import Trust
+from .early import selection_keeps
 from .stash import SessionState
+
+
+def kernel_plan(kernels: Iterable[Path], workers: int) -> dict[Path, int]:
+    """The worker (index ``N`` of xdist's ``gwN``) planned for each kernel: the kernels in sorted order, dealt round
+    robin over ``workers`` workers. The controller hands each worker its first kernel (:func:`prestart_planned`) and
+    the scheduler (:class:`KernelScopeScheduling`) gives each kernel to its planned worker while that worker is
+    free for it. Empty for fewer than one worker."""
+    if workers < 1:
+        return {}
+    return {k: i % workers for i, k in enumerate(sorted(kernels))}
+
+
+def worker_index(workerid: str) -> int | None:
+    """``gw3`` -> 3; None for an id xdist did not make."""
+    return int(workerid[2:]) if workerid.startswith("gw") and workerid[2:].isdigit() else None
+
+
+def _load_scope() -> type:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class KernelScopeScheduling(LoadScopeScheduling):  # type: ignore[misc,valid-type]
+        """xdist's ``loadscope`` (one scope, here one kernel file, per work unit) where each kernel goes to the
+        worker :func:`kernel_plan` planned for it, whose harness processes for its first kernel were started at
+        that worker's configure, before it collected (:func:`prestart_planned`). A worker with no planned kernel
+        left takes the queue's first, as ``loadscope`` does, so a fast worker still helps a slow one; and the
+        surplus workers ``loadscope`` ends at the start (more workers than kernels) are those with none
+        planned."""
+
+        def __init__(self, config: pytest.Config, log: Any, plan: Callable[[int], dict[Path, int]]) -> None:
+            super().__init__(config, log)
+            self.plan = plan(self.numnodes)  # loadscope's count of the workers it waits for
+
+        def _kernel(self, scope: str) -> Path | None:
+            try:
+                return Path(self.config.rootpath, scope.split("::")[0]).resolve()
+            except OSError:
+                return None
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # the worker's planned kernels in the plan's (sorted) order: its first is the one it was handed
+            mine = worker_index(str(node.workerinput.get("workerid", "")))
+            planned = sorted((k, sc) for sc in self.workqueue if (k := self._kernel(sc)) is not None
+                             and self.plan.get(k) == mine)
+            if planned:
+                self.workqueue.move_to_end(planned[0][1], last=False)
+            super()._assign_work_unit(node)
+
+        def schedule(self) -> None:
+            if self.collection is None:  # the initial distribution: the workers with a planned kernel first
+                planned = set(self.plan.values())
+                self.assigned_work = dict(sorted(
+                    self.assigned_work.items(),
+                    key=lambda kv: worker_index(str(kv[0].workerinput.get("workerid", ""))) not in planned))
+            super().schedule()
+
+    return KernelScopeScheduling
 
 
 class XdistControllerPlugin:
@@ -25,15 +85,21 @@ class XdistControllerPlugin:
         #: GPU UUID -> ids of the live xdist workers pinned to it
         self.gpu_workers: dict[str, set[str]] = {}
 
+    def plan(self, workers: int) -> dict[Path, int]:
+        """:func:`kernel_plan` of this session's kernels over ``workers`` workers, when the scheduler is kopt's
+        (xdist's ``load``, the default of ``-n``); else empty."""
+        if not self.state.kernels or self.config.getvalue("dist") != "load":
+            return {}
+        return kernel_plan(self.state.kernels, workers)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        """``-n N`` (xdist's ``load``) becomes ``loadscope``: one kernel's items go to one worker, in gate order,
-        while kernels compile in parallel on different workers (the per-GPU lock keeps GPU work one child at a
-        time). Other ``--dist`` modes are the user's choice."""
+        """``-n N`` (xdist's ``load``) becomes ``loadscope`` with a plan (:class:`KernelScopeScheduling`): one
+        kernel's items go to one worker, in gate order, while kernels compile in parallel on different workers
+        (the per-GPU lock keeps GPU work one child at a time), each kernel to the worker planned for it. Other
+        ``--dist`` modes are the user's choice."""
         if config.getvalue("dist") == "load":
-            from xdist.scheduler import LoadScopeScheduling
-
-            return LoadScopeScheduling(config, log)
+            return _load_scope()(config, log, self.plan)
         return None
 
     @pytest.hookimpl(optionalhook=True)
@@ -59,6 +125,10 @@ class XdistControllerPlugin:
                 node.workerinput["kopt_gpu"] = gpu
                 self.gpu_workers.setdefault(gpu["uuid"], set()).add(node.workerinput["workerid"])
         node.workerinput["kopt_key"] = self.state.trust.hex()
+        index = worker_index(str(node.workerinput.get("workerid", "")))
+        first = sorted(k for k, w in self.plan(int(node.workerinput.get("workercount") or 0)).items() if w == index)
+        if first and env.get("gpu") and not node.workerinput.get("kopt_detect_here"):
+            node.workerinput["kopt_first_kernel"] = str(first[0])
         settings = self.state.settings
         if settings.run_dir is not None:
             node.workerinput["kopt_run_dir"] = str(settings.run_dir)
@@ -86,6 +156,27 @@ def worker_env(handed: dict[str, Any]) -> dict[str, Any]:
     if env.get("pinned"):
         os.environ["CUDA_VISIBLE_DEVICES"] = env["gpu"]["uuid"]
     return env
+
+
+def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[str, Any]) -> bool:
+    """On a worker, at its configure: start the harness processes of the kernel the controller planned it to run
+    first (:func:`~pytest_kopt.gates.plan.prestart_harness`), so their torch imports (seconds on a machine's first
+    session) overlap the worker's collection and first items rather than start at its first item. Only where the
+    selection surely keeps that kernel's plan item (:func:`~pytest_kopt.plugin.early.selection_keeps`) and the
+    worker has a GPU. Returns whether it started them. A worker handed another kernel ends them when that kernel's
+    processes start (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart`)."""
+    first = handed.get("kopt_first_kernel")
+    if not first or not state.env.get("gpu"):
+        return False
+    kernel = Path(first)
+    if kernel not in state.kernels or not selection_keeps(config, kernel, "plan"):
+        return False
+    try:
+        display = kernel.relative_to(config.rootpath.resolve()).as_posix()
+    except ValueError:
+        display = str(kernel)
+    prestart_harness(state.context(config, kernel, display))
+    return True
 
 
 def worker_trust(handed: dict[str, Any]) -> Trust:
