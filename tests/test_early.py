@@ -123,6 +123,23 @@ def test_nvml_arch_is_the_visible_gpus_one_arch_or_none(monkeypatch: pytest.Monk
     assert nvml_arch(visible) is None
 
 
+@pytest.mark.parametrize("dist, numprocesses, tx, local", [
+    ("no", None, [], True),
+    ("load", 8, ["popen"] * 8, True),
+    ("loadscope", None, ["2*popen//python=python3"], True),
+    ("load", None, ["ssh=gpu-box//python=python3"], False),   # another host: its own build cache
+    ("load", None, ["popen", "socket=10.0.0.2:8888"], False),
+])
+def test_builds_start_in_the_controller_only_where_its_workers_are_local(dist: str, numprocesses: int | None,
+                                                                         tx: list[str], local: bool) -> None:
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin.early import local_items
+
+    config = SimpleNamespace(option=SimpleNamespace(dist=dist, numprocesses=numprocesses, tx=tx))
+    assert local_items(config) is local  # type: ignore[arg-type]
+
+
 CONFTEST = '''
 import threading
 
@@ -154,6 +171,14 @@ def test_with_the_arch_given_nvcc_runs_before_collection(pytester: pytest.Pytest
     got = pytester.runpytest_subprocess(*base, "-k", "compile", timeout=600)
     assert got.ret == 0, got.stdout.str()[-2000:]
     got.stdout.fnmatch_lines([f"*BUILDS AT SESSION START: {1 if nvml_arch() else 0}*"])
+    # under xdist the controller builds while its workers start; the worker's compile item finds the build in the
+    # content-addressed cache
+    pytester.makefile(".cu", k2=GOOD_CU.replace("256", "128"))
+    xbase = [a for a in base if a not in ("-p", "no:xdist")] + ["--kopt-candidate", "k2.cu", "-n", "2"]
+    got = pytester.runpytest_subprocess(*xbase, "--kopt-arch", "sm_90a", "-k", "compile", "-v", timeout=600)
+    assert got.ret == 0, got.stdout.str()[-2000:]
+    got.stdout.fnmatch_lines(["*BUILDS AT SESSION START: [12]*"])  # one thread may serve both
+    assert sum("cache hit" in ln for ln in got.stdout.lines) == 2, got.stdout.str()[-2000:]
 
 
 def test_the_compile_item_imports_hypothesis_only_while_it_waits_for_its_build(monkeypatch: pytest.MonkeyPatch,

@@ -1,6 +1,7 @@
 """nvcc started before the GPU probe: where the arch is known at configure (``--kopt-arch``, or every visible GPU's
-compute capability read through NVML), a session without xdist starts its ``.cu`` builds there instead of at its
-first item, so they run beside the probe (0.47 s on the H200), collection and the first items.
+compute capability read through NVML), a session starts its ``.cu`` builds there instead of at its first item, so
+they run beside the probe (0.47 s on the H200), collection and the first items; under xdist the controller starts
+them, beside its workers' start (about 3 s for 8 workers on the H200) and collection.
 
 Only where the selection surely keeps the kernel's compile item: a build the session then skipped would still be
 waited for at its end (nvcc must not outlive the session), and a CUTLASS build takes a minute.
@@ -62,19 +63,28 @@ def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") 
     return True
 
 
+def local_items(config: pytest.Config) -> bool:
+    """True when this machine runs the session's items: no xdist, or every xdist worker a local process (``-n N``
+    makes ``popen`` workers; ``--tx ssh=...`` or ``socket=...`` runs them elsewhere, with their own build cache)."""
+    if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
+        return True
+    return all(str(spec).split("*")[-1].split("//")[0] == "popen" for spec in getattr(config.option, "tx", None) or [])
+
+
 def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, Any] | None:
     """Detect the tools (:func:`~pytest_kopt.gates.hardware.detect_tools`) and start the builds of the session's
     ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps`), through
     :class:`~pytest_kopt.gates.build.BuildAhead` with contexts whose environment holds the tools, the package
     versions and the arch: the build, its remembered failure and its contract check are then the ones the compile
-    item would have made. Only where this process runs the items (no xdist), the GPUs are not chosen by
-    ``--kopt-gpus`` (whose errors come later, in configure), the session does not open a loop's run
-    (``--kopt-init``) and the arch is known before the probe
-    (``--kopt-arch``, else :func:`~pytest_kopt.gates.hardware.nvml_arch`). Returns the tools, for
+    item would have made. Only where the items run on this machine (no xdist, or xdist's workers are local
+    processes: ``-n``, ``--tx popen``), the GPUs are not chosen by ``--kopt-gpus`` (whose errors come later, in
+    configure), the session does not open a loop's run (``--kopt-init``) and the arch is known before the probe
+    (``--kopt-arch``, else :func:`~pytest_kopt.gates.hardware.nvml_arch`). Under xdist this is the controller: its
+    builds run while the workers start and collect, and a worker's compile item finds the build in the
+    content-addressed cache (waiting on its lock while it runs). Returns the tools, for
     :func:`~pytest_kopt.gates.hardware.detect` to reuse, or None when it detected nothing."""
     s = state.settings
-    if (getattr(config.option, "dist", "no") != "no" or getattr(config.option, "numprocesses", None) or s.gpus
-            or s.loop_mode == "init"):  # xdist: each worker starts its kernels' builds at its first item;
+    if not local_items(config) or s.gpus or s.loop_mode == "init":
         return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
     kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps(config, k)]
     if not kernels:
