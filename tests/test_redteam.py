@@ -261,10 +261,11 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     side = timing["side_stream.cu"]
     corr = [i["status"] for i in doc["items"] if i["gate"] == "correctness" and i["nodeid"].startswith("side_stream")]
     # its side stream is ordered with nothing: the harness's next write of the inputs can race its kernel, so
-    # correctness may catch it first (H200, 2026-12-03: INCORRECT_NUMERICAL on set B once arrays crossed by IPC)
-    # or its kernels, left running across calls, make the kernel-only spans unstable (H200, 2026-12-03: robust CV
-    # 0.86 over 400 spans, median 160 ms against the honest 53 µs)
-    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or corr[0].startswith("INCORRECT") or \
+    # correctness may catch it first (H200, 2026-12-03: INCORRECT_NUMERICAL on set B once arrays crossed by IPC;
+    # STALE_OUTPUT, wrong after new values in the same buffers, in a later run) or its kernels, left running across
+    # calls, make the kernel-only spans unstable (H200, 2026-12-03: robust CV 0.86 over 400 spans, median 160 ms
+    # against the honest 53 µs)
+    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or corr[0] not in ("PASSED", "SKIPPED") or \
         (side["status"] == "PASSED" and side["figures"]["median_ms"] > 10 * honest_ms), result.stdout.str()[-3000:]
 
 
