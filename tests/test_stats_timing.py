@@ -373,34 +373,3 @@ def test_a_short_kernels_spans_need_three_batches_before_they_converge() -> None
     assert cupti_stop(spans, CUPTI["budget_s"], 1) == "budget"
     assert cupti_stop(spans * 20, 0.1, 1) == "max_samples"
     assert cupti_stop(spans[:10], 0.1, 3) is None  # under min_samples
-
-
-@pytest.mark.parametrize("n, refresh_every, expected", [
-    # 8 sets: the window of call k writes the values of call k + 4, once that set was used (the second pass)
-    (8, False, [(0, 8), (1, 9), (2, 10), (3, 11), (4, 12), (5, 13)]),
-    (1, False, [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7), (0, 8), (0, 9)]),  # no set to lead
-    # in-place outputs: the call's own set before every call, the first one included
-    (4, True, [(0, 0), (1, 1), (2, 2), (3, 3), (0, 4), (1, 5), (2, 6), (3, 7), (0, 8), (1, 9)]),
-])
-def test_a_profiled_calls_fresh_values_are_written_sets_ahead_of_it(n: int, refresh_every: bool,
-                                                                    expected: list[tuple[int, int]]) -> None:
-    """Each of 10 profiled calls (k = 0..9) is preceded by its window: the refresh (which set, which call's
-    values), the flush and the spin. With several sets the values a call uses were written half the sets' calls
-    before it, never in its own window; every call after the first pass still uses values no earlier call used."""
-    from types import SimpleNamespace
-
-    from pytest_kopt.child.timer import _flush_window
-
-    log: list[tuple] = []
-    sets = list(range(n))
-    timer = SimpleNamespace(sets=sets, refresh=lambda s, seed: log.append(("refresh", s, seed - 1_000_000)),
-                            flush=lambda: log.append(("flush",)), hold=lambda us: log.append(("hold", us)))
-    own: list[bool] = []  # per window: did it write into its own call's set?
-    for k in range(10):
-        before = len(log)
-        _flush_window(timer, k, 7.0, refresh_every)  # type: ignore[arg-type]
-        own += [e[1] == k % n for e in log[before:] if e[0] == "refresh"]
-    assert [(e[1], e[2]) for e in log if e[0] == "refresh"] == expected
-    assert [e[0] for e in log if e[0] != "refresh"] == ["flush", "hold"] * 10
-    # with several sets and no in-place outputs no window writes the set its own call reads
-    assert not any(own) if n > 1 and not refresh_every else all(own)

@@ -777,18 +777,9 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
 Capture = tuple[list[tuple[float, float, str, int]], dict[int, float], list[tuple[float, float]]]
 
 
-#: Of the rotating input sets, the fraction that lies between a set's fresh values and the call that uses them:
-#: the window of call ``k`` writes the values of call ``k + lead`` (``lead = int(n * fraction)`` of ``n`` sets), so
-#: the writes of a set's refresh are ``lead`` flushes behind its call. Writing them right before the call's own
-#: flush (fraction 0) left a 2-kernel 4 M torch.sum's kernel-only median in one of two modes per run on the H200
-#: (11.49-11.58 or 11.67-11.69 µs, 12 runs, range 1.74%; without fresh values 0.54%, 2026-12-03).
-REFRESH_LEAD_FRACTION = 0.5
-
-
 def _flush_window(timer: Timer, k: int, hold: float, refresh_every: bool) -> None:
-    """What precedes call ``k`` inside its flush's window: fresh values in the set call ``k + lead`` uses
-    (:data:`REFRESH_LEAD_FRACTION`; from the second pass over the sets; for in-place outputs, in call ``k``'s own
-    set before every call), the L2 flush, then a GPU spin of ``hold`` µs. The call's launches
+    """What precedes call ``k`` inside its flush's window: fresh values in its set (from the second pass over the
+    sets, or every call for in-place outputs), the L2 flush, then a GPU spin of ``hold`` µs. The call's launches
     queue behind the spin, so its span holds no launch gap (the host runs slower while it is profiled: a 2-kernel
     torch.sum read 12.1 µs behind a 2x hold_us spin, 9.2 µs without CPU records, H200), and the flush's memory
     traffic has drained when the call starts. The capture waits for each call to end before it queues the next
@@ -796,10 +787,9 @@ def _flush_window(timer: Timer, k: int, hold: float, refresh_every: bool) -> Non
     lengthened the calls of a memset and a kernel (a 4 M torch.sum: medians of 100 calls 11.79-12.80 µs over three
     batches, the gap between the two 1.7-2.6 µs; waiting for each call, 11.63-11.71 µs and 1.60-1.68 µs, H200,
     docs/timing.md)."""
-    n = len(timer.sets)
-    j = k if refresh_every else k + int(n * REFRESH_LEAD_FRACTION)
-    if refresh_every or j >= n:
-        timer.refresh(timer.sets[j % n], 1_000_000 + j)  # values no event sample used
+    s = timer.sets[k % len(timer.sets)]
+    if refresh_every or k >= len(timer.sets):
+        timer.refresh(s, 1_000_000 + k)  # values no event sample used
     timer.flush()
     timer.hold(hold)
 
