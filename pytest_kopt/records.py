@@ -49,7 +49,7 @@ class GateRecord:
 
 
 def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
-    """One verdict per kernel of a session, in the order its items ran: ``name`` (the node id's file part, as the
+    """One verdict per kernel of a session, in the order of its first record: ``name`` (the node id's file part, as the
     terminal shows it), ``kernel`` (its resolved path), ``status`` (the status of its first failed item in gate
     order, else PASSED, or SKIPPED when every item of it skipped: a selection such as ``-k "timing or ncu"`` on a
     machine without a GPU passes nothing), ``failed_gate`` and ``exit_code`` of that item (None when none failed),

@@ -165,6 +165,33 @@ def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
     assert (c["output_checked"], c["timed"], c["median_ms"], c["speedup_vs_ref"]) == (True, True, 1.25, 2.0)
 
 
+def test_the_reports_kernels_and_items_follow_the_session_not_the_workers() -> None:
+    """Under xdist the reports arrive in the order the workers finish: the document still lists the baseline first,
+    then the candidates as given, a kernel the session did not name after them, and each kernel's items in gate
+    order (its seeds in the order they ran)."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin.ledger import Ledger
+    from pytest_kopt.records import GateRecord
+
+    def rec(node: str, gate: str, case: str | None = None) -> GateRecord:
+        return GateRecord(nodeid=f"{node}::{gate}" + (f"[{case}]" if case else ""), kernel=f"/w/{node}", gate=gate,
+                          case=case, outcome="passed", status="PASSED")
+
+    ledger = Ledger()
+    ledger.records = [rec("cand.cu", "hardware"), rec("other.cu", "compile"), rec("cand.cu", "timing"),
+                      rec("base.cu", "compile"), rec("cand.cu", "correctness", "seed=2"),
+                      rec("cand.cu", "correctness", "seed=1"), rec("base.cu", "hardware")]
+    settings = SimpleNamespace(kernels=(Path("/w/base.cu"), Path("/w/cand.cu")), baseline=Path("/w/base.cu"),
+                               ref=Path("/w/ref.py"), dims={}, shapes=(), seeds=(1, 2), outdir=Path("/w/.kopt"))
+    doc = ledger.document(exit_code=0, settings=settings, env={}, comparisons=[], loop=None)
+    assert [k["name"] for k in doc["kernels"]] == ["base.cu", "cand.cu", "other.cu"]
+    assert [i["nodeid"] for i in doc["items"]] == [
+        "base.cu::hardware", "base.cu::compile", "cand.cu::hardware", "cand.cu::correctness[seed=2]",
+        "cand.cu::correctness[seed=1]", "cand.cu::timing", "other.cu::compile"]
+    assert [r.nodeid for r in ledger.records][0] == "cand.cu::hardware"  # the ledger itself is left as reported
+
+
 #: A valid entry of the report's ``kernels``.
 VERDICT = {"name": "k.cu", "kernel": "/w/k.cu", "status": "PASSED", "failed_gate": None, "exit_code": None,
            "passed": 5, "failed": 0, "skipped": 8, "skipped_gates": ["correctness", "timing"],

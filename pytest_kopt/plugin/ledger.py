@@ -57,11 +57,17 @@ class Ledger:
 
     def document(self, *, exit_code: int, settings: Any, env: dict[str, Any], comparisons: list[dict[str, Any]],
                  loop: dict[str, Any] | None) -> dict[str, Any]:
-        """The ``--kopt-json`` document (``registries/report_schema.json``), NaN and inf as null."""
+        """The ``--kopt-json`` document (``registries/report_schema.json``), NaN and inf as null. Its ``items`` and
+        ``kernels`` follow the session's kernels (the baseline, then each candidate, as given; another kernel, such
+        as a loop's, after them by path) and each kernel's items the gates' order, whatever order xdist's workers
+        reported them in."""
+        rank = {str(k): i for i, k in enumerate(getattr(settings, "kernels", ()) or ())}
+        records = sorted(self.records, key=lambda r: (rank.get(r.kernel, len(rank)), r.kernel if r.kernel not in rank
+                                                      else "", ORDER.get(r.gate, 99)))
         doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
                "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
-               "items": [r.to_json() for r in self.records], "kernels": kernel_verdicts(self.records),
+               "items": [r.to_json() for r in records], "kernels": kernel_verdicts(records),
                "comparisons": comparisons, "loop": loop}
         return finite(doc)
 
