@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -482,3 +484,25 @@ def test_solve_in_a_local_header(pytester: pytest.Pytester) -> None:
     table = outcomes(result)
     assert table["preflight"] == table["compile"] == table["sass"] == "PASSED"
     result.stdout.fnmatch_lines(["*preflight*solve(const float* x, float* y, int n)*"])
+
+
+def test_kernels_outside_the_root_keep_their_own_node_ids_under_xdist(pytester: pytest.Pytester,
+                                                                       tmp_path_factory: pytest.TempPathFactory
+                                                                       ) -> None:
+    """Two kernels outside the root folder (given by absolute path): pytest named both by an empty node id, and
+    under -n loadscope ran the first one's items twice and the second's never, exit 0. Each now has its path
+    relative to the root as its node id, and every item of both runs once."""
+    outside = [tmp_path_factory.mktemp("elsewhere") / "e.cu", tmp_path_factory.mktemp("elsewhere") / "f.cu"]
+    for path in outside:
+        path.write_text(GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    pytester.makeini("[pytest]\n")
+    result = run(pytester, "--kopt-baseline", str(outside[0]), "--kopt-candidate", str(outside[1]), "--kopt-ref",
+                 "ref.py", "--kopt-dims", "n=256", "-k", "hardware or preflight", "-n", "2", "--kopt-json", "r.json",
+                 "--rootdir", str(pytester.path))
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    items = json.loads((pytester.path / "r.json").read_text())["items"]
+    ids = sorted(i["nodeid"] for i in items)
+    assert len(ids) == len(set(ids)) == 4, ids
+    assert {i["nodeid"].split("::")[0] for i in items} == {
+        Path(os.path.relpath(p, pytester.path)).as_posix() for p in outside}

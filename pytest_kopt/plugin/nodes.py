@@ -3,6 +3,7 @@ gate table; an item delegates to :func:`pytest_kopt.gates.table.run` and renders
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,10 +22,19 @@ HARNESS_GATES = frozenset({"plan", "correctness", "timing"})
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """Collect the session's kernel files (``--kopt-baseline``, ``--kopt-candidate``) as :class:`KoptFile`."""
+    """Collect the session's kernel files (``--kopt-baseline``, ``--kopt-candidate``) as :class:`KoptFile`, whose
+    node id is :func:`node_path`."""
     if file_path.suffix in (".cu", ".py") and file_path.resolve() in _kernels(parent.config):
-        return KoptFile.from_parent(parent, path=file_path)
+        return KoptFile.from_parent(parent, path=file_path, nodeid=node_path(parent.config, file_path))
     return None
+
+
+def node_path(config: pytest.Config, file_path: Path) -> str:
+    """A kernel file's node id: its path relative to the root folder, ``../`` included for one outside it. (pytest
+    names a file given on the command line outside the root by its path relative to that argument, which is empty:
+    two such kernels shared the node id ``""``, and xdist's loadscope ran the first one's items twice and the
+    second's never.)"""
+    return Path(os.path.relpath(file_path, config.rootpath)).as_posix()
 
 
 @pytest.hookimpl(tryfirst=True)
