@@ -454,6 +454,33 @@ def test_a_noise_threshold_that_leaves_no_improvement_is_a_usage_error(pytester:
     assert "--kopt-noise" in result.stderr.str()
 
 
+def _selection_config(root: Path, keyword: str = "") -> SimpleNamespace:
+    """What the plan and the prestart read of a pytest config: the dist mode and the selection options."""
+    option = SimpleNamespace(keyword=keyword, markexpr="", collectonly=False, lf=False, stepwise=False, deselect=None)
+    return SimpleNamespace(getvalue=lambda name: "load", option=option, args=[], rootpath=root,
+                           invocation_params=SimpleNamespace(dir=root))
+
+
+def test_a_worker_starts_the_timing_processes_only_where_the_selection_keeps_timing(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    """At its configure a worker knows only the selection: the gates it surely keeps are the ones its first
+    kernel's processes are started for (``-k "not timing"``: no timing processes, as without xdist)."""
+    kernel = tmp_path / "b1" / "kernel.cu"
+    seen: list[tuple[str, frozenset[str]]] = []
+    state = SimpleNamespace(env={"gpu": {"uuid": UUID0}}, kernels=frozenset([kernel]),
+                            context=lambda config, k, display, collected=None: SimpleNamespace(
+                                display=display, collected=collected))
+    monkeypatch.setattr(kopt_xdist, "prestart_harness", lambda ctx: seen.append((ctx.display, ctx.collected)))
+    for keyword, kept in (("", {"plan", "correctness", "timing"}), ("not timing", {"plan", "correctness"}),
+                          ("compile", None)):
+        seen.clear()
+        started = kopt_xdist.prestart_planned(_selection_config(tmp_path, keyword), state,  # type: ignore[arg-type]
+                                              {"kopt_first_kernel": str(kernel)})
+        assert started is (kept is not None)
+        assert seen == ([("b1/kernel.cu", frozenset(kept))] if kept is not None else [])
+
+
 def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -> None:
     """The controller plans kernel -> worker over the sorted kernels and hands each worker the first kernel planned
     for it (its harness processes start at the worker's configure); a worker with none planned, a session without
@@ -463,9 +490,12 @@ def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -
                                                    Path("/r/b3/kernel.cu"): 0}
     assert kopt_xdist.kernel_plan(kernels, 0) == {}
     assert [kopt_xdist.worker_index(w) for w in ("gw0", "gw12", "foo", "gw")] == [0, 12, None, None]
-    config = SimpleNamespace(getvalue=lambda name: "load")
-    for env, handed in ((two_gpu_env(), {"gw0": "/r/b1/kernel.cu", "gw1": "/r/b2/kernel.cu", "gw2": "/r/b3/kernel.cu"}),
-                        ({"gpu": None}, {})):
+    for env, keyword, handed in (
+            (two_gpu_env(), "", {"gw0": "/r/b1/kernel.cu", "gw1": "/r/b2/kernel.cu", "gw2": "/r/b3/kernel.cu"}),
+            # -k b3 plans b3 alone: the worker xdist keeps for it is the one that started its processes
+            (two_gpu_env(), "b3", {"gw0": "/r/b3/kernel.cu"}),
+            ({"gpu": None}, "", {})):
+        config = _selection_config(Path("/r"), keyword)
         state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/r/.kopt")),
                              env=env, kernels=frozenset(kernels))  # type: ignore[arg-type]
         ctl = kopt_xdist.XdistControllerPlugin(config, state)  # type: ignore[arg-type]

@@ -35,15 +35,18 @@ class SessionState:
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
 
     def context(self, config: pytest.Config, kernel: Path, display: str,
-                env: dict[str, Any] | None = None) -> Context:
+                env: dict[str, Any] | None = None, collected: frozenset[str] | None = None) -> Context:
         """The gate context of one kernel file; ``env`` replaces the detected environment (the builds started
-        before the GPU probe: :mod:`pytest_kopt.plugin.early`)."""
+        before the GPU probe: :mod:`pytest_kopt.plugin.early`), ``collected`` the gates this process collected of
+        it (the gates a worker knows its selection keeps, before it collects: :mod:`pytest_kopt.plugin.xdist`)."""
         assert self.settings.ref is not None
         cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
         cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=self.settings, env=self.env if env is None else env, kernel=Path(kernel).resolve(),
                        ref=self.settings.ref, display=display, cache_dir=Path(cache_dir), pool=self.pool,
-                       blocks=self.blocks, trust=self.trust, collected=self.collected.get(Path(kernel).resolve(), frozenset()))
+                       blocks=self.blocks, trust=self.trust,
+                       collected=self.collected.get(Path(kernel).resolve(), frozenset()) if collected is None
+                       else collected)
 
 
 STATE = pytest.StashKey[SessionState]()
