@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from ..artifacts import read_dict, write_json
+from ..artifacts import read_dict, write_json, write_text
 from ..child.autotune import describe
 from ..errors import Blocked, CompileError, ConfigError, ContractError, HardwareError, KoptError, NotApplicable
 from .context import Context, Outcome
@@ -165,8 +166,11 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
             return BuildResult(str(lib), key, True, 0.0, m["command"], m.get("log", ""),
                                include_dirs=tuple(map(str, include_dirs)))
         shim = folder / "kopt_shim.cu"
-        shim.write_text(SHIM)
-        tmp = folder / "kernel.so.tmp"
+        if not shim.is_file() or shim.read_text() != SHIM:  # never rewritten under an nvcc that reads it
+            write_text(shim, SHIM)
+        # this build's own output: an nvcc left running by a process that died (and released the lock) never
+        # shares its file with the build that follows
+        tmp = folder / f"kernel.so.{os.getpid()}.{threading.get_ident()}.tmp"
         cmd = nvcc_command(nvcc, source, shim, tmp, arch, include_dirs, cutlass)
         t0 = time.perf_counter()
         try:
@@ -180,6 +184,7 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
         seconds = time.perf_counter() - t0
         log = format_nvcc_errors(proc.stdout + proc.stderr, source, display)
         if proc.returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
             fix = "fix the compiler errors above"
             if "not supported on .target" in log and not arch.endswith("a"):
                 fix = f"this code needs the arch-specific target: pass --kopt-arch {arch}a"
