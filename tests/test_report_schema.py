@@ -137,6 +137,14 @@ def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.D
     assert verdict["output_checked"] is True and verdict["timed"] is False and verdict["median_ms"] is None
     assert {"timing", "ncu", "roofline"} <= set(verdict["skipped_gates"])
     assert verdict["passed"] + verdict["skipped"] == len(doc["items"]) and verdict["failed"] == 0
+    assert doc["session_seed"] is None  # --kopt-seeds listed the seeds
+    # without --kopt-seeds the seeds come from a session seed: the report carries it, for --kopt-seed to replay
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                                           "-k", "preflight", "--kopt-json", "r2.json", "-p", "no:cacheprovider",
+                                           timeout=600)
+    doc = json.loads((pytester.path / "r2.json").read_text(), parse_constant=_reject_constant)
+    assert errors_of(validator, doc) == [] and isinstance(doc["session_seed"], int)
+    result.stdout.fnmatch_lines([f"kopt seed: {doc['session_seed']} (replay: --kopt-seed {doc['session_seed']})"])
 
 
 def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
@@ -237,7 +245,7 @@ def test_schema_rejects(validator: jsonschema.Draft202012Validator, h200_report:
 def test_schema_allows_extra_top_level_keys(validator: jsonschema.Draft202012Validator, h200_report: dict) -> None:
     """Forward compatibility: a newer plugin may add top-level keys (items stay closed)."""
     doc = copy.deepcopy(h200_report)
-    doc["session_seed"] = 12345
+    doc["a_later_key"] = 12345
     assert errors_of(validator, doc) == []
 
 

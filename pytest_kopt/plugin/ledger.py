@@ -66,7 +66,8 @@ class Ledger:
                                                       else "", ORDER.get(r.gate, 99)))
         doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
-               "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds), "env": env, "outdir": str(settings.outdir),
+               "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds),
+               "session_seed": getattr(settings, "session_seed", None), "env": env, "outdir": str(settings.outdir),
                "items": [r.to_json() for r in records], "kernels": kernel_verdicts(records),
                "comparisons": comparisons, "loop": loop}
         return finite(doc)
