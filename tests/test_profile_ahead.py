@@ -280,10 +280,13 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
 
     started: list[str] = []
     ended: list[str] = []
+    ahead: dict[tuple[str, str], object] = {}  # the pool's profiles started ahead (start_profile, end_ahead)
     monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
-                        or True)
-    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: ended.append(kernel.parent.name))
+                        or ahead.setdefault((str(ctx.kernel), set_name), object()) is not None)
+    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: ended.append(kernel.parent.name)
+                        or [ahead.pop(k) for k in list(ahead) if k[0] == str(kernel)])
     state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
+                            pool=SimpleNamespace(ahead=ahead),
                             context=lambda config, kernel, display: SimpleNamespace(kernel=kernel,
                                                                                     benchmarks=({"n": 1},)))
     plugin = session.ControllerPlugin(SimpleNamespace(), state)
@@ -317,11 +320,14 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
     from pytest_kopt.plugin import session
 
     started: list[str] = []
+    ahead: dict[tuple[str, str], object] = {}  # the pool's profiles started ahead (start_profile, end_ahead)
     monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
-                        or True)
-    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: None)
+                        or ahead.setdefault((str(ctx.kernel), set_name), object()) is not None)
+    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: [ahead.pop(k) for k in list(ahead)
+                                                               if k[0] == str(kernel)])
     shapes = {"b9": ({"n": 1}, {"n": 2})}
     state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
+                            pool=SimpleNamespace(ahead=ahead),
                             context=lambda config, kernel, display: SimpleNamespace(
                                 kernel=kernel, benchmarks=shapes.get(kernel.parent.name, ({"n": 1},))))
     plugin = session.ControllerPlugin(SimpleNamespace(), state)

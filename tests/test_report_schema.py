@@ -191,6 +191,7 @@ def test_the_reports_kernels_and_items_follow_the_session_not_the_workers() -> N
                       rec("base.cu", "compile"), rec("cand.cu", "correctness", "seed=2"),
                       rec("cand.cu", "correctness", "seed=1"), rec("base.cu", "hardware")]
     settings = SimpleNamespace(kernels=(Path("/w/base.cu"), Path("/w/cand.cu")), baseline=Path("/w/base.cu"),
+                               session_seed=None,
                                ref=Path("/w/ref.py"), dims={}, shapes=(), seeds=(1, 2), outdir=Path("/w/.kopt"))
     doc = ledger.document(exit_code=0, settings=settings, env={}, comparisons=[], loop=None)
     assert [k["name"] for k in doc["kernels"]] == ["base.cu", "cand.cu", "other.cu"]

@@ -502,8 +502,9 @@ def cupti_calls(median_ms: float) -> int:
 #: independent samples of a short kernel. On the H200 (2026-12-03), a two-kernel sum of 11.7 µs gave medians
 #: whose standard error from within a batch of 50 calls (MAD, order statistics or bootstrap) read 0.1-0.25%, while
 #: 8 batches' medians spread over 1.36% (standard deviation 0.46%), with new input sets or the same ones; over 3
-#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches of a call under 1 ms are 200 calls of
-#: at most 1 ms, each behind the flush and a 1 ms spin: about 0.5 s by that count (not measured).
+#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches (200 calls) took 0.50 s for that sum and
+#: 0.44 s for an add of 1 M floats (median of 12 runs each, H200, 2026-12-03, seventh session). More batches do not
+#: take the sum under 1%: its medians fall in two levels run to run (docs/timing.md).
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200,
          "min_batches": 3, "batches_below_us": 1000.0}
 

@@ -172,34 +172,37 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
         # shares its file with the build that follows
         tmp = folder / f"kernel.so.{os.getpid()}.{threading.get_ident()}.tmp"
         cmd = nvcc_command(nvcc, source, shim, tmp, arch, include_dirs, cutlass)
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=source.parent)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"nvcc ran past {timeout_s:.0f} s", gate="compile", path=display,
-                               fix="raise --kopt-timeout or simplify the kernel (deep template instantiation?)") from None
-        except OSError as exc:
-            raise HardwareError(f"nvcc could not run: {exc}", gate="compile",
-                                fix="install the CUDA toolkit or put nvcc on PATH") from None
-        seconds = time.perf_counter() - t0
-        log = format_nvcc_errors(proc.stdout + proc.stderr, source, display)
-        if proc.returncode != 0 or not tmp.is_file():
+        try:  # nothing of this build's temporary output outlives it: failed, timed out or interrupted
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=source.parent)
+            except subprocess.TimeoutExpired:
+                raise CompileError(f"nvcc ran past {timeout_s:.0f} s", gate="compile", path=display,
+                                   fix="raise --kopt-timeout or simplify the kernel (deep template "
+                                       "instantiation?)") from None
+            except OSError as exc:
+                raise HardwareError(f"nvcc could not run: {exc}", gate="compile",
+                                    fix="install the CUDA toolkit or put nvcc on PATH") from None
+            seconds = time.perf_counter() - t0
+            log = format_nvcc_errors(proc.stdout + proc.stderr, source, display)
+            if proc.returncode != 0 or not tmp.is_file():
+                fix = "fix the compiler errors above"
+                if "not supported on .target" in log and not arch.endswith("a"):
+                    fix = f"this code needs the arch-specific target: pass --kopt-arch {arch}a"
+                elif "not supported on .target" in log:
+                    fix = f"the instruction is not available on {arch}: choose a code path for this arch"
+                first = _first_error_line(log, display)
+                text = log.strip()
+                if len(text) > 6000:  # keep the first errors (the root cause) and the last lines
+                    text = text[:4000] + "\n...\n" + text[-2000:]
+                if proc.returncode < 0 or _KILLED.search(log):  # Ctrl-C reaches nvcc's process group too
+                    raise CompileError(f"nvcc was interrupted (exit {proc.returncode})", gate="compile", path=display,
+                                       details=text, status=INTERRUPTED, fix="run the session again")
+                raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
+                                   line=first, details=text, fix=fix)
+            os.replace(tmp, lib)
+        finally:
             tmp.unlink(missing_ok=True)
-            fix = "fix the compiler errors above"
-            if "not supported on .target" in log and not arch.endswith("a"):
-                fix = f"this code needs the arch-specific target: pass --kopt-arch {arch}a"
-            elif "not supported on .target" in log:
-                fix = f"the instruction is not available on {arch}: choose a code path for this arch"
-            first = _first_error_line(log, display)
-            text = log.strip()
-            if len(text) > 6000:  # keep the first errors (the root cause) and the last lines
-                text = text[:4000] + "\n...\n" + text[-2000:]
-            if proc.returncode < 0 or _KILLED.search(log):  # Ctrl-C reaches nvcc's process group too
-                raise CompileError(f"nvcc was interrupted (exit {proc.returncode})", gate="compile", path=display,
-                                   details=text, status=INTERRUPTED, fix="run the session again")
-            raise CompileError(f"nvcc failed (exit {proc.returncode})", gate="compile", path=display,
-                               line=first, details=text, fix=fix)
-        os.replace(tmp, lib)
         BUILT_HERE[str(lib)] = seconds
         write_json(manifest, {"command": cmd, "log": log, "seconds": seconds, "parts": parts,
                               "headers": [str(h) for h in headers]})

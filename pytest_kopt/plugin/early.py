@@ -1,7 +1,8 @@
 """nvcc started before the GPU probe: where the arch is known at configure (``--kopt-arch``, or every visible GPU's
 compute capability read through NVML), a session starts its ``.cu`` builds there instead of at its first item, so
 they run beside the probe (0.47 s on the H200), collection and the first items; under xdist the controller starts
-them, beside its workers' start (about 3 s for 8 workers on the H200) and collection.
+them, beside its workers' start and collection (8 workers with every build cached: a 7.0 s session on the H200,
+against 4.1 s for the 8 builds at -n 0).
 
 Only where the selection surely keeps the kernel's compile item: a build the session then skipped would still be
 waited for at its end (nvcc must not outlive the session), and a CUTLASS build takes a minute.

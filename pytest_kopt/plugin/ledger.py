@@ -61,13 +61,12 @@ class Ledger:
         ``kernels`` follow the session's kernels (the baseline, then each candidate, as given; another kernel, such
         as a loop's, after them by path) and each kernel's items the gates' order, whatever order xdist's workers
         reported them in."""
-        rank = {str(k): i for i, k in enumerate(getattr(settings, "kernels", ()) or ())}
-        records = sorted(self.records, key=lambda r: (rank.get(r.kernel, len(rank)), r.kernel if r.kernel not in rank
-                                                      else "", ORDER.get(r.gate, 99)))
+        rank = {str(k): i for i, k in enumerate(settings.kernels)}
+        records = sorted(self.records, key=lambda r: (rank.get(r.kernel, len(rank)), r.kernel, ORDER.get(r.gate, 99)))
         doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
                "exit_code": int(exit_code), "kernel": str(settings.baseline), "ref": str(settings.ref),
                "dims": settings.dims, "shapes": list(settings.shapes) or [settings.dims], "seeds": list(settings.seeds),
-               "session_seed": getattr(settings, "session_seed", None), "env": env, "outdir": str(settings.outdir),
+               "session_seed": settings.session_seed, "env": env, "outdir": str(settings.outdir),
                "items": [r.to_json() for r in records], "kernels": kernel_verdicts(records),
                "comparisons": comparisons, "loop": loop}
         return finite(doc)

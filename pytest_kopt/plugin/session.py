@@ -38,14 +38,20 @@ class ControllerPlugin:
         self.loop_result: dict[str, Any] | None = None
         self.errors: list[str] = []
         self.comparisons: list[dict[str, Any]] = []
-        #: in a loop's close: the fastest branch timed so far (median ms, kernel path), the branches whose profile
-        #: was started ahead, those a start was tried for, those ruled out as champion (an item failed or skipped,
-        #: or timed slower than the fastest), and what was done for each (shown with -v)
+        #: in a loop's close: the fastest branch timed so far (median ms, kernel path), the branches a start was
+        #: tried for, those ruled out as champion (an item failed or skipped, or timed slower than the fastest), and
+        #: what was done for each (shown with -v)
         self.leader: tuple[float, Path] | None = None
-        self.profiling: set[Path] = set()
         self.tried: set[Path] = set()
         self.ruled_out: set[Path] = set()
         self.ahead_log: list[str] = []
+
+    @property
+    def profiling(self) -> set[Path]:
+        """The kernels whose profile started ahead waits in this process's pool
+        (:func:`pytest_kopt.gates.ncu.start_profile` puts it there, :func:`pytest_kopt.gates.ncu.end_ahead` takes it
+        out)."""
+        return {Path(key[0]) for key in self.state.pool.ahead}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep one record per kopt item; in a loop's close, start the likely champions' profiles."""
@@ -101,8 +107,6 @@ class ControllerPlugin:
             started, why = False, f"{type(exc).__name__}: {exc}"  # starts its own, and reports what fails)
         else:
             why = "" if started else "no build or no ncu"
-        if started:
-            self.profiling.add(kernel)
         self.ahead_log.append(f"{kernel.parent.name} ({rec.gate} passed): " + (
             "profile started ahead" if started else f"not started ({why})"))
 
@@ -111,7 +115,6 @@ class ControllerPlugin:
 
         self.ruled_out.add(kernel)
         if kernel in self.profiling:
-            self.profiling.discard(kernel)
             end_ahead(ctx, kernel)
             self.ahead_log.append(f"{kernel.parent.name}: profile ended ({why})")
 

@@ -18,8 +18,9 @@ from ..settings import Settings
 @dataclass
 class SessionState:
     """The settings (parsed once), the detected environment (``env.json``; the controller's, handed to workers),
-    the session's MAC key, this process's harness pool, block log and builds started ahead, and the ``CUDA_VISIBLE_DEVICES`` to give
-    back at unconfigure when this process pinned itself to a GPU (``restore_visible``: True and the old value)."""
+    the session's MAC key, this process's harness pool, block log and builds started ahead, and the
+    ``CUDA_VISIBLE_DEVICES`` to give back at unconfigure when this process pinned itself to a GPU
+    (``restore_visible``: True and the old value)."""
 
     settings: Settings
     env: dict[str, Any] = field(default_factory=dict)

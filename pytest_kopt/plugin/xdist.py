@@ -17,7 +17,7 @@ from ..gates import gpus, hardware
 from ..gates.plan import prestart_harness
 from ..gates.trust import Trust
 from .early import selection_keeps
-from .nodes import HARNESS_GATES
+from .nodes import HARNESS_GATES, node_path
 from .stash import SessionState
 
 
@@ -85,8 +85,6 @@ class XdistControllerPlugin:
         self.state = state
         #: GPU UUID -> ids of the live xdist workers pinned to it
         self.gpu_workers: dict[str, set[str]] = {}
-        #: (workers, :meth:`plan` for that many), made once
-        self._plan: tuple[int, dict[Path, int]] | None = None
 
     def plan(self, workers: int) -> dict[Path, int]:
         """:func:`kernel_plan` over ``workers`` workers of this session's kernels whose plan item surely runs
@@ -95,10 +93,7 @@ class XdistControllerPlugin:
         default of ``-n``); else empty."""
         if not self.state.kernels or self.config.getvalue("dist") != "load":
             return {}
-        if self._plan is None or self._plan[0] != workers:
-            kept = [k for k in self.state.kernels if selection_keeps(self.config, k, "plan")]
-            self._plan = (workers, kernel_plan(kept, workers))
-        return self._plan[1]
+        return kernel_plan([k for k in self.state.kernels if selection_keeps(self.config, k, "plan")], workers)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -171,18 +166,18 @@ def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[st
     first (:func:`~pytest_kopt.gates.plan.prestart_harness`), so their torch imports (seconds on a machine's first
     session) overlap the worker's collection and first items rather than start at its first item. Only where the
     selection surely keeps that kernel's plan item (:func:`~pytest_kopt.plugin.early.selection_keeps`) and the
-    worker has a GPU; the timing processes only where it surely keeps the timing item too. Returns whether it started them. A worker handed another kernel ends them when that kernel's
-    processes start (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart`)."""
+    worker has a GPU; the timing processes only where it surely keeps the timing item too. Returns whether it
+    started them. A worker handed another kernel ends them when that kernel's processes start
+    (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart`)."""
     first = handed.get("kopt_first_kernel")
     if not first or not state.env.get("gpu"):
         return False
     kernel = Path(first)
     if kernel not in state.kernels or not selection_keeps(config, kernel, "plan"):
         return False
-    display = os.path.relpath(kernel, config.rootpath.resolve())  # the node id's file part (nodes.node_path)
     # the harness gates the selection surely keeps: no timing processes for a session without timing items
     kept = frozenset(g for g in HARNESS_GATES if selection_keeps(config, kernel, g))
-    prestart_harness(state.context(config, kernel, display, collected=kept))
+    prestart_harness(state.context(config, kernel, node_path(config, kernel), collected=kept))
     return True
 
 
