@@ -1,5 +1,6 @@
-"""Tests for the builds started before the GPU probe (pytest_kopt.plugin.early) and the arch read through NVML
-(pytest_kopt.gates.hardware.nvml_arch). No GPU and no nvcc needed, except the session test."""
+"""Tests for the work started before the GPU probe (pytest_kopt.plugin.early: builds, harness processes) and what
+NVML says without a CUDA context (pytest_kopt.gates.hardware.nvml_arch, nvml_gpu_count). No GPU and no nvcc
+needed, except the build session test."""
 
 from __future__ import annotations
 
@@ -121,6 +122,73 @@ def test_nvml_arch_is_the_visible_gpus_one_arch_or_none(monkeypatch: pytest.Monk
     assert fake.shut == (1 if visible not in ("", "-1", "MIG-1234") else 0)
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(gpus, init_error=True))
     assert nvml_arch(visible) is None
+
+
+@pytest.mark.parametrize("gpus, visible, count", [
+    ([("GPU-a", (9, 0))], None, 1),
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], None, 2),
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], "1", 1),
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], "GPU-b", 1),
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], "0, GPU-b", 2),
+    ([("GPU-a", (9, 0))], "1", None),            # past NVML's count: CUDA stops there
+    ([("GPU-a", (9, 0))], "GPU-", None),         # a UUID prefix CUDA may resolve and NVML does not
+    ([("GPU-a", (9, 0))], "", None),             # every GPU hidden
+    ([("GPU-a", (9, 0))], "-1", None),
+    ([("GPU-a", (9, 0))], "MIG-1234", None),
+    ([], None, 0),
+])
+def test_nvml_gpu_count_is_what_cuda_will_show_or_none(monkeypatch: pytest.MonkeyPatch, gpus, visible,
+                                                       count) -> None:
+    """The GPUs CUDA will list for this process, counted without a CUDA context, or None wherever CUDA's own
+    reading of ``CUDA_VISIBLE_DEVICES`` could differ (the probe then decides)."""
+    import sys
+
+    from pytest_kopt.gates.hardware import nvml_gpu_count
+
+    fake = _FakeNvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert nvml_gpu_count(visible) == count
+    assert fake.shut == 1
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(gpus, init_error=True))
+    assert nvml_gpu_count(visible) is None
+
+
+@pytest.mark.parametrize("gpus, option, flags, settings, kept", [
+    (1, {}, {}, {}, {"plan", "correctness", "timing"}),
+    (1, {"keyword": "not timing"}, {}, {}, {"plan", "correctness"}),
+    (1, {"keyword": "compile"}, {}, {}, None),         # no plan item: nothing for the processes to serve first
+    (2, {}, {}, {}, None),                             # the probe may pin another GPU after they inherited the env
+    (None, {}, {}, {}, None),                          # NVML cannot say: the probe decides, collection starts them
+    (1, {}, {"numprocesses": 2, "dist": "load"}, {}, None),  # each xdist worker starts its own
+    (1, {}, {}, {"gpus": "0"}, None),                  # --kopt-gpus pins
+    (1, {}, {}, {"arch": None, "nvml_arch": None}, None),  # no arch: a Triton build folder could not be named
+])
+def test_harness_processes_start_at_configure_only_where_collection_would_start_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus, option, flags, settings, kept) -> None:
+    """Before the probe, the first kernel's processes start only where they are the ones collection would start:
+    no xdist, no --kopt-gpus, one GPU by NVML, the plan item surely kept; the environment they are keyed by holds
+    the GPU, its arch and the package versions (a Triton kernel's TRITON_CACHE_DIR is named by them)."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin import early
+
+    kernel, ref = tmp_path / "k.cu", tmp_path / "ref.py"
+    seen: list[tuple[str, dict, frozenset[str]]] = []
+    monkeypatch.setattr(early, "prestart_harness", lambda ctx: seen.append((ctx.display, ctx.env, ctx.collected)))
+    monkeypatch.setattr(early.hardware, "nvml_gpu_count", lambda: gpus)
+    monkeypatch.setattr(early.hardware, "nvml_arch", lambda: settings.get("nvml_arch", "sm_90a"))
+    monkeypatch.setattr(early.hardware, "package_versions", lambda: {"triton": "3.6.0"})
+    s = SimpleNamespace(gpus=settings.get("gpus"), kernels=(kernel,), ref=ref, arch=settings.get("arch"))
+    state = SimpleNamespace(settings=s, context=lambda config, k, display, env=None, collected=None:
+                            SimpleNamespace(display=display, env=env, collected=collected))
+    config = _config(tmp_path, numprocesses=flags.get("numprocesses"), dist=flags.get("dist", "no"), **option)
+    started = early.prestart_harness_early(config, state)  # type: ignore[arg-type]
+    assert started is (kept is not None)
+    if kept is None:
+        assert seen == []
+    else:
+        assert seen == [("k.cu", {"gpu_available": True, "sm_arch": "sm_90a", "packages": {"triton": "3.6.0"}},
+                         frozenset(kept))]
 
 
 @pytest.mark.parametrize("dist, numprocesses, tx, local", [
@@ -249,3 +317,122 @@ def test_a_build_started_early_is_the_compile_items_own(pytester: pytest.Pyteste
         else:
             assert builds == [], builds
             assert "CONTRACT_ERROR" in got.stdout.str() or "preflight" in got.stdout.str()
+
+
+NVML_CONFTEST = '''
+import json
+import sys
+
+
+class _Nvml:
+    """pynvml over {gpus} GPUs of compute capability 9.0: what NVML would say on an H200 machine."""
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return {gpus}
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return (9, 0)
+
+
+sys.modules["pynvml"] = _Nvml()
+
+
+def pytest_sessionstart(session):
+    from pytest_kopt.plugin.stash import STATE
+
+    pool = session.config.stash[STATE].pool
+    print("PROCESSES AT SESSION START:", ",".join(sorted(k[0].split(":")[0] for k in pool.starting)) or "none")
+    with open("pids.json", "w") as f:
+        json.dump([srv.proc.pid for srv in pool.starting.values()], f)
+'''
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_where_nvml_shows_one_gpu_the_harness_processes_start_at_configure_and_end_with_the_session(
+        pytester: pytest.Pytester) -> None:
+    """With NVML showing one GPU the first kernel's processes (here the judge and the kernel's correctness process:
+    the selection drops timing) are running when the session starts, before collection; when the probe then
+    finds no GPU (this machine's case, or a broken driver) they serve what they can, and none outlives the session.
+    With two GPUs none starts before the probe."""
+    import json
+
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    args = ["-s", "-p", "no:xdist", "-p", "no:cacheprovider", "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py",
+            "--kopt-dims", "n=4096", "-k", "preflight or plan"]
+    pytester.makeconftest(NVML_CONFTEST.replace("{gpus}", "1"))
+    got = pytester.runpytest_subprocess(*args, timeout=300)
+    got.stdout.fnmatch_lines(["*PROCESSES AT SESSION START: check,judge*"])
+    pids = json.loads((pytester.path / "pids.json").read_text())
+    assert len(pids) == 2
+    assert [p for p in pids if _running(p)] == []
+    one = got.ret
+    pytester.makeconftest(NVML_CONFTEST.replace("{gpus}", "2"))
+    got = pytester.runpytest_subprocess(*args, timeout=300)
+    got.stdout.fnmatch_lines(["*PROCESSES AT SESSION START: none*"])
+    assert got.ret == one  # the same verdicts either way
+
+
+@pytest.mark.skipif(find_tool("nvcc") is None, reason="nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin)")
+def test_a_set_up_session_builds_at_configure_into_the_run_folder_it_claimed(pytester: pytest.Pytester) -> None:
+    """--kopt-init claims its run folder at configure, so the baseline's build starts there too (beside the probe)
+    and a failed build is remembered in ``run_*/baseline/compile_error.json``; the set-up then records its stop as
+    without the early start (state.json written, the compile item failed with the kernel's file:line)."""
+    import json
+
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    pytester.makefile(".cu", bad=GOOD_CU + "\nthis is not C++;\n")
+    pytester.makepyfile(ref=SCALE_REF)
+    pytester.makeconftest(CONFTEST)
+    got = pytester.runpytest_subprocess("-s", "-p", "no:xdist", "-p", "no:cacheprovider", "--kopt-baseline", "bad.cu",
+                                        "--kopt-ref", "ref.py", "--kopt-dims", "n=4096", "--kopt-arch", "sm_90a",
+                                        "--kopt-init", timeout=600)
+    got.stdout.fnmatch_lines(["*BUILDS AT SESSION START: 1*", "*bad.cu:*: error*"])
+    (run,) = pytester.path.glob("run_*")
+    assert json.loads((run / "baseline" / "compile_error.json").read_text())["status"]
+    assert (run / "baseline" / "bad.cu").read_text() == (pytester.path / "bad.cu").read_text()
+    assert json.loads((run / "state.json").read_text())["run_status"] == "stopped"
+
+
+def test_a_set_up_ended_by_a_usage_error_at_configure_leaves_no_run_folder(pytester: pytest.Pytester) -> None:
+    """The run folder is claimed before the GPU probe; a usage error there (a bad --kopt-gpus, raised here by a
+    stand-in probe) removes it, so an agent listing run_* folders never finds one without its state.json."""
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    pytester.makeconftest('''
+import pytest
+import pytest_kopt.plugin as plugin
+
+def _bad_gpus(*args, **kwargs):
+    raise pytest.UsageError("--kopt-gpus 7: there is no GPU 7")
+
+plugin._controller_env = _bad_gpus
+''')
+    got = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "--kopt-baseline", "k.cu",
+                                        "--kopt-ref", "ref.py", "--kopt-dims", "n=4096", "--kopt-init",
+                                        "--kopt-gpus", "7", timeout=300)
+    assert got.ret == pytest.ExitCode.USAGE_ERROR
+    assert "there is no GPU 7" in got.stderr.str()
+    assert list(pytester.path.glob("run_*")) == []

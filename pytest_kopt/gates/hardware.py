@@ -180,6 +180,42 @@ def nvml_arch(visible: str | None = None) -> str | None:
     return arch_of(f"{major}.{minor}")
 
 
+def nvml_gpu_count(visible: str | None = None) -> int | None:
+    """How many GPUs CUDA will show this process, read through NVML without a CUDA context (as :func:`nvml_arch`):
+    every GPU NVML lists, or, with ``visible`` (``CUDA_VISIBLE_DEVICES``, read from the environment when not given),
+    its entries, each naming one of them by ordinal or by full UUID. Returns None when NVML is missing or fails, and
+    when an entry is one it cannot vouch for (empty, ``-1``, a MIG instance, a UUID prefix, an ordinal past NVML's
+    count): CUDA stops listing at such an entry, and the probe (:func:`probe_gpus`) decides. Never raises."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # not installed, no driver, or any NVML error: the probe decides
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if entries is None:
+            return count
+        for entry in entries:
+            if entry.isdigit():
+                if int(entry) >= count:
+                    return None
+            elif entry.startswith("GPU-"):
+                pynvml.nvmlDeviceGetHandleByUUID(entry)  # raises for an unknown UUID or a prefix
+            else:
+                return None
+        return len(entries)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def _probe_with_retries(attempts: int) -> dict[str, Any]:
     """:func:`probe_gpus` up to ``attempts`` times (:data:`RETRY_PAUSE_S` apart) until it finds a GPU or finds no
     driver at all; its result gains ``attempts`` (one record per probe)."""

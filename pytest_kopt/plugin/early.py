@@ -1,11 +1,16 @@
-"""nvcc started before the GPU probe: where the arch is known at configure (``--kopt-arch``, or every visible GPU's
-compute capability read through NVML), a session starts its ``.cu`` builds there instead of at its first item, so
-they run beside the probe (0.47 s on the H200), collection and the first items; under xdist the controller starts
-them, beside its workers' start and collection (8 workers with every build cached: a 7.0 s session on the H200,
-against 4.1 s for the 8 builds at -n 0).
+"""Work started at configure, before the GPU probe, where what it needs is known without it.
 
+nvcc: where the arch is known (``--kopt-arch``, or every visible GPU's compute capability read through NVML), a
+session starts its ``.cu`` builds there instead of at its first item, so they run beside the probe (0.47 s on the
+H200), collection and the first items; under xdist the controller starts them, beside its workers' start and
+collection (8 workers with every build cached: a 7.0 s session on the H200, against 4.1 s for the 8 builds at -n 0).
 Only where the selection surely keeps the kernel's compile item: a build the session then skipped would still be
 waited for at its end (nvcc must not outlive the session), and a CUTLASS build takes a minute.
+
+The harness processes: in a session without xdist workers on a machine where NVML shows one GPU, the first
+kernel's processes start there too, so their torch imports (3.6 s on the H200 with warm files, 6.6 s on a fresh
+machine; 2026-12-03) overlap the probe and collection (1.6 s) rather than start after them. (Under xdist each
+worker starts its first kernel's at its own configure: :func:`pytest_kopt.plugin.xdist.prestart_planned`.)
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 import pytest
 
 from ..gates import hardware
+from ..gates.plan import prestart_harness
+from .nodes import HARNESS_GATES, node_path
 from .stash import SessionState
 
 
@@ -77,16 +84,17 @@ def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, 
     ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps`), through
     :class:`~pytest_kopt.gates.build.BuildAhead` with contexts whose environment holds the tools, the package
     versions and the arch: the build, its remembered failure and its contract check are then the ones the compile
-    item would have made. Only where the items run on this machine (no xdist, or xdist's workers are local
+    item would have made (a ``--kopt-init`` session has claimed its run folder, where the baseline's failed build
+    is remembered, before this). Only where the items run on this machine (no xdist, or xdist's workers are local
     processes: ``-n``, ``--tx popen``), the GPUs are not chosen by ``--kopt-gpus`` (whose errors come later, in
-    configure), the session does not open a loop's run (``--kopt-init``) and the arch is known before the probe
-    (``--kopt-arch``, else :func:`~pytest_kopt.gates.hardware.nvml_arch`). Under xdist this is the controller: its
+    configure) and the arch is known before the probe (``--kopt-arch``, else
+    :func:`~pytest_kopt.gates.hardware.nvml_arch`). Under xdist this is the controller: its
     builds run while the workers start and collect, and a worker's compile item finds the build in the
     content-addressed cache (waiting on its lock while it runs). Returns the tools, for
     :func:`~pytest_kopt.gates.hardware.detect` to reuse, or None when it detected nothing."""
     s = state.settings
-    if not local_items(config) or s.gpus or s.loop_mode == "init":
-        return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
+    if not local_items(config) or s.gpus:
+        return None
     kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps(config, k)]
     if not kernels:
         return None
@@ -96,3 +104,32 @@ def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, 
         env = {"tools": tools, "packages": hardware.package_versions(), "sm_arch": arch}
         state.builds.start([state.context(config, k, os.path.relpath(k, config.rootpath), env=env) for k in kernels])
     return tools
+
+
+def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
+    """Start the harness processes of the session's first kernel (:func:`~pytest_kopt.gates.plan.prestart_harness`)
+    at configure, before the GPU probe, with a provisional environment (a GPU, its arch from NVML or ``--kopt-arch``,
+    the package versions). Only
+    where that start is the one collection would make: no xdist workers (each starts its own), no ``--kopt-gpus``
+    and NVML showing exactly one GPU (:func:`~pytest_kopt.gates.hardware.nvml_gpu_count`), so the probe cannot pin
+    another GPU into ``CUDA_VISIBLE_DEVICES`` after the processes inherited it, and the selection surely keeping the
+    kernel's plan item (:func:`selection_keeps`; the timing processes only where it surely keeps timing too). The
+    processes are keyed by kernel, reference and request environment, none of which the probe changes, so the
+    collection's and the plan gate's starts find them running; a probe that then finds no usable GPU leaves them
+    unused, and the session's end stops them. Returns whether it started them."""
+    s = state.settings
+    xdist = getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no"
+    if xdist or s.gpus or not s.kernels or s.ref is None:
+        return False
+    kernel = s.kernels[0]
+    if not selection_keeps(config, kernel, "plan") or hardware.nvml_gpu_count() != 1:
+        return False
+    # what the processes' keys read of the environment: a Triton kernel's build folder (its TRITON_CACHE_DIR) is
+    # named by the arch and triton's version, which the probe's environment must then give the same
+    arch = s.arch or hardware.nvml_arch()
+    if arch is None:
+        return False
+    env = {"gpu_available": True, "sm_arch": arch, "packages": hardware.package_versions()}
+    kept = frozenset(g for g in HARNESS_GATES if selection_keeps(config, kernel, g))
+    prestart_harness(state.context(config, kernel, node_path(config, kernel), env=env, collected=kept))
+    return True
