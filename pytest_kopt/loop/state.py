@@ -55,23 +55,12 @@ def new_run_dir(baseline: Path, now: _dt.datetime | None = None) -> Path:
     return path
 
 
-def claim_run_dir(run_dir: Path, baseline: Path) -> None:
-    """Create the run folder and copy the baseline into ``baseline/``: from here the folder is this session's (a
-    second session that chose the same name in the same second fails here). The set-up session claims it at its
-    configure, before the builds it starts there, which remember a compile failure in ``baseline/``. Raises
-    FileExistsError when the folder exists."""
-    run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "baseline").mkdir()
-    shutil.copy2(baseline, run_dir / "baseline" / baseline.name)
-
-
 def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any], *, iterations: int,
                branches: int, ncu_num: int, noise_pct: float, numerics_mode: str, seeds: list[int],
-               env: Mapping[str, Any], claimed: bool = False) -> dict[str, Any]:
-    """Write SKILL.md's state (schema v5) and ``env.json`` into the run folder, claiming the folder first
-    (:func:`claim_run_dir`) unless this session has (``claimed``)."""
-    if not claimed:
-        claim_run_dir(run_dir, baseline)
+               env: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the run folder, copy the baseline into ``baseline/`` and write SKILL.md's state (schema v5)."""
+    (run_dir / "baseline").mkdir(parents=True, exist_ok=False)
+    shutil.copy2(baseline, run_dir / "baseline" / baseline.name)
     write_json(run_dir / "env.json", dict(env))
     state = {"schema_version": STATE_SCHEMA, "run_dir": str(run_dir), "baseline_file": str(baseline),
              "ref_file": str(ref), "best_file": str(run_dir / "baseline" / baseline.name), "best_metric_ms": None,

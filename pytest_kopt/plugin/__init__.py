@@ -7,7 +7,6 @@ Registered through the ``pytest11`` entry point ``kopt``; the only package that 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -56,17 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
         state.trust = worker_trust(handed)
         prestart_planned(config, state, handed)
     else:
-        if settings.loop_mode == "init":  # before the builds started here: they remember a failure in it
-            assert settings.run_dir is not None and settings.baseline is not None
-            loop_state.claim_run_dir(settings.run_dir, settings.baseline)
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
-        try:
-            state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)
-        except pytest.UsageError:  # a bad --kopt-gpus (no build was started early): no run folder is left behind
-            if settings.loop_mode == "init":
-                shutil.rmtree(settings.run_dir, ignore_errors=True)
-            raise
+        state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)
         if settings.loop_mode == "init":
             _init_run(state)
         cache = getattr(config, "cache", None)
@@ -100,13 +91,12 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
 
 
 def _init_run(state: SessionState) -> None:
-    """--kopt-init, controller side: write state.json and env.json into the run folder claimed at configure, before
-    any gate writes into it."""
+    """--kopt-init, controller side: create the run folder and state.json before any gate writes into it."""
     s = state.settings
     assert s.run_dir is not None and s.baseline is not None and s.ref is not None
     loop_state.init_state(s.run_dir, s.baseline, s.ref, s.dims, iterations=s.iterations, branches=s.branches,
                           ncu_num=s.ncu_num, noise_pct=s.noise_pct, numerics_mode=s.numerics_mode,
-                          seeds=list(s.seeds), env=state.env, claimed=True)
+                          seeds=list(s.seeds), env=state.env)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

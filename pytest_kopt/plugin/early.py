@@ -84,17 +84,16 @@ def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, 
     ``.cu`` kernels whose compile item surely runs (:func:`selection_keeps`), through
     :class:`~pytest_kopt.gates.build.BuildAhead` with contexts whose environment holds the tools, the package
     versions and the arch: the build, its remembered failure and its contract check are then the ones the compile
-    item would have made (a ``--kopt-init`` session has claimed its run folder, where the baseline's failed build
-    is remembered, before this). Only where the items run on this machine (no xdist, or xdist's workers are local
+    item would have made. Only where the items run on this machine (no xdist, or xdist's workers are local
     processes: ``-n``, ``--tx popen``), the GPUs are not chosen by ``--kopt-gpus`` (whose errors come later, in
-    configure) and the arch is known before the probe (``--kopt-arch``, else
-    :func:`~pytest_kopt.gates.hardware.nvml_arch`). Under xdist this is the controller: its
+    configure), the session does not open a loop's run (``--kopt-init``) and the arch is known before the probe
+    (``--kopt-arch``, else :func:`~pytest_kopt.gates.hardware.nvml_arch`). Under xdist this is the controller: its
     builds run while the workers start and collect, and a worker's compile item finds the build in the
     content-addressed cache (waiting on its lock while it runs). Returns the tools, for
     :func:`~pytest_kopt.gates.hardware.detect` to reuse, or None when it detected nothing."""
     s = state.settings
-    if not local_items(config) or s.gpus:
-        return None
+    if not local_items(config) or s.gpus or s.loop_mode == "init":
+        return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
     kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps(config, k)]
     if not kernels:
         return None
