@@ -136,13 +136,21 @@ class ProfilerError(KoptError):
     status = "NCU_ERROR"
 
 
-class Blocked(Exception):
-    """Raised when a gate cannot run because a prerequisite gate failed or is unavailable; rendered as a skip."""
+#: What to change when a gate needs a GPU and the machine has none (the ``fix`` of its skip in the JSON report)
+NO_GPU_FIX = ("run the session on a machine with an NVIDIA GPU and its driver: without one nothing compares the "
+              "kernel's output with the reference or times it")
 
-    def __init__(self, gate: str, reason: str) -> None:
+
+class Blocked(Exception):
+    """Raised when a gate cannot run because a prerequisite gate failed or is unavailable; rendered as a skip.
+    ``fix`` is the one sentence saying what to change (the JSON report's item ``fix``); None where the cause is
+    another item's failure, whose own ``fix`` says it."""
+
+    def __init__(self, gate: str, reason: str, fix: str | None = None) -> None:
         super().__init__(f"blocked by {gate}: {reason}")
         self.gate = gate
         self.reason = reason
+        self.fix = fix
 
 
 class NotApplicable(Exception):

@@ -239,6 +239,7 @@ def test_a_bf16_triton_kernel_is_not_judged_by_the_interpreter(pytester: pytest.
     corr = items["k.py::correctness[seed=1]"]
     assert (corr["outcome"], corr["status"], corr["blocked_by"]) == ("skipped", "SKIPPED", "hardware"), corr
     assert "Triton's interpreter does not compute bfloat16 right" in corr["message"]
+    assert corr["fix"].startswith("run the session on a machine with an NVIDIA GPU"), corr
     assert items["k.py::compile"]["status"] == items["k.py::sass"]["status"] == "PASSED"
     assert result.ret == 0
 
@@ -258,6 +259,7 @@ def test_three_shapes_give_per_shape_items(pytester: pytest.Pytester) -> None:
             assert item["status"] == "PASSED" and item["summary"].startswith(f"n={n},seed={seed} "), item
         timing = items[f"k.py::timing[n={n}]"]
         assert timing["outcome"] == "skipped" and timing["blocked_by"] == "hardware", timing
+        assert "NVIDIA GPU and its driver" in timing["fix"], timing
     assert "k.py::timing" not in items and result.ret == 0
 
 

@@ -87,6 +87,7 @@ def test_a_failed_build_blocks_later_gates_without_running_them_again(pytester: 
     for n in blocked:
         assert (items[n]["outcome"], items[n]["blocked_by"]) == ("skipped", "compile"), items[n]
         assert "0 active drivers" in items[n]["message"]
+        assert items[n]["fix"].startswith("make the compile item pass"), items[n]
     assert log.read_text().splitlines() == ["call"]
     assert doc["exit_code"] == result.ret == 2
 

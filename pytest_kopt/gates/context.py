@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import Blocked, ContractError
+from ..errors import NO_GPU_FIX, Blocked, ContractError
 from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
 from .contract import read_python
@@ -33,21 +33,22 @@ class Outcome:
 
 
 class BlockLog:
-    """The gates that failed or were blocked in this process, per kernel: ``(kernel, gate) -> (origin, reason)``,
-    where ``origin`` is the gate whose failure is the cause (the gate itself when it failed). A gate whose
+    """The gates that failed or were blocked in this process, per kernel: ``(kernel, gate) -> (origin, reason,
+    fix)``, where ``origin`` is the gate whose failure is the cause (the gate itself when it failed) and ``fix`` what
+    to change when the cause is not an item's failure (no GPU, a tool missing), else None. A gate whose
     prerequisite is here is skipped as "blocked by <origin>" without running (:func:`pytest_kopt.gates.table.run`).
     Under xdist one kernel's items run on one worker, in table order, so each worker's log sees its kernels'
     prerequisites."""
 
     def __init__(self) -> None:
-        self._log: dict[tuple[str, str], tuple[str, str]] = {}
+        self._log: dict[tuple[str, str], tuple[str, str, str | None]] = {}
 
-    def record(self, kernel: Path, gate: str, origin: str, reason: str) -> None:
+    def record(self, kernel: Path, gate: str, origin: str, reason: str, fix: str | None = None) -> None:
         """Note that ``gate`` did not pass for ``kernel`` (the first cause is kept)."""
-        self._log.setdefault((str(kernel), gate), (origin, reason))
+        self._log.setdefault((str(kernel), gate), (origin, reason, fix))
 
-    def blocker(self, kernel: Path, gates: tuple[str, ...]) -> tuple[str, str] | None:
-        """(origin gate, reason) of the first of ``gates`` that did not pass for ``kernel``, else None."""
+    def blocker(self, kernel: Path, gates: tuple[str, ...]) -> tuple[str, str, str | None] | None:
+        """(origin gate, reason, fix) of the first of ``gates`` that did not pass for ``kernel``, else None."""
         for g in gates:
             hit = self._log.get((str(kernel), g))
             if hit is not None:
@@ -199,7 +200,7 @@ class Context:
             return "cuda"
         if cpu_ok:
             return "cpu"
-        raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}")
+        raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}", NO_GPU_FIX)
 
     def gpu_lock(self) -> Any:
         """The per-GPU lock (:class:`filelock.FileLock` keyed by GPU UUID, in the system temp dir so separate

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..artifacts import CorrectnessRecord, read_dict, write_json
 from ..child.inputs import SECOND_POISON
-from ..errors import Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
+from ..errors import NO_GPU_FIX, Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
 from ..settings import dims_label
 from .build import BuildResult, built
@@ -142,7 +142,7 @@ def interpreter_unsound(ctx: Context, device: str, spec: list[dict[str, Any]] | 
     if device == "cpu" and ctx.kind == "triton" and found:
         raise Blocked("hardware", f"no GPU, and Triton's interpreter does not compute {', '.join(found)} right (it "
                       "fails on or miscomputes these dtypes), so its outputs would say nothing about the kernel: "
-                      "a kernel with these dtypes is judged on a GPU")
+                      "a kernel with these dtypes is judged on a GPU", NO_GPU_FIX)
 
 
 def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:

@@ -74,8 +74,8 @@ def ncu_prefix(ncu: str, report: Path, set_args: list[str] | None = None) -> lis
 def check_ncu_output(text: str) -> None:
     """Raise Blocked when ncu could not read counters (ERR_NVGPUCTRPERM), ProfilerError on another ==ERROR==."""
     if COUNTER_PERMISSION in text:
-        raise Blocked("ncu", "ncu cannot read GPU performance counters (ERR_NVGPUCTRPERM): run as root or set "
-                      "the driver option NVreg_RestrictProfilingToAdminUsers=0")
+        fix = "run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0"
+        raise Blocked("ncu", f"ncu cannot read GPU performance counters (ERR_NVGPUCTRPERM): {fix}", fix)
     errors = [ln for ln in text.splitlines() if ln.startswith("==ERROR==")]
     if errors:
         raise ProfilerError("ncu reported an error: " + " | ".join(errors[:3]), gate="ncu",
@@ -317,7 +317,8 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     device = ctx.device_for("ncu")
     ncu = ctx.tool("ncu")
     if not ncu:
-        raise Blocked("hardware", "ncu (Nsight Compute) not found; install it or put it on PATH")
+        fix = "install Nsight Compute and put ncu on PATH (or in $CUDA_HOME/bin)"
+        raise Blocked("hardware", f"ncu (Nsight Compute) not found: {fix}", fix)
     res = built(ctx)
     require_correct(ctx, res, device)
     ctx.outdir.mkdir(parents=True, exist_ok=True)

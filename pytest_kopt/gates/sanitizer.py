@@ -42,8 +42,8 @@ def gate_sanitizer(ctx: Context, tool: str) -> Outcome:
     device = ctx.device_for("sanitizer")
     sanitizer = find_tool("compute-sanitizer")
     if not sanitizer:
-        raise Blocked("hardware", "compute-sanitizer not found: install the CUDA toolkit's compute-sanitizer and put "
-                                  "its bin/ on PATH, or drop --kopt-sanitizer")
+        fix = "install the CUDA toolkit's compute-sanitizer and put its bin/ on PATH, or drop --kopt-sanitizer"
+        raise Blocked("hardware", f"compute-sanitizer not found: {fix}", fix)
     res = built(ctx)
     req = harness_request(ctx, "candidate", device, ctx.settings.seeds[0], res)
     req["calls"] = 1

@@ -115,7 +115,8 @@ class KoptItem(pytest.Item):
             self.user_properties.append(("kopt_status", "NOT_APPLICABLE"))
             pytest.skip(f"not applicable: {exc}")
         except Blocked as exc:
-            self.user_properties += [("kopt_status", "SKIPPED"), ("kopt_blocked_by", exc.gate)]
+            fix = exc.fix or f"make the {exc.gate} item pass (its own fix says how): this one runs once it does"
+            self.user_properties += [("kopt_status", "SKIPPED"), ("kopt_blocked_by", exc.gate), ("kopt_fix", fix)]
             pytest.skip(str(exc))
         except KoptError as exc:
             if not exc.gate:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import Blocked, CompileError, ContractError, KernelRuntimeError
+from ..errors import NO_GPU_FIX, Blocked, CompileError, ContractError, KernelRuntimeError
 from .tree import kill_tree
 
 #: How a harness process starts: the JSON list after it holds the folders appended to ``sys.path``.
@@ -214,7 +214,7 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
         raise ContractError(message, gate=gate, path=path, details=details,
                             fix=fix or "make the reference/setup follow the contract in the README")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
-        raise Blocked("hardware", f"no GPU, and {message}")
+        raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
     if category == "compile":
         raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, details=details,
