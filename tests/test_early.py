@@ -96,6 +96,9 @@ class _FakeNvml:
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
         return self.gpus[handle][1]
 
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self.gpus[handle][0]
+
 
 @pytest.mark.parametrize("gpus, visible, arch", [
     ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], None, "sm_90a"),
@@ -135,6 +138,10 @@ def test_nvml_arch_is_the_visible_gpus_one_arch_or_none(monkeypatch: pytest.Monk
     ([("GPU-a", (9, 0))], "", None),             # every GPU hidden
     ([("GPU-a", (9, 0))], "-1", None),
     ([("GPU-a", (9, 0))], "MIG-1234", None),
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], "0,0", None),     # a GPU named twice: CUDA shows none
+    ([("GPU-a", (9, 0)), ("GPU-b", (9, 0))], "GPU-a,0", None),
+    ([("GPU-a", (9, 0))], "\uff10", None),       # a full-width 0: str.isdigit, not an ordinal to CUDA
+    ([("GPU-a", (9, 0))], "\u0660", None),       # an Arabic-Indic 0
     ([], None, 0),
 ])
 def test_nvml_gpu_count_is_what_cuda_will_show_or_none(monkeypatch: pytest.MonkeyPatch, gpus, visible,
@@ -157,6 +164,8 @@ def test_nvml_gpu_count_is_what_cuda_will_show_or_none(monkeypatch: pytest.Monke
     (1, {}, {}, {}, {"plan", "correctness", "timing"}),
     (1, {"keyword": "not timing"}, {}, {}, {"plan", "correctness"}),
     (1, {"keyword": "compile"}, {}, {}, None),         # no plan item: nothing for the processes to serve first
+    (1, {"markexpr": "not gpu"}, {}, {}, {"plan"}),    # a .cu's correctness and timing items carry the gpu marker
+    (1, {"keyword": "not gpu"}, {}, {}, {"plan"}),     # and -k matches marker names
     (2, {}, {}, {}, None),                             # the probe may pin another GPU after they inherited the env
     (None, {}, {}, {}, None),                          # NVML cannot say: the probe decides, collection starts them
     (1, {}, {"numprocesses": 2, "dist": "load"}, {}, None),  # each xdist worker starts its own
@@ -391,3 +400,76 @@ def test_where_nvml_shows_one_gpu_the_harness_processes_start_at_configure_and_e
     got.stdout.fnmatch_lines(["*PROCESSES AT SESSION START: none*"])
     assert got.ret == one  # the same verdicts either way
 
+
+
+def test_the_gpu_marker_in_a_selection_is_the_gates_own(tmp_path: Path) -> None:
+    """``-m "not gpu"`` (a CI's GPU-less selection) drops a ``.cu``'s correctness and timing items, which carry the
+    ``gpu`` marker, and keeps a Triton kernel's correctness (it runs in Triton's interpreter without a GPU): what
+    is started early for a selection follows the markers pytest will match."""
+    from pytest_kopt.plugin.early import selection_keeps
+
+    cu, py = tmp_path / "k.cu", tmp_path / "k.py"
+    py.write_text("import triton\n\n\n@triton.jit\ndef k(x):\n    pass\n")
+    not_gpu = _config(tmp_path, markexpr="not gpu")
+    assert [selection_keeps(not_gpu, cu, g) for g in ("plan", "compile", "correctness", "timing")] == [  # type: ignore[arg-type]
+        True, True, False, False]
+    assert [selection_keeps(not_gpu, py, g) for g in ("correctness", "timing")] == [True, False]  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, markexpr="gpu"), cu, "timing")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, markexpr="gpu"), cu, "plan")  # type: ignore[arg-type]
+
+
+IN_PROCESS = '''
+import json
+import sys
+
+import pytest
+
+NVML
+
+
+class LaterPluginFails:
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config):
+        from pytest_kopt.plugin.stash import STATE
+
+        pool = config.stash[STATE].pool
+        json.dump([srv.proc.pid for srv in pool.starting.values()], open("pids.json", "w"))
+        raise pytest.UsageError("a later plugin's usage error")
+
+
+rc = pytest.main(["-p", "no:xdist", "-p", "no:cacheprovider", "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py",
+                  "--kopt-dims", "n=4096"], plugins=[LaterPluginFails()])
+print("RC", int(rc))
+'''
+
+
+def test_a_session_ended_at_configure_in_process_leaves_no_harness_process(pytester: pytest.Pytester) -> None:
+    """pytest.main() in a long-lived process (an IDE, a notebook) whose configure fails after kopt's (another
+    plugin's usage error): the harness processes kopt started at configure end when pytest.main returns, not at the
+    caller's exit."""
+    import json
+    import subprocess
+    import sys
+
+    from test_plugin import GOOD_CU, SCALE_REF
+
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    nvml = NVML_CONFTEST.replace("{gpus}", "1").split("\n\ndef pytest_sessionstart")[0]
+    script = pytester.path / "inproc.py"
+    script.write_text(IN_PROCESS.replace("NVML", nvml) + '''
+import os
+pids = json.load(open("pids.json"))
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+print("STARTED", len(pids), "RUNNING", [p for p in pids if running(p)])
+''')
+    got = subprocess.run([sys.executable, str(script)], cwd=pytester.path, capture_output=True, text=True,
+                         timeout=300)
+    lines = [ln for ln in got.stdout.splitlines() if ln.startswith(("RC", "STARTED"))]
+    assert lines == ["RC 4", "STARTED 4 RUNNING []"], got.stdout[-2000:] + got.stderr[-2000:]
+    assert json.loads((pytester.path / "pids.json").read_text())

@@ -185,7 +185,8 @@ def nvml_gpu_count(visible: str | None = None) -> int | None:
     every GPU NVML lists, or, with ``visible`` (``CUDA_VISIBLE_DEVICES``, read from the environment when not given),
     its entries, each naming one of them by ordinal or by full UUID. Returns None when NVML is missing or fails, and
     when an entry is one it cannot vouch for (empty, ``-1``, a MIG instance, a UUID prefix, an ordinal past NVML's
-    count): CUDA stops listing at such an entry, and the probe (:func:`probe_gpus`) decides. Never raises."""
+    count or in other than ASCII digits, a GPU named twice): CUDA stops listing at such an entry or shows no GPU,
+    and the probe (:func:`probe_gpus`) decides. Never raises."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     try:
@@ -195,18 +196,20 @@ def nvml_gpu_count(visible: str | None = None) -> int | None:
     except Exception:  # not installed, no driver, or any NVML error: the probe decides
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
+        count = int(pynvml.nvmlDeviceGetCount())
         if entries is None:
             return count
+        seen = set()
         for entry in entries:
-            if entry.isdigit():
+            if entry.isascii() and entry.isdigit():
                 if int(entry) >= count:
                     return None
+                seen.add(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(int(entry))))
             elif entry.startswith("GPU-"):
-                pynvml.nvmlDeviceGetHandleByUUID(entry)  # raises for an unknown UUID or a prefix
+                seen.add(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(entry)))  # raises for a prefix
             else:
                 return None
-        return len(entries)
+        return len(entries) if len(seen) == len(entries) else None  # a GPU named twice: CUDA shows none
     except Exception:
         return None
     finally:

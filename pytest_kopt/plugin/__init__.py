@@ -131,10 +131,16 @@ def pytest_sessionfinish(session: pytest.Session) -> Any:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Give CUDA_VISIBLE_DEVICES back as it was, when this process pinned itself to a GPU (an in-process pytest
-    run, such as pytester's ``runpytest()``, must not leave its pin to the caller)."""
+    """End what this process started at configure, where no session end did (a usage error after it, such as
+    another plugin's: the builds and harness processes started before the GPU probe), and give
+    CUDA_VISIBLE_DEVICES back as it was, when this process pinned itself to a GPU: an in-process pytest run (an
+    IDE's, pytester's ``runpytest()``) must leave neither to its caller."""
     state = config.stash.get(STATE, None)
-    if state is None or not state.restore_visible[0]:
+    if state is None:
+        return
+    state.builds.wait()
+    state.pool.shutdown()
+    if not state.restore_visible[0]:
         return
     before = state.restore_visible[1]
     if before is None:

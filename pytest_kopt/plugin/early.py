@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from ..gates import hardware
+from ..gates.context import kernel_kind
 from ..gates.plan import prestart_harness
+from ..gates.table import BY_NAME
 from .nodes import HARNESS_GATES, node_path
 from .stash import SessionState
 
@@ -37,7 +39,8 @@ def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") 
     option under which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``,
     ``--deselect`` or node id (``k.cu::compile``), every path argument existing, the kernel inside the root folder,
     and ``-k``/``-m`` (if given) true for the item by pytest's own expression parser, over the names and markers
-    pytest matches it by (its name, the folders and file name below the root, the ``kopt`` marker). False when
+    pytest matches it by (its name, the folders and file name below the root, its markers: ``kopt``, and ``gpu``
+    where the gate runs on the GPU for this kernel's kind, as :meth:`~pytest_kopt.gates.table.Gate.on_gpu`). False when
     unsure: an expression pytest cannot parse here, or one with call parameters."""
     opt = config.option
     if (any(getattr(opt, name, False) for name in _NO_ITEMS) or getattr(opt, "lf", False)
@@ -50,6 +53,10 @@ def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") 
         names = {gate, "kopt", *kernel.resolve().relative_to(config.rootpath.resolve()).parts}
     except (ImportError, ValueError):  # pytest's parser moved, or a kernel outside the root (named by its path)
         return False
+    row = BY_NAME.get(gate)
+    markers = {"kopt"} | ({"gpu"} if row is not None and row.serial and kernel_kind(kernel) not in row.cpu_kinds
+                          else set())
+    names |= markers  # -k matches an item's marker names too
 
     def keyword(sub: str, /, **kwargs: Any) -> bool:
         if kwargs:
@@ -59,7 +66,7 @@ def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") 
     def marker(name: str, /, **kwargs: Any) -> bool:
         if kwargs:
             raise ValueError("call parameters")
-        return name == "kopt"
+        return name in markers
 
     try:
         for expr, matcher in ((getattr(opt, "keyword", "") or "", keyword), (getattr(opt, "markexpr", "") or "",
