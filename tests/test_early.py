@@ -185,8 +185,7 @@ def test_harness_processes_start_at_configure_only_where_collection_would_start_
     kernel, ref = tmp_path / "k.cu", tmp_path / "ref.py"
     seen: list[tuple[str, dict, frozenset[str]]] = []
     monkeypatch.setattr(early, "prestart_harness", lambda ctx: seen.append((ctx.display, ctx.env, ctx.collected)))
-    monkeypatch.setattr(early.hardware, "nvml_gpu_count", lambda: gpus)
-    monkeypatch.setattr(early.hardware, "nvml_arch", lambda: settings.get("nvml_arch", "sm_90a"))
+    monkeypatch.setattr(early.hardware, "nvml_view", lambda: (gpus, settings.get("nvml_arch", "sm_90a")))
     monkeypatch.setattr(early.hardware, "package_versions", lambda: {"triton": "3.6.0"})
     s = SimpleNamespace(gpus=settings.get("gpus"), kernels=(kernel,), ref=ref, arch=settings.get("arch"))
     state = SimpleNamespace(settings=s, context=lambda config, k, display, env=None, collected=None:

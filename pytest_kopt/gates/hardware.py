@@ -143,80 +143,96 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def nvml_arch(visible: str | None = None) -> str | None:
-    """The build arch of the GPUs this process can see, read through NVML (nvidia-ml-py) without a CUDA context:
-    0.09 s on the H200, against 0.47 s for :func:`probe_gpus` (which creates one; 2026-12-03), so nvcc can start
-    while the probe runs. ``visible`` is ``CUDA_VISIBLE_DEVICES`` (read from the environment when not given).
-
-    Returns None when NVML is missing or fails, when ``visible`` hides every GPU or names a MIG instance, or when
-    the GPUs differ in compute capability and ``visible`` does not name one by UUID (NVML's order is not CUDA's).
-    Never raises. The probe's arch stays the truth: a build started for another arch is simply not the one used."""
+def nvml_view(visible: str | None = None) -> tuple[int | None, str | None]:
+    """What NVML (nvidia-ml-py) says, without a CUDA context, of the GPUs CUDA will show this process: (how many,
+    their build arch), each None where NVML cannot vouch for it (:func:`nvml_gpu_count`, :func:`nvml_arch`), both
+    None when NVML is missing or fails. One NVML session (0.09 s on the H200, against 0.47 s for
+    :func:`probe_gpus`, which creates a context; 2026-12-03). ``visible`` is ``CUDA_VISIBLE_DEVICES`` (read from
+    the environment when not given). Never raises; the probe stays the truth."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    first = visible.split(",")[0].strip() if visible is not None else None
-    if first is not None and (not first or first == "-1" or first.startswith("MIG-")):
-        return None
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # not installed, no driver, or any NVML error: the probe decides
-        return None
+        return None, None
     try:
-        if first is not None and first.startswith("GPU-"):
-            handles = [pynvml.nvmlDeviceGetHandleByUUID(first)]
-        else:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        ccs = {tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles}
-    except Exception:
-        return None
+        return _nvml_count(pynvml, visible), _nvml_arch(pynvml, visible)
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _hides_every_gpu(visible: str | None) -> bool:
+    """True when ``CUDA_VISIBLE_DEVICES`` starts with an entry that shows no whole GPU (empty, ``-1``, a MIG
+    instance)."""
+    first = visible.split(",")[0].strip() if visible is not None else None
+    return first is not None and (not first or first == "-1" or first.startswith("MIG-"))
+
+
+def _nvml_arch(nvml: Any, visible: str | None) -> str | None:
+    if _hides_every_gpu(visible):
+        return None
+    first = visible.split(",")[0].strip() if visible is not None else None
+    try:
+        if first is not None and first.startswith("GPU-"):
+            handles = [nvml.nvmlDeviceGetHandleByUUID(first)]
+        else:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        ccs = {tuple(nvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles}
+    except Exception:
+        return None
     if len(ccs) != 1:
         return None
     major, minor = ccs.pop()
     return arch_of(f"{major}.{minor}")
 
 
-def nvml_gpu_count(visible: str | None = None) -> int | None:
-    """How many GPUs CUDA will show this process, read through NVML without a CUDA context (as :func:`nvml_arch`):
-    every GPU NVML lists, or, with ``visible`` (``CUDA_VISIBLE_DEVICES``, read from the environment when not given),
-    its entries, each naming one of them by ordinal or by full UUID. Returns None when NVML is missing or fails, and
-    when an entry is one it cannot vouch for (empty, ``-1``, a MIG instance, a UUID prefix, an ordinal past NVML's
-    count or in other than ASCII digits, a GPU named twice): CUDA stops listing at such an entry or shows no GPU,
-    and the probe (:func:`probe_gpus`) decides. Never raises."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+def _nvml_count(nvml: Any, visible: str | None) -> int | None:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # not installed, no driver, or any NVML error: the probe decides
-        return None
-    try:
-        count = int(pynvml.nvmlDeviceGetCount())
-        if entries is None:
+        count = int(nvml.nvmlDeviceGetCount())
+        if visible is None:
             return count
+        entries = [e.strip() for e in visible.split(",")]
         seen = set()
         for entry in entries:
             if entry.isascii() and entry.isdigit():
                 if int(entry) >= count:
                     return None
-                seen.add(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(int(entry))))
+                seen.add(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(entry))))
             elif entry.startswith("GPU-"):
-                seen.add(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(entry)))  # raises for a prefix
+                seen.add(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByUUID(entry)))  # raises for a prefix
             else:
                 return None
         return len(entries) if len(seen) == len(entries) else None  # a GPU named twice: CUDA shows none
     except Exception:
         return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+
+
+def nvml_arch(visible: str | None = None) -> str | None:
+    """The build arch of the GPUs this process can see, read through NVML (:func:`nvml_view`), so nvcc can start
+    while the probe runs. ``visible`` is ``CUDA_VISIBLE_DEVICES`` (read from the environment when not given).
+
+    Returns None when NVML is missing or fails, when ``visible`` hides every GPU or names a MIG instance (NVML is
+    not asked), or when the GPUs differ in compute capability and ``visible`` does not name one by UUID (NVML's
+    order is not CUDA's). Never raises. The probe's arch stays the truth: a build started for another arch is simply
+    not the one used."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if _hides_every_gpu(visible):
+        return None
+    return nvml_view(visible)[1]
+
+
+def nvml_gpu_count(visible: str | None = None) -> int | None:
+    """How many GPUs CUDA will show this process, read through NVML (:func:`nvml_view`): every GPU NVML lists, or,
+    with ``visible`` (``CUDA_VISIBLE_DEVICES``, read from the environment when not given), its entries, each naming
+    one of them by ordinal or by full UUID. Returns None when NVML is missing or fails, and when an entry is one it
+    cannot vouch for (empty, ``-1``, a MIG instance, a UUID prefix, an ordinal past NVML's count or in other than
+    ASCII digits, a GPU named twice): CUDA stops listing at such an entry or shows no GPU, and the probe
+    (:func:`probe_gpus`) decides. Never raises."""
+    return nvml_view(visible)[0]
 
 
 def _probe_with_retries(attempts: int) -> dict[str, Any]:

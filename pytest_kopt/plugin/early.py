@@ -117,7 +117,8 @@ def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
     at configure, before the GPU probe, with a provisional environment (a GPU, its arch from NVML or ``--kopt-arch``,
     the package versions). Only
     where that start is the one collection would make: no xdist workers (each starts its own), no ``--kopt-gpus``
-    and NVML showing exactly one GPU (:func:`~pytest_kopt.gates.hardware.nvml_gpu_count`), so the probe cannot pin
+    and NVML showing exactly one GPU (:func:`~pytest_kopt.gates.hardware.nvml_view`, one NVML session for the
+    count and the arch), so the probe cannot pin
     another GPU into ``CUDA_VISIBLE_DEVICES`` after the processes inherited it, and the selection surely keeping the
     kernel's plan item (:func:`selection_keeps`; the timing processes only where it surely keeps timing too). The
     processes are keyed by kernel, reference and request environment, none of which the probe changes, so the
@@ -128,11 +129,14 @@ def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
     if xdist or s.gpus or not s.kernels or s.ref is None:
         return False
     kernel = s.kernels[0]
-    if not selection_keeps(config, kernel, "plan") or hardware.nvml_gpu_count() != 1:
+    if not selection_keeps(config, kernel, "plan"):
+        return False
+    count, nvml_arch = hardware.nvml_view()
+    if count != 1:
         return False
     # what the processes' keys read of the environment: a Triton kernel's build folder (its TRITON_CACHE_DIR) is
     # named by the arch and triton's version, which the probe's environment must then give the same
-    arch = s.arch or hardware.nvml_arch()
+    arch = s.arch or nvml_arch
     if arch is None:
         return False
     env = {"gpu_available": True, "sm_arch": arch, "packages": hardware.package_versions()}
