@@ -4,8 +4,9 @@ active only when ``$KOPT_TIMELINE`` names a file: every process of the session (
 appends one JSON line per stamp, ``{"t": epoch s, "what": ..., "proc": "controller" | "gw0" ...}``.
 
 Stamps: pytest's configure, collection's end, each worker's end as the controller sees it, the session end's start
-and end in each process, the harness pool's shutdown, each ``build_cuda`` and the GPU probe, and, in a loop's close,
-each item's end, the controller's steps (branch results, the champion's ncu and roofline, the iteration's state, charts, summary).
+and end in each process, the harness pool's shutdown, each ``build_cuda`` (the CUDA and CUTLASS kinds' nvcc) and the
+GPU probe, and, in a loop's close, each item's end, the controller's steps (branch results, the champion's ncu and
+roofline, the iteration's state, charts, summary).
 Benchmark code only: it wraps module attributes, so it must be imported before the session runs (``-p`` does).
 """
 
@@ -58,18 +59,22 @@ def read(path: str, t0: float) -> dict[str, float]:
 if TIMELINE:
     import pytest
 
-    from pytest_kopt.gates import build as _build
+    from pytest_kopt.gates import builtin as _gates
     from pytest_kopt.gates import hardware as _hardware
+    from pytest_kopt.kinds import cuda as _cuda
     from pytest_kopt.loop import session as _loop
     from pytest_kopt.loop import state as _state
     from pytest_kopt.proc import pool as _pool
 
-    _wrap(_build, "build_cuda", "build")
+    _wrap(_cuda, "build_cuda", "build")  # what the CUDA and CUTLASS kinds' build calls
     _wrap(_hardware, "probe_gpus", "probe", end_only=True)
     _wrap(_pool.HarnessPool, "shutdown", "pool_shutdown")
-    for _name in ("branch_results", "same_gpu_decision", "gate_ncu", "gate_roofline", "plot_history",
-                  "render_summary", "finish_run"):
+    for _name in ("branch_results", "same_gpu_decision", "plot_history", "render_summary", "finish_run"):
         _wrap(_loop, _name, _name)
+    # the ncu and roofline rows of the session's gate table (built at configure, after this import): in a loop's
+    # close, the champion's profile and roofline, which the controller runs
+    for _name in ("gate_ncu", "gate_roofline"):
+        _wrap(_gates, _name, _name)
     for _name in ("close_iteration", "open_iteration"):
         _wrap(_state, _name, _name)
 

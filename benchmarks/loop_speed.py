@@ -2,9 +2,10 @@
 for collecting 64 candidates (CPU seconds and peak memory of the controller).
 
 The anchor for the compile rows is the serial floor: the same 8 builds run one after another through
-:func:`pytest_kopt.gates.build.build_cuda` (nvcc with kopt's flags, no pytest), which is what a loop that compiles
-its branches in turn pays. kopt starts every build of a session ahead of its compile item (``BuildAhead``: at the
-first item, or at configure where the arch is known before the GPU probe), so ``-n 0`` compiles in parallel too;
+:func:`pytest_kopt.kinds.nvcc.build_cuda` (nvcc with kopt's flags, no pytest), which is what a loop that compiles
+its branches in turn pays. kopt starts every build of a session ahead of its compile item (the session's scheduler,
+``Scheduler.start_builds``: at the first item, or at configure where the arch is known before the GPU probe), so
+``-n 0`` compiles in parallel too;
 the speed-up printed is the serial floor over each kopt row. Where that row's time goes: ``compile_timeline.py``.
 
 The GPU part (set-up and close of an iteration at 4096^3) is ``benchmarks/loop_gemm.py``, which prints the wall
@@ -55,7 +56,7 @@ def write_branches(work: Path) -> list[str]:
 def serial_floor(work: Path, names: list[str], arch: str) -> tuple[str, int, float, float, int, str]:
     """The 8 builds one after another, in this process, into a fresh cache: (label, rc, wall s, child CPU s, peak
     MB, note) like :func:`run`'s rows. ``arch`` is the target kopt built for (its compile item's figure)."""
-    from pytest_kopt.gates.build import build_cuda
+    from pytest_kopt.kinds.nvcc import build_cuda
     from pytest_kopt.gates.hardware import find_tool, tool_version
 
     nvcc = find_tool("nvcc")

@@ -90,11 +90,12 @@ def ncu_medians(out: Path) -> dict[str, float]:
 def kopt_median(torch, kind: str, n: int, method: str = "events") -> tuple[float, float | None, str | None,
                                                                           float | None]:
     """One run of kopt's timing loop (µs), ``events`` or ``graph`` (--kopt-timing graph), and with ``events`` the
-    kernel-only median (µs) the timing gate's default reports from the same timer (child/timer.cupti_samples,
+    kernel-only median (µs) the timing gate's default reports from the same timer (child/cupti.cupti_samples,
     through this process's CUPTI client), that client's name, and the clock tick (µs) its spans showed
     (pytest_kopt.stats.grid_tick: the median is then the grouped one); the median is None when the profiler gave
     no records."""
-    from pytest_kopt.child.timer import cupti_samples, make_timer
+    from pytest_kopt.child.cupti import cupti_samples
+    from pytest_kopt.child.timer import make_timer
     from pytest_kopt.gates.timing import GRAPH_CALLS, TIMING
     from pytest_kopt.stats import grid_tick
 
@@ -124,7 +125,7 @@ def kopt_child(prefer: str) -> None:
 
     import torch
 
-    from pytest_kopt.child.timer import profiler_backend
+    from pytest_kopt.child.cupti import profiler_backend
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.zeros(1, device="cuda")

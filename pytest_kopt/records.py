@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .gates.table import ORDER, stop_exit
+from .gates.table import GateTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class GateRecord:
         return self.outcome == "failed" or (self.outcome == "skipped" and self.status != "NOT_APPLICABLE")
 
 
-def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
+def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dict[str, Any]]:
     """One verdict per kernel of a session, in the order of its first record: ``name`` (the node id's file part, as the
     terminal shows it), ``kernel`` (its resolved path), ``status`` (the status of its first failed item in gate
     order, else PASSED, or SKIPPED when every item of it skipped: a selection such as ``-k "timing or ncu"`` on a
@@ -56,15 +56,16 @@ def kernel_verdicts(records: Iterable[GateRecord]) -> list[dict[str, Any]]:
     ``passed``/``failed``/``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate
     order), ``output_checked`` (a correctness item passed: without it a PASSED kernel's output was never compared
     with the reference, as on a machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that
-    timing ``median_ms`` and ``speedup_vs_ref`` (None when not timed)."""
+    timing ``median_ms`` and ``speedup_vs_ref`` (None when not timed). ``table``: the session's gates, whose order
+    decides which failure comes first."""
     by: dict[str, list[GateRecord]] = {}
     for r in records:
         by.setdefault(r.nodeid.split("::")[0], []).append(r)
     out = []
     for name, recs in by.items():
-        failed = min((r for r in recs if r.outcome == "failed"), key=lambda r: ORDER.get(r.gate, 99), default=None)
+        failed = min((r for r in recs if r.outcome == "failed"), key=lambda r: table.rank(r.gate), default=None)
         timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), None)
-        skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=lambda g: ORDER.get(g, 99))
+        skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=table.rank)
         ran = any(r.outcome == "passed" for r in recs)
         status = failed.status if failed else "PASSED" if ran else "SKIPPED"
         out.append({"name": name, "kernel": recs[0].kernel, "status": status,
@@ -86,21 +87,21 @@ def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:
     return [r for r in records if r.kernel == key]
 
 
-def blocker(records: Iterable[GateRecord], strict: tuple[str, ...]) -> GateRecord | None:
-    """The record that keeps a kernel from passing ``strict`` gates: the first failed item in gate order, else the
-    first skipped (not not-applicable) item of a gate in ``strict``; None when there is none."""
+def blocker(records: Iterable[GateRecord], strict: tuple[str, ...], table: GateTable) -> GateRecord | None:
+    """The record that keeps a kernel from passing ``strict`` gates: the first failed item in ``table``'s order,
+    else the first skipped (not not-applicable) item of a gate in ``strict``; None when there is none."""
     recs = list(records)
     failed = [r for r in recs if r.outcome == "failed"]
     if failed:
-        return min(failed, key=lambda r: ORDER.get(r.gate, 99))
+        return min(failed, key=lambda r: table.rank(r.gate))
     skipped = [r for r in recs if r.counts_against and r.gate in strict]
-    return min(skipped, key=lambda r: ORDER.get(r.gate, 99)) if skipped else None
+    return min(skipped, key=lambda r: table.rank(r.gate)) if skipped else None
 
 
-def stage(record: GateRecord) -> tuple[str, int]:
+def stage(record: GateRecord, table: GateTable) -> tuple[str, int]:
     """(stop stage, SKILL.md exit code) of a blocking record: a failure's own gate and code; a skip is charged to
-    the gate that blocked it (``blocked_by``: hardware -> 3)."""
+    the gate that blocked it (``blocked_by``: hardware -> 3), by ``table``'s ``stop_exit``."""
     if record.outcome == "failed":
-        return record.gate, int(record.exit_code or stop_exit(record.gate))
+        return record.gate, int(record.exit_code or table.stop_exit(record.gate))
     where = record.blocked_by or record.gate
-    return where, stop_exit(where)
+    return where, table.stop_exit(where)

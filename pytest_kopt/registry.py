@@ -33,6 +33,12 @@ def path(name: str) -> Path:
     return p
 
 
+def files() -> list[Path]:
+    """Every registry file (the JSON registries and the agent's guides), sorted: what a session pins at its start
+    (:mod:`pytest_kopt.gates.pins`)."""
+    return sorted(p for p in REGISTRY_DIR.glob("*") if p.suffix in (".json", ".md") and p.is_file())
+
+
 @functools.lru_cache(maxsize=8)
 def load(name: str) -> dict[str, Any]:
     """The JSON document of registry ``name``, read once per process. Raises FileNotFoundError (see :func:`path`)

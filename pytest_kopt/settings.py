@@ -349,11 +349,13 @@ def _count(text: str, source: str, example: int) -> int:
     return int(value)
 
 
-def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
+def build_settings(get: Callable[[str], Any], base: Path,
+                   suffixes: tuple[str, ...] = (".cu", ".py")) -> Settings:
     """Build Settings from ``get(name)``, which returns the option value, the ini value or None.
 
     ``name`` is the option's dest without prefix (``baseline``, ``dims``...). Relative paths are taken from
-    ``base`` (the invocation directory). Raises ConfigError for any bad value, naming the option.
+    ``base`` (the invocation directory); a kernel file must have one of ``suffixes`` (those the session's kernel
+    kinds may claim). Raises ConfigError for any bad value, naming the option.
     """
     def opt(name: str) -> Any:
         value = get(name)
@@ -366,7 +368,7 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
             raise ConfigError("--kopt-ref/--kopt-dims given without --kopt-baseline",
                               fix="add --kopt-baseline path/to/kernel.cu (or .py)")
         return Settings()
-    baseline_path = _path(str(baseline), "--kopt-baseline", base, (".cu", ".py"))
+    baseline_path = _path(str(baseline), "--kopt-baseline", base, suffixes)
     if ref is None:
         raise ConfigError("--kopt-ref is missing", fix="add --kopt-ref path/to/ref.py (it defines reference(**kwargs))")
     ref_path = _path(str(ref), "--kopt-ref", base, (".py",))
@@ -403,7 +405,7 @@ def build_settings(get: Callable[[str], Any], base: Path) -> Settings:
             raise ConfigError(f"--kopt-seed: {session_seed} is out of range", fix="use a seed in [0, 2**63)")
         from .gates.inputs import derive_seeds
         seeds = derive_seeds(session_seed, SEED_COUNT)
-    candidates = tuple(_path(str(c), "--kopt-candidate", base, (".cu", ".py")) for c in (get("candidate") or ()))
+    candidates = tuple(_path(str(c), "--kopt-candidate", base, suffixes) for c in (get("candidate") or ()))
     sanitizer: tuple[str, ...] = ()
     if opt("sanitizer") is not None:
         sanitizer = tuple(t.strip() for t in str(opt("sanitizer")).split(",") if t.strip())

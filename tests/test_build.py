@@ -1,4 +1,5 @@
-"""Tests for pytest_kopt.gates.build: nvcc builds into the content-addressed cache, compile errors, header tracking.
+"""Tests for pytest_kopt.kinds.nvcc and pytest_kopt.gates.build: nvcc builds into the content-addressed cache,
+compile errors, header tracking.
 
 The nvcc tests compile for sm_90a (no GPU is needed to build); the module is skipped when nvcc is missing.
 """
@@ -11,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt.gates.build import (
-    BuildResult,
-    build_cuda,
-    format_nvcc_errors,
-    local_headers,
-    nvcc_command,
-)
 from pytest_kopt.errors import CompileError, HardwareError
+from pytest_kopt.gates.build import BuildResult
+from pytest_kopt.gates.contract import local_headers
 from pytest_kopt.gates.hardware import find_tool, tool_version
+from pytest_kopt.kinds.nvcc import build_cuda, format_nvcc_errors, nvcc_command
 
 NVCC = find_tool("nvcc")
 pytestmark = [

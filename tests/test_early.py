@@ -23,6 +23,16 @@ def _config(tmp_path: Path, keyword: str = "", markexpr: str = "", args: tuple[s
                            invocation_params=SimpleNamespace(dir=tmp_path))
 
 
+def _state(**fields: object):
+    """What selection_keeps reads of a session's state: kopt's gate table and kernel kinds."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.gates.builtin import default_table
+    from pytest_kopt.kinds.builtin import default_kinds
+
+    return SimpleNamespace(gates=default_table(), kinds=default_kinds(), **fields)
+
+
 @pytest.mark.parametrize("keyword, markexpr, flags, kept", [
     ("", "", {}, True),
     ("compile", "", {}, True),
@@ -55,7 +65,8 @@ def test_builds_start_early_only_where_the_selection_surely_keeps_compile(tmp_pa
     from pytest_kopt.plugin.early import selection_keeps
 
     kernel = tmp_path / "sub" / "b0.cu"
-    assert selection_keeps(_config(tmp_path, keyword, markexpr, **flags), kernel) is kept  # type: ignore[arg-type]
+    config: Any = _config(tmp_path, keyword, markexpr, **flags)
+    assert selection_keeps(config, _state(), kernel) is kept  # type: ignore[arg-type]
 
 
 def test_node_ids_missing_paths_and_kernels_outside_the_root_keep_builds_at_the_first_item(tmp_path: Path) -> None:
@@ -64,12 +75,14 @@ def test_node_ids_missing_paths_and_kernels_outside_the_root_keep_builds_at_the_
     a session whose compile item runs, so nothing starts early."""
     from pytest_kopt.plugin.early import selection_keeps
 
+    state: Any = _state()
     (tmp_path / "k.cu").write_text("")
-    assert selection_keeps(_config(tmp_path, args=("k.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
-    assert not selection_keeps(_config(tmp_path, args=("k.cu::timing",)), tmp_path / "k.cu")  # type: ignore[arg-type]
-    assert not selection_keeps(_config(tmp_path, args=("nope.cu",)), tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, args=("k.cu",)), state, tmp_path / "k.cu")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, args=("k.cu::timing",)), state,  # type: ignore[arg-type]
+                               tmp_path / "k.cu")
+    assert not selection_keeps(_config(tmp_path, args=("nope.cu",)), state, tmp_path / "k.cu")  # type: ignore[arg-type]
     outside = tmp_path.parent / "elsewhere" / "deep" / "k.cu"
-    assert not selection_keeps(_config(tmp_path, "not deep"), outside)  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, "not deep"), state, outside)  # type: ignore[arg-type]
 
 
 class _FakeNvml:
@@ -184,12 +197,12 @@ def test_harness_processes_start_at_configure_only_where_collection_would_start_
 
     kernel, ref = tmp_path / "k.cu", tmp_path / "ref.py"
     seen: list[tuple[str, dict, frozenset[str]]] = []
-    monkeypatch.setattr(early, "prestart_harness", lambda ctx: seen.append((ctx.display, ctx.env, ctx.collected)))
     monkeypatch.setattr(early.hardware, "nvml_view", lambda: (gpus, settings.get("nvml_arch", "sm_90a")))
     monkeypatch.setattr(early.hardware, "package_versions", lambda: {"triton": "3.6.0"})
     s = SimpleNamespace(gpus=settings.get("gpus"), kernels=(kernel,), ref=ref, arch=settings.get("arch"))
-    state = SimpleNamespace(settings=s, context=lambda config, k, display, env=None, collected=None:
-                            SimpleNamespace(display=display, env=env, collected=collected))
+    ahead = SimpleNamespace(prestart_harness=lambda ctx: seen.append((ctx.display, ctx.env, ctx.collected)))
+    state = _state(settings=s, ahead=ahead, context=lambda config, k, display, env=None, collected=None:
+                   SimpleNamespace(display=display, env=env, collected=collected))
     config = _config(tmp_path, numprocesses=flags.get("numprocesses"), dist=flags.get("dist", "no"), **option)
     started = early.prestart_harness_early(config, state)  # type: ignore[arg-type]
     assert started is (kept is not None)
@@ -267,22 +280,26 @@ def test_the_compile_item_imports_hypothesis_only_while_it_waits_for_its_build(m
     from concurrent.futures import Future
     from types import SimpleNamespace
 
+    from pytest_kopt import scheduler
     from pytest_kopt.gates import build
+    from pytest_kopt.kinds.builtin import default_kinds
+    from pytest_kopt.proc.pool import HarnessPool
 
     calls: list[str] = []
-    monkeypatch.setattr(build, "import_hypothesis", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(scheduler, "import_hypothesis", lambda: calls.append(threading.current_thread().name))
     monkeypatch.setattr(build, "ensure_built",
                         lambda ctx: build.BuildResult(str(tmp_path / "k.so"), "key", False, 1.5, ["nvcc"], ""))
-    ctx = SimpleNamespace(kind="cuda", kernel=tmp_path / "k.cu", arch="sm_90a")
+    ahead = scheduler.Scheduler(HarnessPool())
+    ctx = SimpleNamespace(kind=default_kinds().by_name("cuda"), kernel=tmp_path / "k.cu", arch="sm_90a", ahead=ahead)
     pending: Future[None] = Future()
     threading.Timer(0.2, pending.set_result, (None,)).start()
-    monkeypatch.setitem(build.STARTED, ctx.kernel, pending)
+    monkeypatch.setitem(ahead._builds, ctx.kernel, pending)
     out = build.gate_compile(ctx)  # type: ignore[arg-type]
     assert calls == [threading.current_thread().name] and pending.done()
     assert out.figures["compile_s"] == 1.5 and out.summary.startswith("built in 1.5 s")
     finished: Future[None] = Future()
     finished.set_result(None)
-    monkeypatch.setitem(build.STARTED, ctx.kernel, finished)
+    monkeypatch.setitem(ahead._builds, ctx.kernel, finished)
     build.gate_compile(ctx)  # type: ignore[arg-type]
     assert len(calls) == 1
 
@@ -411,12 +428,12 @@ def test_the_gpu_marker_in_a_selection_is_the_gates_own(tmp_path: Path) -> None:
     cu, py = tmp_path / "k.cu", tmp_path / "k.py"
     py.write_text("import triton\n\n\n@triton.jit\ndef k(x):\n    pass\n")
     not_gpu: Any = _config(tmp_path, markexpr="not gpu")
-    kept = {g: selection_keeps(not_gpu, cu, g) for g in ("plan", "compile", "correctness", "timing")}
+    kept = {g: selection_keeps(not_gpu, _state(), cu, g) for g in ("plan", "compile", "correctness", "timing")}
     assert kept == {"plan": True, "compile": True, "correctness": False, "timing": False}
-    kept = {g: selection_keeps(not_gpu, py, g) for g in ("correctness", "timing")}
+    kept = {g: selection_keeps(not_gpu, _state(), py, g) for g in ("correctness", "timing")}
     assert kept == {"correctness": True, "timing": False}
-    assert selection_keeps(_config(tmp_path, markexpr="gpu"), cu, "timing")  # type: ignore[arg-type]
-    assert not selection_keeps(_config(tmp_path, markexpr="gpu"), cu, "plan")  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, markexpr="gpu"), _state(), cu, "timing")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, markexpr="gpu"), _state(), cu, "plan")  # type: ignore[arg-type]
 
 
 IN_PROCESS = '''

@@ -401,7 +401,7 @@ def test_the_sessions_own_processes_are_not_other_load_on_the_gpu(monkeypatch: p
     import os
     import subprocess
 
-    from pytest_kopt.child.timer import same_session
+    from pytest_kopt.child.clocks import same_session
 
     monkeypatch.setenv("KOPT_SESSION_PID", str(os.getpid()))
     child = subprocess.Popen(["sleep", "5"])
@@ -419,7 +419,7 @@ def test_cupti_records_split_into_calls_by_when_the_host_launched_them() -> None
     """A call whose kernel is the flush's own (torch.sum: the H200's fidelity run read sum_4M as 'no kernel of the
     call was recorded', every one taken for a flush) is still one call per flush; a side-stream kernel that runs
     during the next flush stays its call's; a record without a launch is counted, never placed."""
-    from pytest_kopt.child.timer import calls_by_launch
+    from pytest_kopt.child.cupti import calls_by_launch
 
     windows = [(0.0, 5.0), (10.0, 15.0), (20.0, 25.0)]  # host time of each flush's range
     launches = {1: 1.0, 2: 6.0, 3: 11.0, 4: 16.0, 5: 17.0, 6: 21.0, 7: -3.0}
@@ -435,7 +435,7 @@ def test_cupti_records_split_into_calls_at_each_whole_flush() -> None:
     """The flush (a sum over 2x L2) launches two kernels on an H200; each pair is one boundary, so a call of one
     kernel is one segment of one record (before: every flush read as two boundaries, and each call as an empty one
     beside a full one, 50 empty calls of 50). A call that launched nothing is still an empty segment."""
-    from pytest_kopt.child.timer import call_segments
+    from pytest_kopt.child.cupti import call_segments
 
     f = {"reduce", "fill"}
     ev = [(0, 1, "fill"), (1, 2, "reduce"), (3, 4, "k"), (5, 6, "fill"), (6, 7, "reduce"), (8, 9, "k"), (9, 10, "k2"),
@@ -453,7 +453,7 @@ def test_cupti_python_records_become_device_records_and_launches() -> None:
     built here in cupti-python's shape: what an H200 delivers is checked by the GPU tests."""
     from types import SimpleNamespace as R
 
-    from pytest_kopt.child.timer import CuptiActivity
+    from pytest_kopt.child.cupti import CuptiActivity
 
     kinds = {"CONCURRENT_KERNEL": 10, "MEMCPY": 1, "MEMSET": 2, "RUNTIME": 5, "DRIVER": 6, "OVERHEAD": 13}
     act = CuptiActivity.__new__(CuptiActivity)  # the parsing alone: no CUPTI here
@@ -483,7 +483,7 @@ def test_without_cupti_python_the_profiler_backend_is_torchs_and_says_why(monkey
     through cupti-python in about 0.02 s). Asking for torch's profiler skips cupti-python."""
     import sys
 
-    from pytest_kopt.child import timer
+    from pytest_kopt.child import cupti as timer
 
     monkeypatch.setitem(sys.modules, "cupti", None)  # import cupti -> ImportError
     monkeypatch.setattr(timer, "_BACKEND", {})
@@ -502,7 +502,7 @@ def test_a_cupti_session_that_cannot_start_leaves_no_kind_enabled() -> None:
     enabled are disabled again before the error goes up, so torch's profiler, the fallback, finds CUPTI as it was."""
     from types import SimpleNamespace
 
-    from pytest_kopt.child.timer import CuptiActivity
+    from pytest_kopt.child.cupti import CuptiActivity
 
     enabled: list[str] = []
 
@@ -523,7 +523,7 @@ def test_a_cupti_session_that_cannot_start_leaves_no_kind_enabled() -> None:
 def test_cupti_kernel_names_read_as_torchs_profiler_shows_them() -> None:
     """CUPTI's records carry mangled names; kopt shows them demangled whichever client recorded (the suspect
     message names the kernels), and leaves a C or Triton name as it is."""
-    from pytest_kopt.child.timer import demangle
+    from pytest_kopt.child.cupti import demangle
 
     assert demangle("_Z11sgemm_naivePKfS0_Pfiii") == "sgemm_naive(float const*, float const*, float*, int, int, int)"
     assert demangle("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
@@ -531,7 +531,7 @@ def test_cupti_kernel_names_read_as_torchs_profiler_shows_them() -> None:
 
 
 class _FakeActivity:
-    """A stand-in for :class:`~pytest_kopt.child.timer.CuptiActivity` whose clock advances 1 µs a read and whose
+    """A stand-in for :class:`~pytest_kopt.child.cupti.CuptiActivity` whose clock advances 1 µs a read and whose
     'GPU' records a kernel for each launch the fake timer makes."""
 
     def __init__(self, record: bool = True) -> None:
@@ -570,7 +570,7 @@ def test_cupti_python_batches_bracket_each_flush_in_its_window_and_split_by_laun
     """Through cupti-python, each call's window (CUPTI's clock read on the host around the refresh, flush and spin)
     holds those launches and not the call's, so calls_by_launch gives each call its own kernel only; the session
     is started and stopped once per batch."""
-    from pytest_kopt.child import timer as tm
+    from pytest_kopt.child import cupti as tm
 
     act = _FakeActivity()
     monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
@@ -585,7 +585,7 @@ def test_a_profiled_call_ends_before_the_next_window_is_queued(monkeypatch: pyte
     """The host launches nothing while a profiled call runs: each call's launch is followed by a device
     synchronisation before the next call's refresh, flush and spin are queued (launches queued behind a call
     lengthened a two-kernel torch.sum by up to 1 µs on the H200, docs/timing.md)."""
-    from pytest_kopt.child import timer as tm
+    from pytest_kopt.child import cupti as tm
 
     act = _FakeActivity()
     monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
@@ -609,7 +609,7 @@ def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profile
         monkeypatch: pytest.MonkeyPatch) -> None:
     """CUPTI can start (no error) and record nothing: the warm-up runs no kernel, so the first batch's flush probe
     is where it shows. That process then uses torch's profiler, and the record says why."""
-    from pytest_kopt.child import timer as tm
+    from pytest_kopt.child import cupti as tm
 
     act = _FakeActivity(record=False)
     monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_kopt.gates import gpus, hardware
+from pytest_kopt.gates.builtin import default_table
+from pytest_kopt.kinds.builtin import default_kinds
 from pytest_kopt.loop import decisions
 from pytest_kopt.loop import session as loop_session
 from pytest_kopt.plugin import xdist as kopt_xdist
@@ -461,17 +463,16 @@ def _selection_config(root: Path, keyword: str = "") -> SimpleNamespace:
                            invocation_params=SimpleNamespace(dir=root))
 
 
-def test_a_worker_starts_the_timing_processes_only_where_the_selection_keeps_timing(tmp_path: Path,
-                                                                                   monkeypatch: pytest.MonkeyPatch
-                                                                                   ) -> None:
+def test_a_worker_starts_the_timing_processes_only_where_the_selection_keeps_timing(tmp_path: Path) -> None:
     """At its configure a worker knows only the selection: the gates it surely keeps are the ones its first
     kernel's processes are started for (``-k "not timing"``: no timing processes, as without xdist)."""
     kernel = tmp_path / "b1" / "kernel.cu"
     seen: list[tuple[str, frozenset[str]]] = []
-    state = SimpleNamespace(env={"gpu": {"uuid": UUID0}}, kernels=frozenset([kernel]),
+    ahead = SimpleNamespace(prestart_harness=lambda ctx: seen.append((ctx.display, ctx.collected)))
+    state = SimpleNamespace(env={"gpu": {"uuid": UUID0}}, kernels=frozenset([kernel]), gates=default_table(),
+                            kinds=default_kinds(), ahead=ahead,
                             context=lambda config, k, display, collected=None: SimpleNamespace(
                                 display=display, collected=collected))
-    monkeypatch.setattr(kopt_xdist, "prestart_harness", lambda ctx: seen.append((ctx.display, ctx.collected)))
     for keyword, kept in (("", {"plan", "correctness", "timing"}), ("not timing", {"plan", "correctness"}),
                           ("compile", None)):
         seen.clear()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_kopt.gates import hardware
-from pytest_kopt.gates.table import GATES
+from pytest_kopt.gates.builtin import default_table
 from pytest_kopt.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def test_a_torn_build_manifest_is_built_again(tmp_path: Path) -> None:
     """The manifest is written atomically; a truncated one (a build killed mid-write by an older version, or a
     full disk) reads as no manifest, and the kernel is built again instead of every later run failing with a raw
     JSONDecodeError until --cache-clear."""
-    from pytest_kopt.gates.build import build_cuda
+    from pytest_kopt.kinds.nvcc import build_cuda
 
     nvcc = hardware.find_tool("nvcc")
     good = (ROOT / "tests" / "test_plugin.py").read_text().split('GOOD_CU = """\\\n')[1].split('"""')[0]
@@ -212,12 +212,13 @@ def test_lf_reruns_the_recorded_failures_with_their_seed(pytester: pytest.Pytest
 def test_gate_table_drives_collection() -> None:
     """The table's rows are the items' gates, in order; only serial gates are GPU gates, and only the gates with
     cases have several items."""
-    assert [g.name for g in GATES] == ["hardware", "preflight", "plan", "compile", "correctness", "sanitizer", "timing",
+    gates = default_table().gates
+    assert [g.name for g in gates] == ["hardware", "preflight", "plan", "compile", "correctness", "sanitizer", "timing",
                                        "ncu", "roofline", "sass"]
-    assert {g.name for g in GATES if g.cases} == {"correctness", "sanitizer", "timing"}
-    assert {g.name for g in GATES if not g.per_branch} == {"ncu", "roofline"}
-    for g in GATES:
-        assert all(n in [x.name for x in GATES[:GATES.index(g)]] for n in g.needs), g.name
+    assert {g.name for g in gates if g.cases} == {"correctness", "sanitizer", "timing"}
+    assert {g.name for g in gates if not g.per_branch} == {"ncu", "roofline"}
+    for g in gates:
+        assert all(n in [x.name for x in gates[:gates.index(g)]] for n in g.needs), g.name
 
 
 def test_child_imports_nothing_from_gates_or_plugin() -> None:

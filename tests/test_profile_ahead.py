@@ -1,5 +1,6 @@
-"""The ncu item's profile started ahead (pytest_kopt.gates.ncu.profile_ahead): its go file, its owner, the set it
-was started with, and the estimate that picks the set. The profile itself needs ncu and a GPU
+"""The ncu item's profile started ahead (pytest_kopt.scheduler.Scheduler.profile_ahead, the sets of
+pytest_kopt.gates.ncu.sets_ahead): its go file, its owner, the set it was started with, and the estimate that picks
+the set. The profile itself needs ncu and a GPU
 (test_plugin.py::test_gpu_profile_started_ahead_is_used)."""
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from pytest_kopt.child import HarnessError
 from pytest_kopt.child import profile
 from pytest_kopt.gates import ncu
+from pytest_kopt.proc.pool import HarnessPool
+from pytest_kopt.scheduler import Scheduler
 
 
 TOKEN = "3f2a"
@@ -66,8 +70,7 @@ def _ctx(tmp_path: Path, collected: frozenset[str] = frozenset({"ncu"}), gpu: bo
     outdir = tmp_path / "out"
     return SimpleNamespace(kernel=tmp_path / "k.cu", outdir=outdir, collected=collected,
                            gpu={"uuid": "GPU-x"} if gpu else None, tool=lambda name: "/bin/ncu",
-                           settings=SimpleNamespace(ncu_set=ncu_set), benchmarks=({"n": 1},),
-                           pool=SimpleNamespace(ahead={}, ahead_closed=set()))
+                           settings=SimpleNamespace(ncu_set=ncu_set), benchmarks=({"n": 1},))
 
 
 def _record(folder: Path, name: str, **fields: object) -> None:
@@ -119,12 +122,13 @@ def test_nothing_starts_ahead_without_an_ncu_item_a_gpu_or_a_set(tmp_path: Path,
     _seeds(monkeypatch)
     ctx = _ctx(tmp_path, collected=frozenset({"timing"}) if why == "no ncu item" else frozenset({"ncu"}),
                gpu=why != "no GPU")
+    ahead = Scheduler(HarnessPool())
     if why == "ncu item ran":
         _passed(ctx.outdir / "correctness", "seed=1", 2.0)
-        assert ncu._take_ahead(ctx, "full") == (None, "none started")
-    assert ncu.profile_ahead(ctx) == ()
-    assert ncu.profile_ahead(ctx, early=why != "no estimate") == ()
-    assert ctx.pool.ahead == {}
+        assert ahead.take_profile(ctx, "full") == (None, "none started")
+    assert ahead.profile_ahead(ctx) == ()
+    assert ahead.profile_ahead(ctx, early=why != "no estimate") == ()
+    assert ahead._profiles == {}
 
 
 def test_started_at_the_first_seed_with_both_sets_then_narrowed_by_the_estimate(
@@ -135,33 +139,33 @@ def test_started_at_the_first_seed_with_both_sets_then_narrowed_by_the_estimate(
     nothing new and ends nothing. A failed seed ends them all, and none starts again."""
     started: list[str] = []
 
-    def start(ctx: SimpleNamespace, set_name: str, dims: object) -> bool:
-        key = (str(ctx.kernel), set_name)
-        if key not in ctx.pool.ahead:
-            started.append(set_name)
-            ctx.pool.ahead[key] = ncu.Ahead(_Proc(True), tmp_path / set_name, time.time())
-        return True
+    def launch(ctx: SimpleNamespace, set_name: str, dims: object) -> ncu.ProfileAhead:
+        started.append(set_name)  # the scheduler launches a set's process only when none of it runs
+        return ncu.ProfileAhead(_Proc(True), tmp_path / set_name, time.time())
 
-    monkeypatch.setattr(ncu, "start_profile", start)
+    monkeypatch.setattr(ncu, "launch_profile", launch)
     _seeds(monkeypatch)
     ctx = _ctx(tmp_path)
-    assert ncu.profile_ahead(ctx, early=True) == ("full", "light")
-    full = ctx.pool.ahead[(str(ctx.kernel), "full")].proc
+    ahead = Scheduler(HarnessPool())
+    assert ahead.profile_ahead(ctx, early=True) == ("full", "light")
+    full = ahead._profiles[(str(ctx.kernel), "full")].proc
     _passed(ctx.outdir / "correctness", "seed=1", 12.0)  # near the 10 ms threshold: both kept
-    assert ncu.profile_ahead(ctx) == ("light",) and not full.killed
+    assert ahead.profile_ahead(ctx) == ("light",) and not full.killed
     _passed(ctx.outdir / "correctness", "seed=1", 25.0)
-    assert ncu.profile_ahead(ctx, early=True) == ("light",)
+    assert ahead.profile_ahead(ctx, early=True) == ("light",)
     assert not full.killed  # an early call ends nothing
-    assert ncu.profile_ahead(ctx) == ("light",)
-    assert full.killed and list(ctx.pool.ahead) == [(str(ctx.kernel), "light")]
+    assert ahead.profile_ahead(ctx) == ("light",)
+    assert full.killed and list(ahead._profiles) == [(str(ctx.kernel), "light")]
     assert started == ["full", "light"]
-    ncu.abandon_ahead(ctx)  # a seed failed: the ncu item is blocked
-    assert ctx.pool.ahead == {} and ncu.profile_ahead(ctx, early=True) == ()
+    ahead.abandon_profiles(ctx)  # a seed failed: the ncu item is blocked
+    assert ahead._profiles == {} and ahead.profile_ahead(ctx, early=True) == ()
 
 
 def test_a_pinned_set_starts_alone_even_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: set_name == "light")
-    assert ncu.profile_ahead(_ctx(tmp_path, ncu_set="light"), early=True) == ("light",)
+    monkeypatch.setattr(ncu, "launch_profile", lambda ctx, set_name, dims: ncu.ProfileAhead(
+        _Proc(True), tmp_path / set_name, time.time()) if set_name == "light" else None)
+    ahead = Scheduler(HarnessPool())
+    assert ahead.profile_ahead(_ctx(tmp_path, ncu_set="light"), early=True) == ("light",)
 
 
 class _Proc:
@@ -183,23 +187,24 @@ def test_the_gate_takes_the_profile_of_its_set_and_ends_the_others(tmp_path: Pat
     """Timed at 9 ms the profile was started with the full set; a median of 12 ms picks the light one: the full
     set's process is ended and the gate starts its own. One that ended while it waited is never used."""
     ctx = _ctx(tmp_path)
+    ahead = Scheduler(HarnessPool())
     full, light, other = _Proc(True), _Proc(True), _Proc(True)
     key = str(ctx.kernel)
-    ctx.pool.ahead = {(key, "full"): ncu.Ahead(full, tmp_path / "g1", time.time()),
-                      (key, "light"): ncu.Ahead(light, tmp_path / "g2", time.time()),
-                      ("/other.cu", "full"): ncu.Ahead(other, tmp_path / "g3", time.time())}
-    taken, note = ncu._take_ahead(ctx, "light")
+    ahead._profiles = {(key, "full"): ncu.ProfileAhead(full, tmp_path / "g1", time.time()),
+                       (key, "light"): ncu.ProfileAhead(light, tmp_path / "g2", time.time()),
+                       ("/other.cu", "full"): ncu.ProfileAhead(other, tmp_path / "g3", time.time())}
+    taken, note = ahead.take_profile(ctx, "light")
     assert taken is not None and taken.proc is light and not light.killed and note == "used"
     assert full.killed and not other.killed
-    assert list(ctx.pool.ahead) == [("/other.cu", "full")]
+    assert list(ahead._profiles) == [("/other.cu", "full")]
     dead = _Proc(False)
-    ctx.pool.ahead = {(key, "light"): ncu.Ahead(dead, tmp_path / "g4", time.time())}
-    taken, note = ncu._take_ahead(ctx, "light")
-    assert taken is None and dead.killed and ctx.pool.ahead == {}
+    ahead._profiles = {(key, "light"): ncu.ProfileAhead(dead, tmp_path / "g4", time.time())}
+    taken, note = ahead.take_profile(ctx, "light")
+    assert taken is None and dead.killed and ahead._profiles == {}
     assert note.startswith("ended before its turn (exit 1): ") and note.endswith("Traceback: no GPU"), note
-    ctx.pool.ahead = {(key, "full"): ncu.Ahead(_Proc(True), tmp_path / "g5", time.time())}
-    assert ncu._take_ahead(ctx, "light") == (None, "started with the full set")
-    assert ncu._take_ahead(ctx, "light") == (None, "none started")
+    ahead._profiles = {(key, "full"): ncu.ProfileAhead(_Proc(True), tmp_path / "g5", time.time())}
+    assert ahead.take_profile(ctx, "light") == (None, "started with the full set")
+    assert ahead.take_profile(ctx, "light") == (None, "none started")
 
 
 def test_profile_phases_of_a_profile_started_ahead() -> None:
@@ -216,8 +221,8 @@ def test_profile_phases_of_a_profile_started_ahead() -> None:
 def test_a_profile_started_ahead_runs_once_the_gate_releases_it(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole go protocol between the gate and its process, with a stand-in for ncu that waits the way the
-    profile mode does (the real one needs a GPU): started by start_profile, the process waits; released, it runs
-    and its result is read."""
+    profile mode does (the real one needs a GPU): started by the scheduler's start_profile, the process waits;
+    released, it runs and its result is read."""
     fake = tmp_path / "ncu"
     fake.write_text(
         "#!/bin/sh\n"
@@ -231,8 +236,9 @@ def test_a_profile_started_ahead_runs_once_the_gate_releases_it(tmp_path: Path,
     ctx.work = tmp_path / "work"
     monkeypatch.setattr(ncu, "built", lambda c: SimpleNamespace(artifact="k.so"))
     monkeypatch.setattr(ncu, "_profile_request", lambda c, res, device, dims: {"mode": "profile", "env": {}})
-    assert ncu.start_profile(ctx, "full", None) is True
-    ahead = ctx.pool.ahead[(str(ctx.kernel), "full")]
+    scheduler = Scheduler(HarnessPool())
+    assert scheduler.start_profile(ctx, "full", None) is True
+    ahead = scheduler._profiles[(str(ctx.kernel), "full")]
     req = json.loads(next(ctx.work.glob("ncu-*.req.json")).read_text())
     assert ahead.token and req["go_sha"] == hashlib.sha256(ahead.token.encode()).hexdigest()
     assert ahead.token not in json.dumps(req)  # the kernel's processes can read the request, not the token
@@ -245,27 +251,49 @@ def test_a_profile_started_ahead_runs_once_the_gate_releases_it(tmp_path: Path,
 
 def test_the_build_thread_starts_the_profile_once_the_kernel_is_built(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile needs the built library, and nothing else the items make: BuildAhead starts it right after the
-    build, in the build's thread, for a kernel this process runs the ncu item of; once per kernel, also when its
-    build began before the process knew its items (the early build at configure); never for another kernel."""
-    from pytest_kopt.gates import build
+    """The profile needs the built library, and nothing else the items make: the scheduler starts it right after
+    the build, in the build's thread, for a kernel this process runs the ncu item of; once per kernel, also when
+    its build began before the process knew its items (the early build at configure); never for another kernel."""
+    from pytest_kopt import scheduler
+    from pytest_kopt.kinds.builtin import default_kinds
 
     events: list[tuple[str, str]] = []
-    monkeypatch.setattr(build, "ensure_built", lambda c: events.append(("built", c.kernel.name)) or
-                        SimpleNamespace(artifact="k.so"))
-    monkeypatch.setattr(ncu, "profile_ahead", lambda c, early=False: events.append(("profile" if early else
-                                                                                    "late", c.kernel.name))
+    monkeypatch.setattr(scheduler, "ensure_built", lambda c: events.append(("built", c.kernel.name)) or
+                        SimpleNamespace(artifact="k.so", cache_hit=True))
+    ahead = Scheduler(HarnessPool())
+    monkeypatch.setattr(ahead, "profile_ahead", lambda c, early=False: events.append(("profile" if early else
+                                                                                      "late", c.kernel.name))
                         or ("full", "light"))
-    monkeypatch.setattr(build, "STARTED", {})
-    ctxs = [SimpleNamespace(kind="cuda", tool=lambda name: "/bin/nvcc", kernel=tmp_path / n, arch="sm_90a")
+    cuda = default_kinds().by_name("cuda")
+    ctxs = [SimpleNamespace(kind=cuda, tool=lambda name: "/bin/nvcc", kernel=tmp_path / n, arch="sm_90a")
             for n in ("a.cu", "b.cu")]
-    ahead = build.BuildAhead()
-    assert ahead.start(ctxs) == 2  # as at configure: the items are not known yet
-    assert ahead.start(ctxs, profile=frozenset({ctxs[0].kernel})) == 0  # a's first item: its build had begun
-    assert ahead.start(ctxs, profile=frozenset({ctxs[0].kernel})) == 0
-    ahead.wait()
+    assert ahead.start_builds(ctxs) == 2  # as at configure: the items are not known yet
+    assert ahead.start_builds(ctxs, profile=frozenset({ctxs[0].kernel})) == 0  # a's first item: its build had begun
+    assert ahead.start_builds(ctxs, profile=frozenset({ctxs[0].kernel})) == 0
+    ahead.shutdown()
     assert sorted(events) == [("built", "a.cu"), ("built", "a.cu"), ("built", "b.cu"), ("profile", "a.cu")]
     assert events.index(("profile", "a.cu")) > events.index(("built", "a.cu"))
+
+
+def _close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[str], ended: list[str],
+           shapes: dict[str, tuple[dict[str, int], ...]] | None = None) -> tuple[Any, Scheduler]:
+    """A loop close's controller (LoopPlugin, which hands each branch's record to the scheduler) over a scheduler
+    whose profile starts and ends are recorded (``start_profile``, ``end_profiles``) in its own ``_profiles``."""
+    from pytest_kopt.gates.builtin import default_table
+    from pytest_kopt.plugin.loop import LoopPlugin
+
+    ahead = Scheduler(HarnessPool())
+    profiles: dict[tuple[str, str], Any] = ahead._profiles  # the profiles started ahead (start_profile, end_profiles)
+    monkeypatch.setattr(ahead, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
+                        or profiles.setdefault((str(ctx.kernel), set_name), object()) is not None)
+    monkeypatch.setattr(ahead, "end_profiles", lambda kernel, keep=(): ended.append(kernel.parent.name)
+                        or [profiles.pop(k) for k in list(profiles) if k[0] == str(kernel)])
+    settings = SimpleNamespace(ncu_set="light", loop_mode="run", run_dir=tmp_path)
+    state = SimpleNamespace(settings=settings, env={"gpu": {"uuid": "x"}}, gates=default_table(), ahead=ahead,
+                            context=lambda config, kernel, display: SimpleNamespace(
+                                kernel=kernel, settings=settings, gpu=True,
+                                benchmarks=(shapes or {}).get(kernel.parent.name, ({"n": 1},))))
+    return LoopPlugin(SimpleNamespace(), state), ahead
 
 
 def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_slower(
@@ -276,20 +304,9 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
     far, one whose correctness fails, and a former leader overtaken have theirs ended; ablations are not branches;
     a skipped SASS item and a failed sanitizer item rule out nothing (the decision reads compile, correctness and
     timing)."""
-    from pytest_kopt.plugin import session
-
     started: list[str] = []
     ended: list[str] = []
-    ahead: dict[tuple[str, str], object] = {}  # the pool's profiles started ahead (start_profile, end_ahead)
-    monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
-                        or ahead.setdefault((str(ctx.kernel), set_name), object()) is not None)
-    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: ended.append(kernel.parent.name)
-                        or [ahead.pop(k) for k in list(ahead) if k[0] == str(kernel)])
-    state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
-                            pool=SimpleNamespace(ahead=ahead),
-                            context=lambda config, kernel, display: SimpleNamespace(kernel=kernel,
-                                                                                    benchmarks=({"n": 1},)))
-    plugin = session.ControllerPlugin(SimpleNamespace(), state)
+    plugin, ahead = _close(tmp_path, monkeypatch, started, ended)
     run = tmp_path / "iterv1"
 
     def rec(kernel: str, gate: str, outcome: str = "passed", median: float | None = None,
@@ -301,15 +318,15 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
               rec("branches/b3", "correctness", case="seed=1"), rec("ablations/m", "correctness", case="seed=1"),
               rec("branches/b1", "correctness", case="seed=2"), rec("branches/b3", "sass", "skipped"),
               rec("branches/b2", "sanitizer", "failed")):
-        plugin._profile_branches_ahead(r)
+        plugin.on_record(r)
     assert started == ["b1", "b2", "b3"] and ended == []
-    plugin._profile_branches_ahead(rec("branches/b3", "correctness", "failed", case="seed=2"))
+    plugin.on_record(rec("branches/b3", "correctness", "failed", case="seed=2"))
     assert ended == ["b3"]
-    plugin._profile_branches_ahead(rec("branches/b2", "timing", median=17.0))
-    plugin._profile_branches_ahead(rec("branches/b1", "timing", median=15.6))  # timed last, and the fastest
-    assert ended == ["b3", "b2"] and plugin.leader == (15.6, run / "branches/b1" / "kernel.cu")
-    assert plugin.profiling == {run / "branches/b1" / "kernel.cu"} and started == ["b1", "b2", "b3"]
-    assert [ln for ln in plugin.ahead_log if "ended" in ln] == [
+    plugin.on_record(rec("branches/b2", "timing", median=17.0))
+    plugin.on_record(rec("branches/b1", "timing", median=15.6))  # timed last, and the fastest
+    assert ended == ["b3", "b2"] and ahead._branches.leader == (15.6, run / "branches/b1" / "kernel.cu")
+    assert ahead.profiling == {run / "branches/b1" / "kernel.cu"} and started == ["b1", "b2", "b3"]
+    assert [ln for ln in ahead.ahead_log if "ended" in ln] == [
         "b3: profile ended (correctness failed)", "b2: profile ended (slower than b1 (15.6000 ms))"]
 
 
@@ -317,20 +334,8 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
     """At most PROFILES_AHEAD branch profiles wait at once; a branch refused at the cap is tried again at its next
     passed item, so when it is timed fastest (the old leader's profile ended) it gets one. A kernel of several
     benchmark shapes gets none: the profile is of its first shape."""
-    from pytest_kopt.plugin import session
-
     started: list[str] = []
-    ahead: dict[tuple[str, str], object] = {}  # the pool's profiles started ahead (start_profile, end_ahead)
-    monkeypatch.setattr(ncu, "start_profile", lambda ctx, set_name, dims: started.append(ctx.kernel.parent.name)
-                        or ahead.setdefault((str(ctx.kernel), set_name), object()) is not None)
-    monkeypatch.setattr(ncu, "end_ahead", lambda ctx, kernel: [ahead.pop(k) for k in list(ahead)
-                                                               if k[0] == str(kernel)])
-    shapes = {"b9": ({"n": 1}, {"n": 2})}
-    state = SimpleNamespace(settings=SimpleNamespace(ncu_set="light", loop_mode="run"), env={"gpu": {"uuid": "x"}},
-                            pool=SimpleNamespace(ahead=ahead),
-                            context=lambda config, kernel, display: SimpleNamespace(
-                                kernel=kernel, benchmarks=shapes.get(kernel.parent.name, ({"n": 1},))))
-    plugin = session.ControllerPlugin(SimpleNamespace(), state)
+    plugin, ahead = _close(tmp_path, monkeypatch, started, [], shapes={"b9": ({"n": 1}, {"n": 2})})
 
     def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
         return SimpleNamespace(kernel=str(tmp_path / "branches" / name / "kernel.cu"), gate=gate, outcome="passed",
@@ -338,9 +343,9 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
                                figures={"median_ms": median} if median else {})
 
     for name in ("b1", "b2", "b3", "b4", "b5", "b9"):
-        plugin._profile_branches_ahead(rec(name, "correctness"))
-    assert started == ["b1", "b2", "b3", "b4"] == sorted(k.parent.name for k in plugin.profiling)
-    plugin._profile_branches_ahead(rec("b1", "timing", 20.0))
-    plugin._profile_branches_ahead(rec("b5", "timing", 10.0))  # the fastest: b1's profile ends, b5's starts
+        plugin.on_record(rec(name, "correctness"))
+    assert started == ["b1", "b2", "b3", "b4"] == sorted(k.parent.name for k in ahead.profiling)
+    plugin.on_record(rec("b1", "timing", 20.0))
+    plugin.on_record(rec("b5", "timing", 10.0))  # the fastest: b1's profile ends, b5's starts
     assert started == ["b1", "b2", "b3", "b4", "b5"]
-    assert sorted(k.parent.name for k in plugin.profiling) == ["b2", "b3", "b4", "b5"]
+    assert sorted(k.parent.name for k in ahead.profiling) == ["b2", "b3", "b4", "b5"]

@@ -38,8 +38,9 @@ EXPECTED = {
     "constant_output.py": "CONSTANT_OUTPUT",
     "freed_reference_memory.py": {"INCORRECT_NUMERICAL", "CONSTANT_OUTPUT"},
     "shrink_problem.py": "CONTRACT_ERROR",
-    # claims (through the harness's own json module) that there are no outputs to judge
-    "empty_outputs.py": "INCORRECT_NUMERICAL",
+    # patches the harness's json module to claim there are no outputs to judge: its process reports the patch at
+    # its first request (child/sentinels.py), before any output is judged
+    "empty_outputs.py": "TAMPERED",
 }
 needs_triton = pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None,
                                   reason="triton not installed")
@@ -75,9 +76,9 @@ def test_redteam_corpus_cpu(pytester: pytest.Pytester) -> None:
         if not got.get(name) or not got[name] <= allowed:
             wrong[name] = (sorted(got.get(name, [])), sorted(allowed))
     assert not wrong, f"{wrong}\n{result.stdout.str()[-3000:]}"
-    # the earliest failing gate's code: shrink_problem's setup() breaks the contract at plan (4); the rest are kernel
-    # validation failures (2)
-    assert result.ret == 4
+    # the earliest failing gate's code, of the kernel the session names first: empty_outputs' process is TAMPERED at
+    # plan (2), before shrink_problem's setup() breaks the contract there (4); the rest fail later
+    assert result.ret == 2
     caught = sum(1 for n, w in EXPECTED.items() if w != "PASSED")
     assert caught == 13
 
@@ -591,11 +592,10 @@ def run_kernel(x, idx, y):
 # indices' hash: before, the wrong kernel passed and the honest one, judged next, met a poisoned reference
 FORGED_SETUP = HONEST_GATHER.replace("y.copy_(x[idx])", "y.copy_(x[0].expand_as(y))") + """
 import numpy as np
-from pytest_kopt.child import correctness as _c
-_result = _c.Keeper.result
-def _forged(self, out, extra):
-    return _result(self, out, {k: np.zeros_like(v) if k == "setup__idx" else v for k, v in extra.items()})
-_c.Keeper.result = _forged
+_savez = np.savez
+def _forged(path, **arrays):  # numpy is not the harness's: its process's own check does not see this
+    return _savez(path, **{k: np.zeros_like(v) if k == "setup__idx" else v for k, v in arrays.items()})
+np.savez = _forged
 """
 # a constant kernel whose process says its float input came from setup() and ships zeros for it
 FORGED_SPEC = """\
@@ -639,7 +639,7 @@ def run_kernel(x, b, y, eps):
 FOREIGN_NPZ = """\
 import os
 import torch
-from pytest_kopt.child import correctness as _c
+from pytest_kopt.child import candidate as _c
 _result = _c.Keeper.result
 def _forged(self, out, extra):
     got = _result(self, out, extra)
@@ -654,10 +654,11 @@ def run_kernel(x, y):
 
 
 def test_the_judge_checks_what_the_candidates_process_reports(pytester: pytest.Pytester) -> None:
-    """A wrong gather that ships other setup() arrays than it reports is refused (RUNTIME_ERROR, on the kernel), and
-    the honest gather judged next in the same session passes (the judge's kept reference is not poisoned); a spec
-    that marks a float input as the candidate's is refused; a scalar that contradicts a dim is a CONTRACT_ERROR on
-    the kernel; an .npz outside the work folder is refused and not deleted."""
+    """A wrong gather that ships other setup() arrays than it reports is refused by the judge (RUNTIME_ERROR, on the
+    kernel), and the honest gather judged next in the same session passes (the judge's kept reference is not
+    poisoned); a scalar that contradicts a dim is a CONTRACT_ERROR on the kernel; a candidate that patches the
+    harness's own functions to mark a float input as its own, or to name an .npz outside the work folder, is
+    TAMPERED at its first request (child/sentinels.py), and the file is not deleted."""
     shutil.copy(Path(__file__).parent / "redteam" / "ref_softmax.py", pytester.path / "ref_softmax.py")
     pytester.makepyfile(ref_gather=GATHER_REF, honest_gather=HONEST_GATHER, forged_setup=FORGED_SETUP,
                         forged_spec=FORGED_SPEC, eps_ref=EPS_REF, eps_cand=EPS_CAND, foreign_npz=FOREIGN_NPZ)
@@ -676,9 +677,9 @@ def test_the_judge_checks_what_the_candidates_process_reports(pytester: pytest.P
             got[it["nodeid"].split("::")[0]] = (it["status"], it.get("message") or "", result.stdout.str()[-2000:])
     assert got["forged_setup.py"][0] == "RUNTIME_ERROR" and "setup_sha" in got["forged_setup.py"][1], got
     assert got["honest_gather.py"][0] == "PASSED", got["honest_gather.py"]
-    assert got["forged_spec.py"][0] == "RUNTIME_ERROR" and "float inputs are drawn" in got["forged_spec.py"][1]
+    assert got["forged_spec.py"][0] == "TAMPERED" and "spec_from_setup" in got["forged_spec.py"][1], got
     assert got["eps_cand.py"][0] == "CONTRACT_ERROR" and "eps=1e+30 (dims: 1e-05)" in got["eps_cand.py"][1]
-    assert got["foreign_npz.py"][0] == "RUNTIME_ERROR" and "outside its work folder" in got["foreign_npz.py"][1]
+    assert got["foreign_npz.py"][0] == "TAMPERED" and "Keeper.result" in got["foreign_npz.py"][1], got
     assert victim.read_bytes() == b"keep me"
 
 

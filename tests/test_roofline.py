@@ -152,13 +152,16 @@ def test_gaps_from_h200_gate_exports(name, kernel, duration_ns, sm, dram, gaps, 
 
 
 def test_the_plotting_import_started_ahead_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """matplotlib's import runs in a daemon thread from a kernel's first item, once per process; wait_plotting
-    (called by plot, the loop's charts and the session's end) returns once it is done, so no second thread imports
-    matplotlib meanwhile and the interpreter never finalizes inside that import."""
+    """matplotlib's import runs in a daemon thread from a kernel's first item, once per process (the session's
+    scheduler); wait_plotting (called before the roofline chart, the loop's charts and at the session's end)
+    returns once it is done, so no second thread imports matplotlib meanwhile and the interpreter never finalizes
+    inside that import."""
     import threading
     import time
 
     from pytest_kopt.gates import roofline
+    from pytest_kopt.proc.pool import HarnessPool
+    from pytest_kopt.scheduler import Scheduler
 
     done = threading.Event()
     calls: list[int] = []
@@ -168,12 +171,12 @@ def test_the_plotting_import_started_ahead_is_waited_for(monkeypatch: pytest.Mon
         time.sleep(0.3)
         done.set()
 
-    monkeypatch.setattr(roofline, "_PLOTTING", None)
     monkeypatch.setattr(roofline, "import_plotting", slow_import)
-    roofline.wait_plotting()  # nothing started: returns at once
-    roofline.import_plotting_ahead()
-    roofline.import_plotting_ahead()
+    ahead = Scheduler(HarnessPool())
+    ahead.wait_plotting()  # nothing started: returns at once
+    ahead.import_plotting_ahead()
+    ahead.import_plotting_ahead()
     assert not done.is_set()
-    roofline.wait_plotting()
-    assert done.is_set() and calls == [1] and roofline._PLOTTING is not None
-    assert not roofline._PLOTTING.is_alive()
+    ahead.wait_plotting()
+    assert done.is_set() and calls == [1] and ahead._plotting is not None
+    assert not ahead._plotting.is_alive()

@@ -88,9 +88,11 @@ def test_a_kernels_first_item_ends_the_unused_processes_of_the_kernel_before(tmp
 
 
 def test_the_shutdown_ends_what_was_started_ahead(tmp_path: Path) -> None:
-    """A profile started ahead that no gate took (its item was deselected or blocked) ends with the pool."""
-    from pytest_kopt.gates.ncu import Ahead
+    """A profile started ahead that no gate took (its item was deselected or blocked) ends with the session's
+    scheduler and pool (the session's end shuts down both)."""
+    from pytest_kopt.gates.ncu import ProfileAhead
     from pytest_kopt.proc.runner import FreshProcess
+    from pytest_kopt.scheduler import Scheduler
 
     req = {"mode": "plan_reference", "ref": str(tmp_path / "none.py")}
     # the wrapping tool (ncu, here a shell that ignores its target) waits like a profile waiting for its go
@@ -98,10 +100,12 @@ def test_the_shutdown_ends_what_was_started_ahead(tmp_path: Path) -> None:
     go = tmp_path / "go"
     go.touch()
     pool = HarnessPool()
-    pool.ahead[("k.cu", "full")] = Ahead(proc, go, 0.0)
+    ahead = Scheduler(pool)
+    ahead._profiles[("k.cu", "full")] = ProfileAhead(proc, go, 0.0)
     assert proc.alive()
+    ahead.shutdown()
     pool.shutdown()
-    assert not proc.alive() and not go.exists() and not pool.ahead
+    assert not proc.alive() and not go.exists() and not ahead._profiles
 
 
 def test_two_pools_keep_their_own_processes(tmp_path: Path) -> None:
@@ -174,13 +178,15 @@ def test_a_timing_round_that_is_not_the_last_leaves_the_process_untidied(tmp_pat
     import json
 
     from pytest_kopt.child.protocol import handle
+    from pytest_kopt.child.sentinels import Sentinels
 
+    guard = Sentinels().take().guard()
     ends = {}
     for name, rnd in (("plain", None), ("mid", {"key": "k", "count": 3, "final": False}),
                       ("last", {"key": "k", "count": 0, "final": True})):
         req = {"mode": "ready", "device": "cpu", "out": str(tmp_path / name), **({"round": rnd} if rnd else {})}
         (tmp_path / f"{name}.req.json").write_text(json.dumps(req))
-        code, sha, ends[name] = handle(str(tmp_path / f"{name}.req.json"))
+        code, sha, ends[name] = handle(str(tmp_path / f"{name}.req.json"), guard)
         data = (tmp_path / f"{name}.json").read_bytes()
         assert code == 0 and sha == hashlib.sha256(data).hexdigest() and json.loads(data)["ok"] is True
     assert ends == {"plain": True, "mid": False, "last": True}

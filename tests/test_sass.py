@@ -219,7 +219,9 @@ def test_a_dump_started_ahead_is_waited_for_not_run_twice(tmp_path: Path) -> Non
     reads it (before, it ran a second cuobjdump beside the first)."""
     import threading
 
+    from pytest_kopt import scheduler
     from pytest_kopt.gates import sass
+    from pytest_kopt.proc.pool import HarnessPool
 
     art = tmp_path / "kernel.so"
     art.write_bytes(b"lib")
@@ -228,14 +230,15 @@ def test_a_dump_started_ahead_is_waited_for_not_run_twice(tmp_path: Path) -> Non
     tool.write_text(f"#!/bin/sh\necho run >> {calls}\nsleep 0.5\nprintf '\\tcode for sm_90a\\n\\t\\tFunction : k\\n"
                     "        /*0000*/                   STG.E [R2.64], R5 ;\\n'\n")
     tool.chmod(0o755)
-    key = sass._dump_key(str(tool), str(art))
-    ahead = threading.Thread(target=sass.prefetch_sass, args=(str(tool), str(art)))
+    key = scheduler._dump_key(str(tool), str(art))
+    owner = scheduler.Scheduler(HarnessPool())
+    ahead = threading.Thread(target=owner.prefetch_sass, args=(str(tool), str(art)))
     ahead.start()
     for _ in range(100):  # until the prefetch has registered its dump
-        if key in sass._PENDING or key in sass._DUMPS:
+        if key in owner._pending or key in owner._dumps:
             break
         threading.Event().wait(0.01)
-    functions = sass.dump_sass(str(tool), [str(art)])
+    functions = sass.dump_sass(str(tool), [str(art)], ahead=owner)
     ahead.join()
     assert [f.name for f in functions] == ["k"] and functions[0].opcodes == {"STG.E": 1}
     assert calls.read_text().count("run") == 1

@@ -358,11 +358,11 @@ def test_cupti_suspects_name_skipped_and_varying_calls():
 
 
 def test_a_short_kernels_spans_need_three_batches_before_they_converge() -> None:
-    """Kernel-only sampling (child/timer.cupti_stop): 50 calls of an 11.7 µs kernel on a 32 ns clock whose median's
+    """Kernel-only sampling (child/cupti.cupti_stop): 50 calls of an 11.7 µs kernel on a 32 ns clock whose median's
     standard error reads under the 0.25% target within the batch still take a second and third batch (on the H200
     the medians of single batches spread over 1.36%); a 2.3 ms kernel's converge at once; the time budget and the
     sample cap still end a short kernel's sampling."""
-    from pytest_kopt.child.timer import CUPTI, cupti_stop
+    from pytest_kopt.child.cupti import CUPTI, cupti_stop
 
     ticks = [0, 0, 0, 1, 1, 1, 2, -1, -2, 4]
     spans = [11.7 + 0.032 * ticks[i % len(ticks)] for i in range(50)]

@@ -375,7 +375,7 @@ def test_a_tolerance_the_reference_computes_must_be_finite_and_non_negative(valu
     import types
 
     from pytest_kopt.child import HarnessError
-    from pytest_kopt.child.correctness import tolerances
+    from pytest_kopt.child.reference import tolerances
 
     ref = types.SimpleNamespace(atol={"y": value}, rtol=1e-3, __file__="/p/ref.py")
     with pytest.raises(HarnessError) as info:
@@ -390,7 +390,8 @@ def test_a_call_equal_to_its_twin_is_not_saved_and_reads_as_its_twin(tmp_path) -
     and honours no other alias (an alias to another output, to a reference array, or over a saved name)."""
     import torch
 
-    from pytest_kopt.child.correctness import Keeper, candidate_arrays
+    from pytest_kopt.child.candidate import Keeper
+    from pytest_kopt.child.correctness import candidate_arrays
 
     a = np.arange(6, dtype=np.float32)
     nan = a.copy()

@@ -12,7 +12,9 @@ The contract, in one place:
   ``done <seq> <code> <sha256 of the result JSON>`` per request; the kernel's own output goes to the log, so it
   cannot fake an answer.
 - Request (JSON): ``mode`` (a key of :data:`pytest_kopt.child.protocol.MODES`), ``out`` (path prefix of the
-  results), ``kind`` (``cuda``, ``triton`` or ``python``), ``kernel``, ``library`` (the built ``.so``),
+  results), ``kind`` (the kernel kind's name, for messages), ``launcher`` (``solve``: a built library's ``solve``
+  through ctypes; ``module``: a Python file's ``setup``/``run_kernel``), ``autotune`` (install the autotune policy
+  before importing it: a Triton file), ``kernel``, ``library`` (the built ``.so``),
   ``params`` (``solve``'s parameters: name, dtype, role), ``ref``, ``dims``, ``seed``/``seed_b``, ``device``,
   ``plan`` (the input plan, :func:`pytest_kopt.gates.inputs.draw_plan`), ``atol``/``rtol`` (overrides or None),
   ``timing`` (the timing policy), and per mode ``spec``/``scalars`` (the candidate's buffers, for the
@@ -31,8 +33,9 @@ from __future__ import annotations
 
 
 class HarnessError(Exception):
-    """An error with a category the parent maps to a status: ``contract`` (ref/setup/shapes), ``compile`` or
-    ``runtime``; ``fix`` (optional) is the one sentence the parent shows as the fix."""
+    """An error with a category the parent maps to a status: ``contract`` (ref/setup/shapes), ``compile``,
+    ``runtime``, or ``changed`` (a file pinned at the session's start is not what it was); ``fix`` (optional) is the
+    one sentence the parent shows as the fix."""
 
     def __init__(self, category: str, message: str, fix: str | None = None) -> None:
         super().__init__(message)

@@ -229,10 +229,10 @@ def adapt_reference(module: Any, path: str, seed: int = 0) -> Any:
     return module
 
 
-def load_reference(path: str, seed: Any = 0) -> Any:
-    """Import ``ref.py`` (:func:`~pytest_kopt.child.loader.load_module`) and adapt a field format (``seed``: see
-    :func:`adapt_reference`)."""
-    return adapt_reference(load_module(path, "kopt_reference"), path, int(seed or 0))
+def load_reference(path: str, seed: Any = 0, sha: str | None = None) -> Any:
+    """Import ``ref.py`` (:func:`~pytest_kopt.child.loader.load_module`; ``sha``: the content the session pinned,
+    anything else refused) and adapt a field format (``seed``: see :func:`adapt_reference`)."""
+    return adapt_reference(load_module(path, "kopt_reference", sha), path, int(seed or 0))
 
 
 def load_candidate(path: str, ref: Any) -> Any:

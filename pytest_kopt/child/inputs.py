@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from . import HarnessError
 
 INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
-#: The poison of a float output before the second call on the same inputs: half the dtype's most negative finite
-#: value (exact in it). With NaN before the first call, an element left unwritten differs from both, even where
-#: the reference is NaN itself (the verdict's UNWRITTEN guard).
+#: The poison of a float output before the second call on the same inputs, when the request draws none: half the
+#: dtype's most negative finite value (exact in it). With NaN before the first call, an element left unwritten
+#: differs from both, even where the reference is NaN itself (the verdict's UNWRITTEN guard). The gates draw the
+#: value per seed (:func:`pytest_kopt.gates.inputs.second_poisons`), so a kernel cannot know it ahead.
 SECOND_POISON = {"float64": -8.988465674311579e307, "float32": -1.7014117331926443e38,
                  "bfloat16": -1.6947656946257678e38, "float16": -32752.0, "float8_e4m3fn": -224.0,
                  "float8_e5m2": -28672.0}
 
 
-def poison(torch: Any, t: Any, second: bool = False) -> None:
-    """Fill ``t`` with the poison value: NaN for floats (:data:`SECOND_POISON` with ``second``), True for bools,
-    :data:`INT_POISON` (or the type's maximum, unsigned) for integers."""
-    if t.dtype.is_floating_point and second and str(t.dtype).replace("torch.", "") in SECOND_POISON:
-        t.fill_(SECOND_POISON[str(t.dtype).replace("torch.", "")])
+def poison(torch: Any, t: Any, second: bool = False, value: float | None = None) -> None:
+    """Fill ``t`` with the poison value: NaN for floats (with ``second``: ``value``, else :data:`SECOND_POISON`),
+    True for bools, :data:`INT_POISON` (or the type's maximum, unsigned) for integers."""
+    name = str(t.dtype).replace("torch.", "")
+    if t.dtype.is_floating_point and second and (value is not None or name in SECOND_POISON):
+        t.fill_(value if value is not None else SECOND_POISON[name])
     elif t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
     elif t.dtype == torch.bool:
@@ -145,12 +149,12 @@ class Inputs:
             else:
                 fill_drawn(torch, t, plan, gen)
 
-    def poison_outputs(self, second: bool = False) -> None:
-        """NaN (or a sentinel; ``second``: the second poison) into every output before a call (not into in-place
-        outputs, which hold the call's input)."""
+    def poison_outputs(self, second: bool = False, values: dict[str, float] | None = None) -> None:
+        """NaN (or a sentinel; ``second``: the second poison, ``values[name]`` where given) into every output before
+        a call (not into in-place outputs, which hold the call's input)."""
         for s in self.spec:
             if s["role"] == "output":
-                poison(self.torch, self.tensors[s["name"]], second)
+                poison(self.torch, self.tensors[s["name"]], second, (values or {}).get(s["name"]) if second else None)
 
     def kwargs(self) -> dict[str, Any]:
         """Arguments by name: tensors and scalars."""
@@ -299,3 +303,42 @@ def check_layout(spec: list[dict[str, Any]], path: str) -> None:
             raise HarnessError("contract", f"{path}: buffer {s['name']!r} has no elements (shape {list(s['shape'])}), "
                                "so nothing can be computed or compared",
                                fix="give dims that make every buffer non-empty (a zero dim?)")
+
+
+def same_values(torch: Any, a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` hold the same values, NaN equal to NaN in the same place (an input drawn or made
+    with NaN in it is unchanged when it still holds those NaNs)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if torch.equal(a, b):
+        return True
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        return False
+    both = torch.isnan(a) & torch.isnan(b)
+    return bool(((a == b) | both).all())
+
+
+def changed_elements(torch: Any, a: Any, b: Any) -> int:
+    """How many elements of ``a`` differ from ``b`` (NaN equal to NaN in the same place)."""
+    diff = a != b
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        diff &= ~(torch.isnan(a) & torch.isnan(b))
+    return int(diff.sum())
+
+
+def aliases(torch: Any, inp: Inputs, got: dict[str, Any]) -> dict[str, str]:
+    """Returned outputs whose memory is an input buffer's: ``{output: input}`` (a GPU MODE ``data`` that carries its
+    output buffer is written and returned; ``return x.t()`` is a view of ``x``)."""
+    by_storage = {inp.tensors[s["name"]].untyped_storage().data_ptr(): s["name"] for s in inp.spec
+                  if s["role"] == "input" and inp.tensors[s["name"]].numel()}
+    return {name: by_storage[t.untyped_storage().data_ptr()] for name, t in got.items()
+            if getattr(t, "numel", lambda: 0)() and t.untyped_storage().data_ptr() in by_storage}
+
+
+def setup_digest(arrays: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a ``setup()``'s integer tensors (CPU tensors by name): what the candidate reports as
+    ``setup_sha`` and the judge checks the arrays it loads against."""
+    h = hashlib.sha256()
+    for name, t in sorted(arrays.items()):
+        h.update(name.encode() + t.numpy().tobytes())
+    return h.hexdigest()

@@ -1,5 +1,7 @@
-"""The candidate side of a harness process: a ``.cu`` ``solve`` through ctypes, or a Triton/Python file's
-``setup``/``run_kernel``, with the harness-owned inputs it is called on."""
+"""The candidate side of a harness process, by the request's ``launcher`` (its kernel kind's): ``solve``, a built
+library's ``extern "C" solve`` through ctypes; ``module``, a Python file's ``setup``/``run_kernel`` (or a KernelBench
+or GPU MODE candidate through :mod:`pytest_kopt.child.formats`); with the harness-owned inputs it is called on. With
+``autotune`` in the request, the autotune policy is installed before the file is imported."""
 
 from __future__ import annotations
 
@@ -65,12 +67,13 @@ class Candidate:
         inplace = list(req.get("inplace") or [])
         #: names of the outputs the kernel returns ([] for in place only; ["*"]: named by the return value)
         self.returned: list[str] = []
-        if req["kind"] == "cuda":
+        self.solve = req["launcher"] == "solve"
+        if self.solve:
             self.kernel: Any = CudaKernel(req["library"], req["params"], self.dims)
             spec = spec_from_params(self.ref, req["ref"], req["params"], self.dims, made, inplace)
             scalars: dict[str, Any] = {}
         else:
-            if req["kind"] == "triton" and req["mode"] != "triton_build":  # the compile gate tunes (or states) it
+            if req.get("autotune") and req["mode"] != "triton_build":  # the compile gate tunes (or states) it
                 from . import autotune
 
                 pins = req.get("autotune_pin") or {}
@@ -96,7 +99,7 @@ class Candidate:
                 if isinstance(t, torch.Tensor) and t.device.type != torch.device(self.device).type:
                     raise HarnessError("contract", f"{req['kernel']}: setup() put {name!r} on {t.device}, expected "
                                        f"{self.device}; add a `device` parameter to setup() and create tensors on it")
-        check_layout(spec, req["kernel"] if req["kind"] != "cuda" else req["ref"])  # every shape, not the plan's only
+        check_layout(spec, req["ref"] if self.solve else req["kernel"])  # every shape, not the plan's only
         stray = [n for n in inplace if not any(b["name"] == n and b["role"] == "inout" for b in spec)]
         if stray:
             raise HarnessError("contract", f"{req['ref']}: inplace = {inplace!r} names {', '.join(map(repr, stray))}, "
@@ -109,8 +112,8 @@ class Candidate:
         self.inputs.fill(req["plan"], seed, self.ref, self.dims, self.kept)
 
     def launch(self) -> Any:
-        """Call the candidate once without waiting; returns what ``run_kernel`` returned (None for a ``.cu``)."""
-        if self.req["kind"] == "cuda":
+        """Call the candidate once without waiting; returns what ``run_kernel`` returned (None for ``solve``)."""
+        if self.solve:
             self.kernel(self.inputs.tensors)
             return None
         return self.kernel.run_kernel(**self.inputs.kwargs())
@@ -121,7 +124,7 @@ class Candidate:
         HarnessError('runtime') on a CUDA error, HarnessError('contract') on a return value that does not fit
         ``setup()``'s outputs."""
         value = self.launch()
-        if self.req["kind"] == "cuda":
+        if self.solve:
             self.kernel.check()
         elif self.device == "cuda":
             self.torch.cuda.synchronize()

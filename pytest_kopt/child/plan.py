@@ -11,6 +11,7 @@ from . import HarnessError
 from .inputs import (check_layout, check_spec, contiguous_stride, declared_shapes, spec_from_params,
                      spec_from_setup)
 from .formats import load_candidate, load_reference
+from .reference import trusted_scalars
 
 
 def _scalars(values: dict[str, Any]) -> dict[str, Any]:
@@ -53,11 +54,11 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
     candidate's (``req["spec"]``) checked against ``shapes()``; then the reference's parameters against the
     buffers and dims it will be given. Returns the spec. Raises HarnessError('contract') naming the buffer or
     parameter and the fix."""
-    ref = load_reference(req["ref"], req.get("seed"))
+    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
     dims = req["dims"]
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
-    if req["kind"] == "cuda":
+    if req["launcher"] == "solve":
         spec = spec_from_params(ref, req["ref"], req["params"], dims, {})
         check_layout(spec, req["ref"])
     elif req["spec"] is None:  # the candidate could not be planned on the meta device: what the reference declares
@@ -69,12 +70,15 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
     else:
         spec = req["spec"]
         check_spec(ref, spec, dims, req["ref"])
-    given = {s["name"] for s in spec} | set(dims) | set(req.get("scalars") or {})
+    # what the reference is given: the buffers, the dims and its own make_inputs' values, never a setup() scalar
+    # (a value the candidate chose could pick what the reference computes)
+    given = {s["name"] for s in spec} | set(trusted_scalars(ref, req))
     sig = inspect.signature(ref.reference)
     missing = [p.name for p in sig.parameters.values()
                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
     if missing:
         raise HarnessError("contract", f"{req['ref']}: reference() takes {', '.join(missing)}, which the kernel's "
                            f"buffers ({', '.join(s['name'] for s in spec)}) and --kopt-dims do not provide",
-                           fix="name reference()'s parameters after the kernel's buffers and dims")
+                           fix="name reference()'s parameters after the kernel's buffers and dims; a value setup() "
+                               "returns is the candidate's own: give the reference its value in --kopt-dims")
     return {"spec": spec}

@@ -4,7 +4,6 @@ the SHA-256 of its result on a private pipe (see :mod:`pytest_kopt.child` for th
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import math
 import os
@@ -14,9 +13,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ..proc.tree import kill_tree
 from . import HarnessError, share
-from .correctness import mode_candidate, mode_check_timed, mode_judge
+from .sentinels import Guard, Sentinels
+from .tree import kill_tree
+from .candidate import mode_candidate
+from .correctness import mode_check_timed, mode_judge
 from .plan import mode_plan_candidate, mode_plan_reference
 from .profile import mode_profile
 from .timing import mode_peaks, mode_time_reference, mode_timing
@@ -47,12 +48,14 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-def handle(req_path: str) -> tuple[int, str, bool]:
+def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
     """Run one request file's mode and write ``<out>.json``. Returns (0 on success or 1 on error, SHA-256 of the
     JSON bytes written, whether the request ends its work in this process): the first two are the attestation the
     process sends on its private control pipe (the hash of any ``.npz`` it saved is inside that JSON); the last is
     False for a round of an interleaved timing that is not its final one (its timer and input sets stay alive in
-    this process for the next round, so there is nothing to free)."""
+    this process for the next round, so there is nothing to free). The result lists in ``tampered`` the harness's
+    functions and the timing entry points that are not what they were when this process started
+    (:class:`~pytest_kopt.child.sentinels.Sentinels`), and is written and attested with the originals."""
     req = json.loads(Path(req_path).read_text())
     result: dict[str, Any]
     share.release()  # the arrays the last request exported: the judge has copied them by now
@@ -60,7 +63,7 @@ def handle(req_path: str) -> tuple[int, str, bool]:
     rnd = req.get("round")
     ends = not (isinstance(rnd, dict) and not rnd.get("final"))
     if req.get("device") == "cuda" and _PROCESS["timing"]:  # CUPTI's start-up before a request's CUDA work
-        from .timer import warm_profiler
+        from .cupti import warm_profiler
 
         warm_profiler()
     t_mode = time.time()
@@ -80,11 +83,14 @@ def handle(req_path: str) -> tuple[int, str, bool]:
         result = {"ok": False, "category": "runtime", "message": f"{type(exc).__name__}: {exc}", "fix": None,
                   "traceback": traceback.format_exc()}
         code = 1
-    data = json.dumps(result, default=_jsonable).encode()
+    tampered = guard.changed()
+    if tampered:  # a kernel replaced what the harness measures or judges with: nothing it reported can stand
+        result = {**result, "tampered": tampered}
+    data = guard.dumps(result, default=_jsonable).encode()
     Path(req["out"] + ".json").write_bytes(data)
     sys.stdout.flush()
     sys.stderr.flush()
-    return code, hashlib.sha256(data).hexdigest(), ends
+    return code, guard.sha256(data).hexdigest(), ends
 
 
 def serve(ctl_fd: int, profiler: bool = True) -> int:
@@ -97,12 +103,16 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
     import numpy  # noqa: F401  (imported once here, not per request)
     import torch
 
-    from .timer import profiler_warm, warm_profiler
+    from .cupti import profiler_warm, warm_profiler
 
     # what the imports made lives as long as this process: out of the collector's sight, a full collection after a
     # request scans only what requests made (85 ms with torch's objects tracked, 0.05 ms without, on a 2-CPU host)
     gc.collect()
     gc.freeze()
+    # before any kernel or reference file is imported: what this process measures and judges with, and the two
+    # functions of this loop, held in locals a kernel cannot rebind
+    guard = Sentinels().take().guard()
+    run = handle
     _STARTUP["imported"] = round(time.time() - _T0, 3)
     _PROCESS["timing"] = profiler
     gpu = profiler and torch.cuda.is_available()
@@ -121,7 +131,7 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
         if not line.strip():
             continue
         seq, _, path = line.strip().partition(" ")
-        code, json_sha, ends = handle(path)
+        code, json_sha, ends = run(path, guard)
         done = f"done {seq} {code} {json_sha}\n"
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
             ctl.write(done)
@@ -189,7 +199,11 @@ def main(argv: list[str]) -> int:
         _die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]), profiler="--no-profiler" not in argv[3:])
-    code, json_sha, _ = handle(argv[1])
+    try:
+        import torch  # noqa: F401  (its entry points are recorded before the request imports a kernel)
+    except ImportError:
+        pass
+    code, json_sha, _ = handle(argv[1], Sentinels().take().guard())
     if len(argv) > 3 and argv[2] == "--ctl":  # a fresh process: the same attestation, on its own private pipe
         with os.fdopen(int(argv[3]), "w") as ctl:
             ctl.write(f"done 0 {code} {json_sha}\n")

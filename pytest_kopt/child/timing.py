@@ -11,8 +11,10 @@ from . import HarnessError
 from .inputs import Inputs, check_spec
 from .kernels import Candidate
 from .formats import load_reference
-from .timer import GraphTimer, Timer, cupti_samples, make_timer
-from .correctness import Keeper
+from .reference import trusted_scalars
+from .cupti import cupti_samples
+from .timer import GraphTimer, Timer, make_timer
+from .candidate import Keeper
 
 #: Timers of parties timed in alternating rounds, kept in a warm harness process between requests (round key ->
 #: (Timer, finish function)). One interleaved measurement at a time.
@@ -72,7 +74,7 @@ def _scalars(inp: Inputs) -> dict[str, Any]:
 
 def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
     """Time the candidate over rotating input sets (:mod:`pytest_kopt.child.timer`). Keeps the inputs and outputs of
-    a check call on the last timed set (:class:`~pytest_kopt.child.correctness.Keeper`) for the judge in the
+    a check call on the last timed set (:class:`~pytest_kopt.child.candidate.Keeper`) for the judge in the
     reference's process (:func:`~pytest_kopt.child.correctness.mode_check_timed`)."""
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
         cand = Candidate(req)
@@ -104,11 +106,11 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             last = sets[(len(result["event_ms"]) - 1) % len(sets)]
             cand.inputs = last  # the profiled calls went over every set: the check call is on this one
             inout = any(s["role"] == "inout" for s in last.spec)
-            if inout:  # the timed calls changed the in-place outputs: fresh values for the check call
-                refresh(last, -1)
+            # the values the pytest process chose for the check call (the judge draws the same ones itself, and
+            # runs the reference on its own copy)
+            last.fill(req["plan"], int(req["check_seed"]), cand.ref, cand.dims, cand.kept)
             # for the judge in the reference's process: CUDA IPC, else (or in a fresh process) an .npz
             keep = Keeper(torch, "cuda", ipc=req.get("transport", "ipc") == "ipc")
-            keep.add("in", {s["name"]: last.tensors[s["name"]] for s in last.spec if s["role"] in ("input", "inout")})
             got: dict[str, Any] = {}
             if isinstance(timer, GraphTimer) and timer.graph_method == "cuda_graph" and not cand.returned \
                     and not inout:
@@ -118,8 +120,10 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
                 timer.replay_pairs()
             else:
                 got = cand.run()  # surfaces an error raised by any timed launch (sticky CUDA errors)
-            # the check call rewrote the outputs from the saved inputs; a stale timed output shows up too
+            # the check call rewrote the outputs from the chosen inputs; a stale timed output shows up too
             keep.add("cand1", cand.results(got))
+            # the inputs as the check call left them, which the judge compares with the ones it drew
+            keep.add("in", {s["name"]: last.tensors[s["name"]] for s in last.spec if s["role"] in ("input", "inout")})
             shared = keep.result(req["out"], {})
             timer.phase_s["check_call"] = time.perf_counter() - t0
             workload = None
@@ -146,10 +150,10 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
-        ref = load_reference(req["ref"], req.get("seed"))
+        ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])
-        first = Inputs(torch, req["spec"], {**req.get("scalars", {}), **dims}, "cuda")
+        first = Inputs(torch, req["spec"], trusted_scalars(ref, req), "cuda")
         first.fill(req["plan"], int(req["seed"]), ref, dims, {})
         t = req["timing"]
         sets = rotating_sets(torch, first, req["plan"], int(req["seed"]), ref, dims, {}, t)

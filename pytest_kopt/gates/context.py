@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +16,8 @@ from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
 from .contract import read_python
 from .inputs import DEFAULT_REGIMES, REGIMES
+from .pins import Pins
 from .trust import Trust
-
-_IMPORTS_TRITON = re.compile(r"^\s*(?:import\s+triton|from\s+triton[\s.])", re.M)
-
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -56,22 +53,6 @@ class BlockLog:
         return None
 
 
-def kernel_kind(path: Path) -> str:
-    """``cuda`` for a ``.cu`` (CUDA or CUTLASS); for a ``.py``: ``triton`` when it imports triton, else ``python``
-    (a pure-Python/torch candidate with the same setup/run_kernel contract). A ``.py`` that does not parse is judged
-    by its text, so the preflight gate can report the syntax error instead of collection failing on it."""
-    if path.suffix != ".py":
-        return "cuda"
-    try:
-        return "triton" if read_python(path).uses_triton_jit else "python"
-    except ContractError:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            return "python"
-        return "triton" if _IMPORTS_TRITON.search(text) else "python"
-
-
 #: The warm harness processes' roles (:meth:`Context.server`); those in :data:`pytest_kopt.proc.pool.PROFILED_ROLES`
 #: warm the profiler up.
 SERVER_ROLES = ("check", "candidate", "judge", "reference")
@@ -81,7 +62,10 @@ SERVER_ROLES = ("check", "candidate", "judge", "reference")
 class Context:
     """Everything a gate needs: the settings, the ``env.json`` dict, the kernel and reference, the folders, and
     the process's harness pool, block log and session key. ``display`` is the kernel path as the user wrote it
-    (for messages)."""
+    (for messages). ``kind``: the kernel's kind (:class:`pytest_kopt.kinds.base.Kind`: every difference between
+    CUDA, CUTLASS, Triton and Python kernels is its to answer); ``gates``: the session's gate table
+    (:class:`pytest_kopt.gates.table.GateTable`); ``ahead``: the process's scheduler of work started ahead
+    (:class:`pytest_kopt.scheduler.Scheduler`), which a gate asks rather than starting another gate's work."""
 
     settings: Settings
     env: dict[str, Any]
@@ -92,6 +76,11 @@ class Context:
     pool: HarnessPool
     blocks: BlockLog
     trust: Trust
+    kind: Any
+    gates: Any
+    ahead: Any
+    #: the files the session judges by, pinned at its start (:class:`pytest_kopt.gates.pins.Pins`)
+    pins: Pins = Pins()
     #: the session's dims (the primary shape) when this context is one benchmark shape's (:meth:`at`), else None
     primary_dims: dict[str, Any] | None = None
     #: the gates of this kernel whose items this process collected (empty when not known): a gate starts work for
@@ -129,11 +118,6 @@ class Context:
         return tuple({**self.settings.dims, **b} for b in listed) or self.shapes
 
     @property
-    def kind(self) -> str:
-        """``cuda``, ``triton`` or ``python`` (see :func:`kernel_kind`)."""
-        return kernel_kind(self.kernel)
-
-    @property
     def outdir(self) -> Path:
         """The kernel's artifact folder (see :meth:`pytest_kopt.settings.Settings.artifact_dir`): bench.json,
         ncu_top.json, the .ncu-rep, sass/, correctness/; a benchmark shape's context (:meth:`at`): its
@@ -144,6 +128,12 @@ class Context:
         from ..settings import dims_label
 
         return base / "shapes" / dims_label(self.settings.dims)
+
+    @property
+    def ref_sha(self) -> str | None:
+        """The reference's SHA-256 pinned at the session's start (what the judge's process loads, and nothing
+        else); None when it is not pinned."""
+        return self.pins.sha(self.ref)
 
     def ref_constant(self, name: str) -> Any:
         """A module-level literal of the reference, None when absent or when the file does not parse (the
@@ -193,12 +183,13 @@ class Context:
         """The path of a detected tool (``nvcc``, ``ncu``, ``cuobjdump``), None when it was not found."""
         return (self.env.get("tools", {}).get(name) or {}).get("path")
 
-    def device_for(self, gate: str, cpu_ok: bool = False) -> str:
-        """``cuda`` with a GPU; ``cpu`` where the gate can run without one (``cpu_ok``: correctness of a Triton or
-        Python candidate, through Triton's interpreter); otherwise Blocked by hardware with the reason."""
+    def device_for(self, gate: str) -> str:
+        """``cuda`` with a GPU; ``cpu`` where the kernel's kind runs ``gate`` without one
+        (:attr:`~pytest_kopt.kinds.base.Kind.cpu_gates`: correctness of a Triton or Python candidate, through
+        Triton's interpreter); otherwise Blocked by hardware with the reason."""
         if self.gpu:
             return "cuda"
-        if cpu_ok:
+        if gate in self.kind.cpu_gates:
             return "cpu"
         raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}", NO_GPU_FIX)
 
@@ -221,7 +212,7 @@ class Context:
         ``check`` (its plan, a Triton build, its correctness requests) and ``candidate`` (its timing and the
         loop's re-timing); per reference file: ``judge`` (the reference's plan, the judge of every correctness
         seed and timed output) and ``reference`` (its timing, the GPU's peaks). The timing processes warm CUPTI up
-        while idle (seconds: :func:`pytest_kopt.child.timer.warm_profiler`); the check and judge processes never
+        while idle (seconds: :func:`pytest_kopt.child.cupti.warm_profiler`); the check and judge processes never
         load the profiler, so correctness does not wait for it."""
         if self.settings.fresh_process:
             return None

@@ -263,6 +263,22 @@ def parse_solve_signature(source: str, path: str = "<kernel>", macros: dict[str,
     return params
 
 
+_IMPORTS_TRITON = re.compile(r"^\s*(?:import\s+triton|from\s+triton[\s.])", re.M)
+
+
+def imports_triton(path: Path) -> bool:
+    """True for a Python file that uses ``@triton.jit``; for one that does not parse, one whose text imports triton
+    (so the preflight item can report the syntax error instead of collection failing on it)."""
+    try:
+        return read_python(path).uses_triton_jit
+    except ContractError:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return False
+        return bool(_IMPORTS_TRITON.search(text))
+
+
 def uses_cutlass(path: Path) -> bool:
     """True when ``path`` or a local header it includes (transitively) includes CUTLASS or CuTe headers."""
     for f in (path, *local_headers(path)):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import CorrectnessRecord, read_dict, write_json
+from ..artifacts import CorrectnessRecord, read_dict
 from ..child.inputs import SECOND_POISON
 from ..errors import NO_GPU_FIX, Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
@@ -31,7 +31,27 @@ class KoptToleranceWarning(UserWarning):
 GUARD_STATUS = {"not_a_tensor": ("NOT_A_TENSOR", "an output or input is no longer a plain torch.Tensor"),
                 "buffer_replaced": ("OUTPUT_REPLACED", "the call replaced a buffer's storage instead of writing "
                                                        "into it (aliasing another tensor?)"),
-                "input_mutated": ("INPUT_MUTATED", "the call modified its inputs")}
+                "input_mutated": ("INPUT_MUTATED", "the call modified its inputs"),
+                "output_aliases_input": ("OUTPUT_ALIASES_INPUT", "a returned output is an input's memory"),
+                "output_dtype": ("OUTPUT_DTYPE", "an output's dtype is not the reference's")}
+#: What to change, per guard status.
+GUARD_FIX = {"OUTPUT_ALIASES_INPUT": "return a new tensor (or write an output buffer), never an input or a view of "
+                                     "one",
+             "OUTPUT_DTYPE": "return outputs in the reference's dtype: compute in the task's precision (a lower "
+                             "precision is a different task; a wider one costs the user the conversion)"}
+
+
+def raise_guards(ctx: Context, found: Any, seed: int, replay: str, who: str) -> None:
+    """Raise IncorrectError for the first guard in ``found`` (guard -> findings) with its status (:data:`GUARD_STATUS`);
+    ``who`` says which process decided it (the candidate's own, or the judge's)."""
+    for key, (status, what) in GUARD_STATUS.items():
+        items = (found or {}).get(key) if isinstance(found, dict) else None
+        if items:
+            raise IncorrectError(f"seed={seed}: {what}: {', '.join(map(str, items))}", gate="correctness",
+                                 path=ctx.display, status=status,
+                                 fix=GUARD_FIX.get(status, "write results into the output buffers in place and "
+                                                           "leave the inputs untouched"),
+                                 details=f"{replay} ({who})".strip())
 
 
 def cases(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
@@ -79,10 +99,15 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
     """Run the judge in the reference's warm judge process (``mode`` ``judge``, or ``check_timed`` for a timed call's
     outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock. Returns the judge's
     result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors."""
-    poisons = {b["name"]: SECOND_POISON.get(b["dtype"]) for b in cand["spec"] if b["role"] == "output"}
+    table = req.get("poisons") or {}
+    poisons = {b["name"]: table.get(b["dtype"], SECOND_POISON.get(b["dtype"])) for b in cand["spec"]
+               if b["role"] == "output"}
     jreq = {**req, "mode": mode, "spec": cand["spec"], "scalars": cand.get("scalars", {}),
             "returned": cand.get("returned"), "setup_npz": cand.get("npz"), "env": {}, "poisons": poisons,
             "ref_key": reference_key(ctx, req, cand), "setup_sha": cand.get("setup_sha"),
+            # what the candidate's process saw of its own calls, which the judge weighs against the reference's
+            "mutated": cand.get("mutated") or {}, "aliases": cand.get("aliases") or {},
+            "dtypes": cand.get("dtypes") or {},
             "cand": {"transport": cand.get("transport"), "arrays": cand.get("arrays") or {}, "npz": cand.get("npz"),
                      "same_as": cand.get("same_as") or {}}}
     return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
@@ -128,18 +153,13 @@ def verdict_from(doc: dict[str, Any]) -> Any:
                    figures=dict(doc.get("figures") or {}), warnings=tuple(str(w) for w in doc.get("warnings") or ()))
 
 
-#: dtypes Triton's interpreter (TRITON_INTERPRET=1) does not compute right: triton 3.8 raises
-#: ``'InterpreterBuilder' object has no attribute 'get_bf16'`` on ``2.0 * x`` of a bfloat16 x; an earlier session
-#: reported NumPy arithmetic on the bit patterns (2*x of [-0.54, -2.14, -0.82] giving [-0.0, 2.0, 0.0])
-INTERPRETER_UNSOUND = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
-
-
 def interpreter_unsound(ctx: Context, device: str, spec: list[dict[str, Any]] | None,
                         dtypes: dict[str, str] | None = None) -> None:
-    """Raise Blocked (by hardware: a GPU judges it) when a Triton kernel would be judged by Triton's CPU interpreter
-    on a buffer of a dtype it does not compute right (:data:`INTERPRETER_UNSOUND`): never a false "incorrect"."""
-    found = sorted(({b["dtype"] for b in spec or []} | set((dtypes or {}).values())) & INTERPRETER_UNSOUND)
-    if device == "cpu" and ctx.kind == "triton" and found:
+    """Raise Blocked (by hardware: a GPU judges it) when the kernel would be run on ``device`` where its kind does
+    not compute a buffer's dtype right (:meth:`~pytest_kopt.kinds.base.Kind.unsound_dtypes`: Triton's interpreter
+    and bfloat16): never a false "incorrect"."""
+    found = sorted(({b["dtype"] for b in spec or []} | set((dtypes or {}).values())) & ctx.kind.unsound_dtypes(device))
+    if found:
         raise Blocked("hardware", f"no GPU, and Triton's interpreter does not compute {', '.join(found)} right (it "
                       "fails on or miscomputes these dtypes), so its outputs would say nothing about the kernel: "
                       "a kernel with these dtypes is judged on a GPU", NO_GPU_FIX)
@@ -151,18 +171,15 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     process, and the guards of :func:`pytest_kopt.gates.verdict.judge`. Writes ``correctness/<case>.json``
     (signed). Raises IncorrectError (with the guard's status), KernelRuntimeError (crash, CUDA error, TIMEOUT) or
     ContractError; Blocked by hardware (a ``.cu`` without a GPU) or compile."""
-    device = ctx.device_for("correctness", cpu_ok=ctx.kind in ("triton", "python"))
+    device = ctx.device_for("correctness")
     res = built(ctx)
     interpreter_unsound(ctx, device, (read_dict(ctx.outdir / "plan.json") or {}).get("spec"))
     if device == "cuda" and "correctness" in ctx.collected:  # a correctness item, not require_correct's own run
-        from .ncu import profile_ahead
-
         try:
-            profile_ahead(ctx, early=True)  # ncu's start under the seeds; its kernels wait for the ncu item's turn
+            ctx.ahead.profile_ahead(ctx, early=True)  # ncu's start under the seeds; its kernels wait for its turn
         except (OSError, KoptError):
             pass  # the ncu item starts its own
-    record: dict[str, Any] = {"case": case, "device": device, "fingerprint": fingerprint(ctx, res, case, device),
-                              "passed": False}
+    record = CorrectnessRecord.start(case, device, fingerprint(ctx, res, case, device))
     try:
         outcome = _check_case(ctx, res, case, device, record)
         record["passed"] = True
@@ -170,13 +187,11 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     except KoptError as exc:
         record["status"], record["message"] = exc.status, exc.message
         if device == "cuda":
-            from .ncu import abandon_ahead
-
-            abandon_ahead(ctx)  # the ncu item is blocked now: its profile started ahead must not wait for it
+            ctx.ahead.abandon_profiles(ctx)  # the ncu item is blocked now: its profile must not wait for it
         raise
     finally:
-        record["mac"] = ctx.trust.mac(record["fingerprint"], record["passed"])
-        write_json(ctx.outdir / "correctness" / f"{case_label(case)}.json", record)
+        CorrectnessRecord.write(ctx.outdir, case_label(case), record,
+                                mac=ctx.trust.mac(record["fingerprint"], record["passed"]))
 
 
 def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
@@ -187,11 +202,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
     ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
-    hint = None
-    if device == "cpu" and ctx.kind == "triton":
-        hint = ("Triton's interpreter runs the kernel on the CPU, element by element in NumPy: minutes at sizes a GPU "
-                "takes in milliseconds; give smaller --kopt-dims for a run without a GPU (e.g. a few thousand "
-                "elements per buffer), or raise --kopt-timeout")
+    hint = ctx.kind.timeout_hint(device)
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
                         workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("check"),
                         timeout_hint=hint)
@@ -199,11 +210,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     record["call_ms"] = cand.get("call_ms")
     check_report(ctx, cand, req, "correctness", replay)
     try:
-        for key, (status, what) in GUARD_STATUS.items():
-            if cand["guards"].get(key):
-                raise IncorrectError(f"seed={seed}: {what}: {', '.join(cand['guards'][key])}", gate="correctness",
-                                     path=ctx.display, status=status, fix="write results into the output buffers "
-                                     "in place and leave the inputs untouched", details=replay)
+        raise_guards(ctx, cand["guards"], seed, replay, "seen in the candidate's process")
         interpreter_unsound(ctx, device, cand["spec"], cand.get("dtypes"))
         # where a seed's wall time goes (s): the candidate's process (inputs, 4 calls, keeping the outputs), and the
         # judge in the reference's (its outputs, computed once per case in that process; the candidate's imported;
@@ -222,6 +229,9 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
         raise KernelRuntimeError(f"seed={seed}: the candidate's process reported arrays the judge could not use: "
                                  f"{judged['unreadable']}", gate="correctness", path=ctx.display, details=replay,
                                  fix="the kernel must not touch the harness (its modules, files or pipes)")
+    # decided outside the candidate's process: its inputs after the calls against the judge's pristine copies, an
+    # input returned as an output, an output in another dtype than the reference's
+    raise_guards(ctx, judged.get("guards"), seed, replay, "found by the judge, in the reference's process")
     # which outputs are judged is the reference process's answer, never the candidate's (its process could report
     # no outputs at all); every call's array of each must be there
     outputs = list(judged["outputs"])
@@ -267,8 +277,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                              details="\n".join(v.details) + f"\n(tolerances from {first['atol_source']}/"
                              f"{first['rtol_source']}; {replay})",
                              fix="fix the kernel; details shows where it is wrong (the outputs and first bad indices)",
-                             figures={**figures, "record": str(ctx.outdir / "correctness" / f"{case_label(case)}.json")})
-    how = "interpreter (TRITON_INTERPRET=1)" if device == "cpu" and ctx.kind == "triton" else device
+                             figures={**figures, "record": str(CorrectnessRecord.path(ctx.outdir, case_label(case)))})
+    how = ctx.kind.cpu_runner(device) or device
     if req.get("autotune_pin"):
         how += " with the pinned config " + "; ".join(f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())
     return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
@@ -280,7 +290,7 @@ def require_correct(ctx: Context, res: BuildResult, device: str) -> None:
     """For a gate that needs a correct kernel: every correctness case must have passed for this exact build,
     as this session's signed records say; a case without one is run now. Raises Blocked by correctness."""
     for label, case in cases(ctx):
-        rec = CorrectnessRecord.load(ctx.outdir / "correctness" / f"{label}.json")
+        rec = CorrectnessRecord.load(CorrectnessRecord.path(ctx.outdir, label))
         fp = fingerprint(ctx, res, case, device)
         if rec is None or rec.fingerprint != fp or not ctx.trust.verify(rec.mac, fp, rec.passed):
             try:

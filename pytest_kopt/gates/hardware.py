@@ -20,12 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import write_json
-from ..errors import HardwareError
+from ..artifacts import Env
 from .context import Context, Outcome
 from .gpus import arch_of, session_view
 
-ENV_SCHEMA_VERSION = 1
 #: The probe's error when the driver library itself is absent (no retry can change that).
 NO_DRIVER = "no NVIDIA driver"
 #: Seconds between GPU probes of a loop session (SKILL.md step 0: discovery retried at most three times).
@@ -293,30 +291,10 @@ def detect(attempts: int = 1, tools: dict[str, dict[str, str | None]] | None = N
         probe = _probe_with_retries(attempts)
     hw_attempts = probe.pop("attempts")
     gpus = probe["gpus"]
-    missing = [n for n, t in tools.items() if not t["path"]]
-    reasons = []
-    if not gpus:
-        reasons.append(probe["error"] or "no GPU")
-    if missing:
-        reasons.append("missing tools: " + ", ".join(missing))
-    return {
-        "schema_version": ENV_SCHEMA_VERSION,
-        "backend": "cuda",
-        "gpu_available": bool(gpus),
-        "gpu": gpus[0] if gpus else None,
-        "gpus": gpus,
-        "sm_arch": arch_of(gpus[0]["cc"]) if gpus else None,
-        "driver_version": probe["driver_version"],
-        "gpu_error": probe["error"],
-        "tools": tools,
-        "can_read_counters": None,
-        "generation_allowed": bool(gpus) and not missing,
-        "reason": "; ".join(reasons) or None,
-        "hardware_attempts": hw_attempts,
-        "python": platform.python_version(),
-        "packages": package_versions(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
+    return Env.document(gpus=gpus, sm_arch=arch_of(gpus[0]["cc"]) if gpus else None,
+                        driver_version=probe["driver_version"], gpu_error=probe["error"], tools=tools,
+                        hardware_attempts=hw_attempts, python=platform.python_version(), packages=package_versions(),
+                        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def header_line(env: dict[str, Any]) -> str:
@@ -338,17 +316,12 @@ def header_line(env: dict[str, Any]) -> str:
 def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     """The hardware gate: report the detected environment and write ``<outdir>/env.json``.
 
-    Fails (HardwareError, exit 3) only when a tool the kernel cannot do without is missing: nvcc for a ``.cu``,
-    triton for a Triton kernel. No GPU is not a failure here: the GPU gates skip with the reason."""
+    Fails (HardwareError, exit 3) only when a tool the kernel's kind cannot do without is missing
+    (:meth:`~pytest_kopt.kinds.base.Kind.check_tools`: nvcc for a ``.cu``, triton for a Triton kernel). No GPU is not a failure here: the GPU gates skip with the reason."""
     env = ctx.env
     # the session's document, the same from every xdist worker (each one's own GPU is in this item's figures)
-    path = write_json(ctx.settings.outdir / "env.json", session_view(env))
-    if ctx.kind == "cuda" and not ctx.tool("nvcc"):
-        raise HardwareError("nvcc not found, so the .cu kernel cannot be built", gate="hardware",
-                            fix="install the CUDA toolkit or set CUDA_HOME")
-    if ctx.kind == "triton" and not env.get("packages", {}).get("triton"):
-        raise HardwareError("triton is not installed, so the Triton kernel cannot be built", gate="hardware",
-                            fix="pip install triton")
+    path = Env.write(ctx.settings.outdir, session_view(env))
+    ctx.kind.check_tools(ctx)
     g = env.get("gpu") or {}
     figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
                "generation_allowed": env.get("generation_allowed")}

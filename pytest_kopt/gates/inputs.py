@@ -85,3 +85,25 @@ def derive_seeds(session_seed: int, count: int) -> tuple[int, ...]:
 def fresh_session_seed() -> int:
     """A new session seed drawn from the OS (0 <= seed < 2**32)."""
     return int.from_bytes(os.urandom(4), "little")
+
+
+#: The second poison of float8 outputs, which have too few large values to draw from (child/inputs.SECOND_POISON).
+_FP8_POISON = {"float8_e4m3fn": -224.0, "float8_e5m2": -28672.0}
+
+
+def second_poisons(seed: int) -> dict[str, float]:
+    """The value each float output is filled with before the second call on the same inputs, per dtype name, drawn
+    from ``seed`` (the case's second seed): a large negative value, exact in its dtype, with random low bits (float64
+    exponent 2043-2046, float32 and bfloat16 251-254, float16 28-30), so a kernel that recognises the harness's
+    poison to decide when to compute cannot know it ahead. NaN stays the first call's poison (an element left
+    unwritten is NaN where the reference is not, and the second value where it is)."""
+    import random
+    import struct
+
+    rng = random.Random(f"kopt-poison:{seed}")
+    f64 = struct.unpack("<d", struct.pack("<Q", (1 << 63) | (rng.randint(2043, 2046) << 52) | rng.getrandbits(52)))[0]
+    f32 = struct.unpack("<f", struct.pack("<I", (1 << 31) | (rng.randint(251, 254) << 23) | rng.getrandbits(23)))[0]
+    bf16 = struct.unpack("<f", struct.pack("<I", (1 << 31) | (rng.randint(251, 254) << 23)
+                                           | (rng.getrandbits(7) << 16)))[0]
+    f16 = struct.unpack("<e", struct.pack("<H", (1 << 15) | (rng.randint(28, 30) << 10) | rng.getrandbits(10)))[0]
+    return {"float64": f64, "float32": f32, "bfloat16": bf16, "float16": f16, **_FP8_POISON}

@@ -11,7 +11,6 @@ import hashlib
 import os
 import secrets
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +19,9 @@ from typing import Any
 
 from .. import registry
 from ..stats import fmt_ms
-from ..artifacts import read_dict, write_json
+from ..artifacts import Bench, CorrectnessRecord, NcuTop
 from ..child.profile import NVTX_RANGE
-from ..errors import Blocked, KernelRuntimeError, KoptError, ProfilerError
+from ..errors import Blocked, KernelRuntimeError, KoptError, ProfilerError, TimingError
 from ..proc.runner import FreshProcess
 from .build import built
 from .context import Context, Outcome
@@ -30,6 +29,7 @@ from .correctness import cases, fingerprint, require_correct
 from .ncu_csv import NcuLaunch, NcuParseError, metric_value, parse_ncu_csv
 from .request import harness_request
 from .roofline import metric_table, top_metrics
+from .suspects import outside_measurement
 from .timing import profiled_shape
 
 #: The basic metric bundle (names from Nsight Compute's metric reference; all exist on sm_70+).
@@ -118,19 +118,11 @@ def profile_phases(t0: float, t_lock: float, t_run: float, t_read: float, at: di
     return {k: round(v, 3) for k, v in out.items()}
 
 
-def summarize_launches(launches: list[NcuLaunch]) -> dict[str, object]:
-    """``ncu_top.json`` content: per launch (in order) its kernel name and METRICS in base units (ns, byte, %),
-    and the total duration in ms over all launches of the profiled call."""
-    rows = []
-    for launch in launches:
-        values = {key: metric_value(launch, name) for key, name in METRICS.items()}
-        rows.append({"id": launch.id, "kernel": launch.kernel_name, "grid": launch.grid_size,
-                     "block": launch.block_size, "metrics": values})
-    total_ns = sum((r["metrics"]["duration_ns"] or 0.0) for r in rows)  # type: ignore[index]
-    main = max(rows, key=lambda r: r["metrics"]["duration_ns"] or 0.0)  # type: ignore[index]
-    return {"metric_set": "kopt-basic", "clock_control": "none", "nvtx_range": NVTX_RANGE,
-            "launches": rows, "target_kernel": main["kernel"], "duration_ms": total_ns / 1e6,
-            "metric_names": METRICS}
+def launch_rows(launches: list[NcuLaunch]) -> list[dict[str, Any]]:
+    """``ncu_top.json``'s ``launches``: per launch (in order) its id, kernel name, grid, block and :data:`METRICS`
+    in base units (ns, byte, %)."""
+    return [{"id": launch.id, "kernel": launch.kernel_name, "grid": launch.grid_size, "block": launch.block_size,
+             "metrics": {key: metric_value(launch, name) for key, name in METRICS.items()}} for launch in launches]
 
 
 def _profile_request(ctx: Context, res: Any, device: str, dims: dict[str, Any] | None) -> dict[str, Any]:
@@ -147,15 +139,15 @@ def estimated_ms(ctx: Context) -> float | None:
     for label, case in cases(ctx):
         if case.get("dims") is not None:
             continue
-        rec = read_dict(ctx.outdir / "correctness" / f"{label}.json") or {}
-        if not rec.get("passed") or not isinstance(rec.get("call_ms"), (int, float)):
+        rec = CorrectnessRecord.load(CorrectnessRecord.path(ctx.outdir, label))
+        if rec is None or not rec.passed or rec.call_ms is None:
             continue
         try:
             res = res or built(ctx)
         except Blocked:
             return None
-        if rec.get("fingerprint") == fingerprint(ctx, res, case, "cuda"):
-            seen.append(float(rec["call_ms"]))
+        if rec.fingerprint == fingerprint(ctx, res, case, "cuda"):
+            seen.append(rec.call_ms)
     return min(seen) if seen else None
 
 
@@ -165,32 +157,21 @@ def estimated_ms(ctx: Context) -> float | None:
 NEAR_FULL_BELOW = 1.5
 
 
-#: Held while a kernel's profiles started ahead are started, taken or ended: the build threads start them
-#: (:func:`pytest_kopt.gates.build.build_quietly`) while the items run in the main thread.
-_AHEAD_LOCK = threading.RLock()
+def sets_ahead(ctx: Context, early: bool) -> tuple[tuple[str, ...], bool, dict[str, Any] | None] | None:
+    """Which profiles of ``ctx``'s kernel should run ahead of its ncu item, so ncu's start, Python's, torch's
+    import and the CUDA context under ncu (5-6.5 s on the H200, ``phase_s`` of ``ncu_top.json``) overlap the
+    correctness and timing items instead of following them: ``(sets, end_others, dims)``, or None for none (no ncu
+    item for this kernel in this process, no ncu, no GPU, or, not ``early``, no estimate yet).
 
-
-def profile_ahead(ctx: Context, *, early: bool = False) -> tuple[str, ...]:
-    """Start the ncu item's profile before its turn, so ncu's start, Python's, torch's import and the CUDA context
-    under ncu (5-6.5 s on the H200, ``phase_s`` of ``ncu_top.json``) overlap the correctness and timing items
-    instead of following them. The process launches no kernel until :func:`gate_ncu` holds the GPU lock and creates
-    its go file (:func:`pytest_kopt.child.profile.wait_for_go`).
-
-    The ncu set is the run's pinned one, else the one :func:`choose_set` gives for :func:`estimated_ms`. ``early``
-    (the build's thread once the kernel is built, :class:`pytest_kopt.gates.build.BuildAhead`, and the correctness
-    gate): with no estimate yet (no seed has a call time) or several benchmark shapes (whose first shape no seed
-    timed), both sets start, and the ncu item takes the one its timed median picks and ends the other. Later (the
-    timing gate, ``early`` False) the estimate's set is started if it is not running yet and the other set's
-    process is ended, unless the estimate is within :data:`NEAR_FULL_BELOW` of the sets' threshold. Returns the
-    sets started or already running; empty when nothing was: no ncu item for this kernel in this process, no ncu,
-    no GPU, the ncu item already ran, or (not ``early``) no estimate."""
-    with _AHEAD_LOCK:
-        return _profile_ahead(ctx, early)
-
-
-def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
-    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu") or str(ctx.kernel) in ctx.pool.ahead_closed:
-        return ()
+    The set is the run's pinned one, else the one :func:`choose_set` gives for :func:`estimated_ms`. ``early`` (once
+    the kernel is built, and at the correctness gate): with no estimate yet (no seed has a call time) or several
+    benchmark shapes (whose first shape no seed timed), both sets, and the ncu item takes the one its timed median
+    picks. Later (the timing gate) the estimate's set, and ``end_others`` True (the other set's process ends), unless
+    the estimate is within :data:`NEAR_FULL_BELOW` of the sets' threshold. ``dims``: the shape profiled (None: the
+    session's). Called by the session's scheduler (:class:`pytest_kopt.scheduler.Scheduler`), which owns the
+    processes."""
+    if "ncu" not in ctx.collected or not ctx.gpu or not ctx.tool("ncu"):
+        return None
     dims, _ = profiled_shape(ctx)
     pinned = ctx.settings.ncu_set
     est = estimated_ms(ctx) if dims is None and not pinned else None
@@ -201,69 +182,44 @@ def _profile_ahead(ctx: Context, early: bool) -> tuple[str, ...]:
     elif early:
         sets = ("full", "light")
     else:
-        return ()
+        return None
     near = est is not None and FULL_BELOW_MS / NEAR_FULL_BELOW <= est < FULL_BELOW_MS * NEAR_FULL_BELOW
-    if not early and not near:
-        end_ahead(ctx, ctx.kernel, keep=sets)
-    return tuple(s for s in sets if start_profile(ctx, s, dims))
+    return sets, not early and not near, dims
 
 
-def start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> bool:
-    """Start ``ctx``'s kernel's profile with ``set_name`` at ``dims`` (None: the session's) ahead of its gate
-    (:func:`profile_ahead`; the loop's close for the likely champion). False when it cannot start (no build, no
-    ncu); True when it runs (or already did)."""
-    with _AHEAD_LOCK:
-        return _start_profile(ctx, set_name, dims)
-
-
-def _start_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> bool:
-    key = (str(ctx.kernel), set_name)
-    if key in ctx.pool.ahead:
-        return True
+def launch_profile(ctx: Context, set_name: str, dims: dict[str, Any] | None) -> "ProfileAhead | None":
+    """Start ``ctx``'s kernel's profile with ``set_name`` at ``dims`` (None: the session's) under ncu, its kernels
+    held until the ncu gate holds the GPU lock and writes its go file (:func:`pytest_kopt.child.profile.wait_for_go`;
+    the request carries only the go token's SHA-256, so the kernel's own processes, which can read the work folder,
+    cannot release it). None when it cannot start (no build, no ncu, an unknown set): the ncu item reports it."""
     if not ctx.tool("ncu"):
-        return False
+        return None
     try:
         res = built(ctx)
         req = _profile_request(ctx, res, "cuda", dims)
     except (KoptError, Blocked):
-        return False  # the ncu item reports it
+        return None
+    metrics = registry.load(registry.METRICS)
+    if set_name not in metrics["metric_sets"]:
+        return None
     ctx.work.mkdir(parents=True, exist_ok=True)
     go = ctx.work / f"ncu-go-{os.getpid()}-{time.monotonic_ns()}"
     go.unlink(missing_ok=True)
     report = ctx.outdir / "kernel.ncu-rep"
     ctx.outdir.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
-    metrics = registry.load(registry.METRICS)
-    if set_name not in metrics["metric_sets"]:
-        return False  # the ncu gate reports an unknown set
     token = secrets.token_hex(16)
     proc = FreshProcess({**req, "go": str(go), "go_sha": hashlib.sha256(token.encode()).hexdigest(),
                          "owner": os.getpid()}, gate="ncu", workdir=ctx.work,
                         prefix=ncu_prefix(ctx.tool("ncu") or "ncu", report.with_suffix(""),
                                           metrics["metric_sets"][set_name]))
-    ctx.pool.ahead[key] = Ahead(proc, go, time.time(), token)
-    return True
-
-
-def abandon_ahead(ctx: Context) -> None:
-    """``ctx``'s kernel will not be profiled in this session (a correctness case failed): end the profiles started
-    ahead for it and start none again."""
-    with _AHEAD_LOCK:
-        ctx.pool.ahead_closed.add(str(ctx.kernel))
-        end_ahead(ctx, ctx.kernel)
-
-
-def end_ahead(ctx: Context, kernel: Path, keep: tuple[str, ...] = ()) -> None:
-    """End the profiles started ahead for ``kernel`` (a path) in ``ctx``'s pool, but those of the ncu sets in
-    ``keep``."""
-    with _AHEAD_LOCK:
-        for key in [k for k in ctx.pool.ahead if k[0] == str(kernel) and k[1] not in keep]:
-            ctx.pool.ahead.pop(key).kill()
+    return ProfileAhead(proc, go, time.time(), token)
 
 
 @dataclass
-class Ahead:
-    """A profile process :func:`start_profile` started: the process, its go file, when it started, its go token."""
+class ProfileAhead:
+    """A profile process started ahead of its ncu item: the process, its go file, when it started (``time.time()``),
+    its go token."""
 
     proc: FreshProcess
     go: Path
@@ -276,35 +232,24 @@ class Ahead:
         self.go.write_text(self.token)
 
     def kill(self) -> str:
-        """End the process (the pool's shutdown: no gate took it) and remove its go file; returns its log's tail."""
+        """End the process (no gate took it) and remove its go file; returns its log's tail."""
         out = self.proc.kill()
         self.go.unlink(missing_ok=True)
         return out
 
 
-def _take_ahead(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
-    """The profile started ahead for this kernel with ``set_name``, if it is still waiting for its turn, and what
-    became of it (``used``; ``none started``; ``started with the <set> set``; ``ended before its turn``, with its
-    output's tail); any other of this kernel's is ended."""
-    with _AHEAD_LOCK:
-        return _take(ctx, set_name)
-
-
-def _take(ctx: Context, set_name: str) -> tuple[Ahead | None, str]:
-    ctx.pool.ahead_closed.add(str(ctx.kernel))
-    mine = [k for k in ctx.pool.ahead if k[0] == str(ctx.kernel)]
-    held, note = None, "none started"
-    for key in mine:
-        ahead = ctx.pool.ahead.pop(key)
-        if key[1] == set_name and ahead.proc.alive():
-            held, note = ahead, "used"
-        elif key[1] == set_name:
-            code = ahead.proc.proc.returncode
-            note = f"ended before its turn (exit {code}): {ahead.kill()[-300:]}"
-        else:
-            ahead.kill()
-            note = f"started with the {key[1]} set" if held is None else note
-    return held, note
+def _against_timing(ctx: Context, dims: dict[str, Any] | None, bench: Bench | None, ncu_ms: float | None) -> None:
+    """ncu's duration of the call against the timing this session measured of the same shape
+    (:func:`pytest_kopt.gates.suspects.outside_measurement`): where they contradict, the timing's ``bench.json``
+    is revoked (the PR gate and the loop then find no valid timing) and the item fails as TAMPERED."""
+    if bench is None or not bench.timing_valid:
+        return
+    found = outside_measurement(ncu_ms, bench.median_ms)
+    if not found:
+        return
+    text, fix = found[0]
+    bench.revoked(text).write(ctx.at(dims).outdir if dims is not None else ctx.outdir)
+    raise TimingError(text, gate="ncu", path=ctx.display, status="TAMPERED", fix=fix)
 
 
 def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
@@ -333,7 +278,7 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     attempts: list[dict[str, Any]] = []
     launches = None
     for set_name in ([chosen, "light"] if chosen == "full" and not pinned else [chosen]):
-        ahead, ahead_note = _take_ahead(ctx, set_name) if not attempts else (None, "none started")
+        ahead, ahead_note = ctx.ahead.take_profile(ctx, set_name) if not attempts else (None, "none started")
         try:
             t0 = time.time()
             if ahead is not None:
@@ -372,17 +317,19 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
                                     path=ctx.display, details=exc.details,
                                     fix="run the kernel outside ncu first; raise --kopt-ncu-timeout") from None
     assert launches is not None
-    top = summarize_launches(launches)
     main_launch = max(launches, key=lambda ln: metric_value(ln, "gpu__time_duration.sum") or 0.0)
     table = metric_table(main_launch, metrics)
-    top.update({"report": str(report), "set": chosen, "set_reason": reason, "attempts": attempts,
-                "ncu_num": ctx.settings.ncu_num, "top": top_metrics(table, metrics, ctx.settings.ncu_num),
-                "metrics": table, "kernel": main_launch.kernel_name})
-    path = write_json(ctx.outdir / "ncu_top.json", top)
-    main = max(top["launches"], key=lambda r: r["metrics"]["duration_ns"] or 0.0)  # type: ignore[index, union-attr]
+    rows = launch_rows(launches)
+    top = NcuTop.build(rows, metric_names=METRICS, nvtx_range=NVTX_RANGE, report=str(report), set=chosen,
+                       set_reason=reason, attempts=attempts, ncu_num=ctx.settings.ncu_num,
+                       top=top_metrics(table, metrics, ctx.settings.ncu_num), metrics=table,
+                       kernel=main_launch.kernel_name)
+    path = top.write(ctx.outdir)
+    _against_timing(ctx, dims, bench, top.duration_ms)
+    main = max(rows, key=lambda r: r["metrics"]["duration_ns"] or 0.0)
     m = main["metrics"]
-    figures = {"ncu_duration_ms": top["duration_ms"], "kernels": len(top["launches"]),  # type: ignore[arg-type]
-               "target_kernel": main["kernel"], "ncu_set": chosen}
+    figures = {"ncu_duration_ms": top.duration_ms, "kernels": len(rows), "target_kernel": main["kernel"],
+               "ncu_set": chosen}
     for key in ("sm_throughput_pct", "dram_throughput_pct", "achieved_occupancy_pct", "registers_per_thread"):
         if m.get(key) is not None:
             figures[key] = m[key]
@@ -390,6 +337,6 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     def pct(v: Any) -> str:
         return "n/a" if v is None else f"{v:.1f}%"
 
-    return Outcome(figures, f"{main['kernel'][:60]}: {fmt_ms(top['duration_ms'])} ({chosen} set), SM "
+    return Outcome(figures, f"{main['kernel'][:60]}: {fmt_ms(top.duration_ms)} ({chosen} set), SM "
                             f"{pct(m.get('sm_throughput_pct'))}, DRAM {pct(m.get('dram_throughput_pct'))}, occupancy "
                             f"{pct(m.get('achieved_occupancy_pct'))}", (str(report), str(path)))

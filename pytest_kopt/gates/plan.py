@@ -9,7 +9,6 @@ from typing import Any
 
 from ..artifacts import write_json
 from ..errors import ContractError, NotApplicable, TooLargeError
-from .build import candidate_env, compile_env
 from .context import Context, Outcome
 from .inputs import draw_plan
 from .preflight import preflight
@@ -88,38 +87,21 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def prestart_harness(ctx: Context) -> None:
-    """Start the kernel's warm processes without waiting for them, so their torch imports (and the timing processes'
-    CUPTI start) overlap each other and the gates before their first request; a no-op for those already running:
-    the judge's; on a GPU the candidate's correctness process of a ``.cu`` (a Triton file's starts with its plan);
-    and on a GPU, when this process collected the kernel's timing item (or it is not known), the candidate's and
-    the reference's timing processes. Called at a kernel's first item in a process and again by the plan gate."""
-    ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)
-    if not ctx.gpu:
-        return
-    env = candidate_env(ctx, "cuda")
-    if ctx.kind == "cuda":
-        ctx.pool.prestart(ctx.server("check"), env, ctx.work)
-    if not ctx.collected or "timing" in ctx.collected:
-        ctx.pool.prestart(ctx.server("candidate"), env, ctx.work)
-        ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
-
-
 def make_plan(ctx: Context) -> dict[str, Any]:
     """The case's spec, from the harness processes (the candidate's ``setup()`` on the meta device in a fresh
     process, the reference's checks in its own). Raises ContractError naming the buffer or parameter;
     NotApplicable when, without a GPU, the files cannot even be imported (they need one)."""
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
-    base = {"kind": ctx.kind, "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
+    base = {**ctx.kind.request_fields(ctx), "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
             "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
-    prestart_harness(ctx)
+    ctx.ahead.prestart_harness(ctx)
     try:
         scalars: dict[str, Any] = {}
         spec, note = None, None
-        if ctx.kind != "cuda":
+        if ctx.kind.plans_candidate:
             # in the candidate's correctness process, the one its compile (and, on a GPU, correctness) requests go to
-            cand = ctx.pool.run({**base, "mode": "plan_candidate", "env": compile_env(ctx)}, gate="plan",
+            cand = ctx.pool.run({**base, "mode": "plan_candidate", "env": ctx.kind.compile_env(ctx)}, gate="plan",
                                 timeout_s=ctx.settings.gate_timeout_s, path=ctx.display, workdir=ctx.work,
                                 server=ctx.server("check"))
             spec, scalars, note = cand["spec"], cand["scalars"], cand.get("meta_error")
@@ -146,7 +128,7 @@ def gate_plan(ctx: Context, case: Any = None) -> Outcome:
     host = host_available()
     figures: dict[str, Any] = {k: v for k, v in est.items()}
     figures.update(buffers=len(plan["spec"]), gpu_free_bytes=free, host_available_bytes=host)
-    cpu_run = not ctx.gpu and ctx.kind in ("triton", "python")  # correctness runs on the CPU here
+    cpu_run = not ctx.gpu and "correctness" in ctx.kind.cpu_gates  # correctness runs on the CPU here
     # the plan is written before any verdict, so a TOO_LARGE case keeps its estimate on disk as well as in figures
     write_json(ctx.outdir / "plan.json", {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "spec": plan["spec"],
                                           "note": plan["note"], "estimate": est})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .build import BuildResult, candidate_env
+from .build import BuildResult
 from .context import Context
-from .inputs import derive_seeds, draw_plan
+from .inputs import derive_seeds, draw_plan, second_poisons
 from .preflight import preflight
 
 
@@ -24,12 +24,18 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     timing policy, for the timing modes. Triton and Python candidates get their build's ``TRITON_CACHE_DIR``, and
     ``TRITON_INTERPRET=1`` on the CPU; an ``@triton.autotune`` kernel runs the config its build pinned
     (``autotune_pin``: kernel name -> config kwargs), never tuning again. ``transport``: how the candidate's
-    process hands arrays to the judge (``ipc``; ``npz`` with ``--kopt-fresh-process``, where it ends first)."""
+    process hands arrays to the judge (``ipc``; ``npz`` with ``--kopt-fresh-process``, where it ends first).
+    ``ref_sha``: the reference's content pinned at the session's start (the reference's process loads nothing
+    else); ``poisons``: the second call's poison per float dtype, drawn from the second seed
+    (:func:`~pytest_kopt.gates.inputs.second_poisons`); ``check_seed``: the seed of the inputs of a timed process's
+    check call, which the judge draws again itself."""
     dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
-    env = candidate_env(ctx, device)
-    return {"mode": mode, "kind": ctx.kind, "kernel": str(ctx.kernel), "library": res.artifact, "params": params,
-            "ref": str(ctx.ref), "dims": dims, "seed": seed, "seed_b": derive_seeds(seed, 1)[0], "device": device,
+    env = ctx.kind.candidate_env(ctx, device)
+    seed_b, check_seed = derive_seeds(seed, 2)
+    return {**ctx.kind.request_fields(ctx), "mode": mode, "kernel": str(ctx.kernel), "library": res.artifact,
+            "params": params, "ref": str(ctx.ref), "ref_sha": ctx.ref_sha, "dims": dims, "seed": seed, "seed_b": seed_b,
+            "check_seed": check_seed, "poisons": second_poisons(seed_b), "device": device,
             "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
             "arch": ctx.arch, "env": env, "timing": timing, "inplace": inplace_outputs(ctx),
             "autotune_pin": {name: c["config"] for name, c in res.autotune.items()},

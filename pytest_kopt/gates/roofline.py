@@ -9,16 +9,16 @@ Plain Python over plain dicts: :func:`metric_table` maps a parsed launch onto th
 from __future__ import annotations
 
 import math
-import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 from .. import registry
-from ..artifacts import NcuTop, read_dict, write_json
+from ..artifacts import Achieved, Floor, NcuTop, Roofline, read_dict
 from ..errors import Blocked
 from .context import Context, Outcome
 from .ncu_csv import NcuLaunch, metric_value
-from .timing import device_peaks, profiled_shape
+from .measure import device_peaks
+from .timing import profiled_shape
 
 AXES = ("compute", "memory", "latency")
 #: SKILL.md: a gap under 0.10 is noise and earns no method slot; near_peak needs every gap under 0.15.
@@ -100,40 +100,38 @@ def bound_of(delta: Mapping[str, float | None]) -> str | None:
 
 def roofline(table: Mapping[str, float | None], registry: Mapping[str, Any], duration_ms: float | None,
              workload: Mapping[str, float] | None, peaks: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``roofline.json``: the three gaps, bound, near_peak and axis budget; with a workload model also achieved
-    FLOP/s and bytes/s, arithmetic intensity (FLOP/byte), the roofline time floor from the measured peaks and the
-    % of speed of light (floor / duration) against the fp32 peak (``sol_pct_fp32``) and against the best measured
-    peak, bf16 tensor cores (``sol_pct_best``). Without one it is labelled a bottleneck-gap heuristic (SKILL.md)."""
+    """``roofline.json``'s analysis (:meth:`pytest_kopt.artifacts.Roofline.analysis`): the three gaps, bound,
+    near_peak and axis budget; with a workload model also achieved FLOP/s and bytes/s, arithmetic intensity
+    (FLOP/byte), the roofline time floor from the measured peaks and the % of speed of light (floor / duration)
+    against the fp32 peak (``sol_pct_fp32``) and against the best measured peak, bf16 tensor cores
+    (``sol_pct_best``). Without one it is labelled a bottleneck-gap heuristic (SKILL.md)."""
     delta = gaps(table, registry)
-    budget = axis_budget(delta)
     has_model = bool(workload) and workload.get("bytes_min") is not None
     near = has_model and all(delta[a] is not None and delta[a] < NEAR_PEAK for a in AXES)  # type: ignore[operator]
-    doc: dict[str, Any] = {"delta_compute": delta["compute"], "delta_memory": delta["memory"],
-                           "delta_latency": delta["latency"], "bound": bound_of(delta), "near_peak": near,
-                           "axis_budget": budget, "method": "roofline" if has_model else "bottleneck-gap heuristic",
-                           "stall_shares_pct": stall_shares(table, registry), "duration_ms": duration_ms}
+    achieved, floor = None, None
     if has_model and workload and duration_ms:
         flops = float(workload.get("flops") or 0.0)
         bytes_min = float(workload["bytes_min"])
         secs = duration_ms * 1e-3
-        doc["achieved_flops"] = flops / secs
-        doc["achieved_bytes_per_s"] = bytes_min / secs
-        doc["arithmetic_intensity"] = flops / bytes_min if bytes_min else None
+        achieved = Achieved(flops_per_s=flops / secs, bytes_per_s=bytes_min / secs,
+                            arithmetic_intensity=flops / bytes_min if bytes_min else None)
         if peaks:
             bw = peaks.get("dram_bytes_per_s")
             peak = max(peaks.get("bf16_flops") or 0.0, peaks.get("fp32_flops") or 0.0) if flops else 0.0
             peak_fp32 = peaks.get("fp32_flops")
             t_mem = bytes_min / bw if bw else 0.0
             t_fp32 = flops / peak_fp32 if peak_fp32 and flops else 0.0
-            doc["peaks"] = dict(peaks)
-            doc["floor_ms_fp32"] = max(t_mem, t_fp32) * 1e3
-            doc["floor_ms_best"] = max(t_mem, flops / peak if peak else 0.0) * 1e3
-            doc["sol_pct_fp32"] = 100.0 * doc["floor_ms_fp32"] / duration_ms
-            # against the best measured peak (bf16 tensor cores): the meaningful one for fp16/bf16/tf32 work, which
-            # can run past the fp32 roofline
-            doc["sol_pct_best"] = 100.0 * doc["floor_ms_best"] / duration_ms
-            doc["roofline_bound"] = "memory" if t_mem >= t_fp32 else "compute"
-    return doc
+            floor_fp32 = max(t_mem, t_fp32) * 1e3
+            floor_best = max(t_mem, flops / peak if peak else 0.0) * 1e3
+            # sol_pct_best is against the best measured peak (bf16 tensor cores): the meaningful one for
+            # fp16/bf16/tf32 work, which can run past the fp32 roofline
+            floor = Floor(peaks=dict(peaks), floor_ms_fp32=floor_fp32, floor_ms_best=floor_best,
+                          sol_pct_fp32=100.0 * floor_fp32 / duration_ms, sol_pct_best=100.0 * floor_best / duration_ms,
+                          roofline_bound="memory" if t_mem >= t_fp32 else "compute")
+    return Roofline.analysis(delta=delta, bound=bound_of(delta), near_peak=near, axis_budget=axis_budget(delta),
+                             method="roofline" if has_model else "bottleneck-gap heuristic",
+                             stall_shares_pct=stall_shares(table, registry), duration_ms=duration_ms,
+                             achieved=achieved, floor=floor)
 
 
 def top_metrics(table: Mapping[str, float | None], registry: Mapping[str, Any], n: int = 5) -> dict[str, list]:
@@ -154,31 +152,10 @@ def top_metrics(table: Mapping[str, float | None], registry: Mapping[str, Any], 
     return {a: sorted(v, key=lambda m: -m["value"])[:n] for a, v in out.items()}
 
 
-#: The thread :func:`import_plotting_ahead` started (None: none in this process).
-_PLOTTING: threading.Thread | None = None
-
-
-def import_plotting_ahead() -> None:
-    """Start :func:`import_plotting` in a daemon thread, once per process (0.4 to 0.8 s on the 2-core CPU machine,
-    2026-12-03), so the charts drawn later do not wait for it. Whatever uses matplotlib, and the session's end,
-    calls :func:`wait_plotting` first: no other thread imports matplotlib while this one does, and the interpreter
-    never finalizes during the import (a daemon thread inside an extension module's import then can crash it)."""
-    global _PLOTTING
-    if _PLOTTING is None:
-        _PLOTTING = threading.Thread(target=import_plotting, name="kopt-import-plotting", daemon=True)
-        _PLOTTING.start()
-
-
-def wait_plotting(timeout_s: float = 120.0) -> None:
-    """Wait (at most ``timeout_s`` seconds) for the import :func:`import_plotting_ahead` started, if any."""
-    if _PLOTTING is not None:
-        _PLOTTING.join(timeout_s)
-
-
 def import_plotting() -> None:
     """Import matplotlib (Agg) and its pyplot, ignoring its absence: :func:`plot` and the loop's summary charts then
     find them imported. Run in a thread from a kernel's first item, beside the gates before the roofline's
-    (:func:`import_plotting_ahead`)."""
+    (:meth:`pytest_kopt.scheduler.Scheduler.import_plotting_ahead`)."""
     try:
         import matplotlib
 
@@ -194,7 +171,6 @@ def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, t
     path, or None when matplotlib, the workload model or the peaks are missing."""
     if "arithmetic_intensity" not in doc or not doc.get("peaks") or not doc.get("arithmetic_intensity"):
         return None
-    wait_plotting()
     try:
         import matplotlib
 
@@ -242,14 +218,15 @@ def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
         raise Blocked("ncu", "no ncu_top.json with registry metrics from this session's ncu gate")
     dims, bench = profiled_shape(ctx)
     metrics = registry.load(registry.METRICS)
-    doc = roofline(top.metrics, metrics, top.duration_ms, bench.workload if bench else None, device_peaks(ctx))
-    doc["kernel"] = top.kernel
-    doc["dims"] = dims or ctx.settings.dims
-    path = write_json(ctx.outdir / "roofline.json", doc)
+    analysis = roofline(top.metrics, metrics, top.duration_ms, bench.workload if bench else None, device_peaks(ctx))
+    record = Roofline.build(analysis, kernel=top.kernel, dims=dims or ctx.settings.dims)
+    path = record.write(ctx.outdir)
+    doc = record.doc
     history: list[dict[str, Any]] = []
     state = read_dict(ctx.settings.run_dir / "state.json") if ctx.settings.run_dir is not None else None
     if state:  # the loop's earlier iterations (profiles of the best going into each) as points on the chart
         history = [{**r, "label": f"in{r['iter']}"} for r in state.get("roofline_history", [])]
+    ctx.ahead.wait_plotting()  # matplotlib's import started ahead: never two threads importing it
     png = plot({**doc, "label": ctx.kernel.stem}, history, ctx.outdir / "roofline.png",
                title=f"{ctx.kernel.name} roofline")
     figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import re
 import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import EmptyKernelError, HardwareError, NotApplicable
+from ..errors import EmptyKernelError, HardwareError
 from .build import built
 from .context import Context, Outcome
-from .contract import local_headers
 
 _FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 #: An instruction line: ``/*0040*/  @!P0 IMAD.WIDE R2, R3, R4, R2 ;`` -> opcode ``IMAD.WIDE``.
@@ -54,8 +51,10 @@ def parse_sass(dump: str) -> list[SassFunction]:
     return functions
 
 
-def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 120.0) -> list[SassFunction]:
-    """Run ``cuobjdump --dump-sass`` on each artifact (.so or .cubin) and parse it.
+def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 120.0,
+              ahead: Any = None) -> list[SassFunction]:
+    """Run ``cuobjdump --dump-sass`` on each artifact (.so or .cubin) and parse it; ``ahead`` (the session's
+    scheduler, :class:`pytest_kopt.scheduler.Scheduler`) gives a dump it made ahead (``sass_text``) instead.
 
     Raises HardwareError when cuobjdump is missing or fails; returns [] when the artifacts hold no kernel function
     (the caller decides what that means: never "patterns missing", FIELD.md §3).
@@ -65,34 +64,16 @@ def dump_sass(cuobjdump: str | None, artifacts: list[str], timeout_s: float = 12
                             fix="install the CUDA toolkit or pip install triton")
     functions: list[SassFunction] = []
     for art in artifacts:
-        key = _dump_key(cuobjdump, art)
-        pending = _PENDING.get(key) if key else None
-        if pending is not None:  # its dump started ahead: wait for it rather than run a second one beside it
-            pending.wait(timeout_s)
-        text = _DUMPS.get(key) if key else None
+        text = ahead.sass_text(cuobjdump, art, timeout_s) if ahead is not None else None
         if text is None:
-            text = _run_cuobjdump(cuobjdump, art, timeout_s)
+            text = run_cuobjdump(cuobjdump, art, timeout_s)
         functions += parse_sass(text)
     return functions
 
 
-#: ``cuobjdump --dump-sass`` text per (tool, artifact path, size, mtime in ns), dumped ahead by
-#: :func:`prefetch_sass` in this process; an artifact rewritten since has another key and is dumped again.
-_DUMPS: dict[tuple[str, str, int, int], str] = {}
-#: the dumps :func:`prefetch_sass` is running, set when each ends
-_PENDING: dict[tuple[str, str, int, int], threading.Event] = {}
-_MEMO_LOCK = threading.Lock()
-
-
-def _dump_key(cuobjdump: str, art: str) -> tuple[str, str, int, int] | None:
-    try:
-        st = os.stat(art)
-    except OSError:
-        return None
-    return cuobjdump, os.path.realpath(art), st.st_size, st.st_mtime_ns
-
-
-def _run_cuobjdump(cuobjdump: str, art: str, timeout_s: float) -> str:
+def run_cuobjdump(cuobjdump: str, art: str, timeout_s: float) -> str:
+    """``cuobjdump --dump-sass ART``'s text. Raises HardwareError when it cannot run, runs past ``timeout_s`` or
+    fails."""
     try:
         proc = subprocess.run([cuobjdump, "--dump-sass", art], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -104,25 +85,6 @@ def _run_cuobjdump(cuobjdump: str, art: str, timeout_s: float) -> str:
         raise HardwareError(f"cuobjdump failed (exit {proc.returncode}) on {art}", gate="sass",
                             details=proc.stderr[-2000:], fix="check that the artifact holds SASS for this arch")
     return proc.stdout
-
-
-def prefetch_sass(cuobjdump: str | None, artifact: str) -> None:
-    """Dump ``artifact``'s SASS now (a build thread, right after nvcc) for :func:`dump_sass` to find; a failure is
-    left for the sass item to meet and report."""
-    key = _dump_key(cuobjdump, artifact) if cuobjdump else None
-    if key is None:
-        return
-    with _MEMO_LOCK:
-        if key in _DUMPS or key in _PENDING:
-            return
-        done = _PENDING[key] = threading.Event()
-    try:
-        _DUMPS[key] = _run_cuobjdump(key[0], artifact, 120.0)
-    except HardwareError:
-        pass
-    finally:
-        _PENDING.pop(key, None)
-        done.set()
 
 
 def save_sass(functions: list[SassFunction], folder: Path) -> list[str]:
@@ -168,22 +130,15 @@ def _arch_guards(paths: list[Path]) -> list[str]:
 def gate_sass(ctx: Context, case: Any = None) -> Outcome:
     """``cuobjdump --dump-sass`` of the build (a Triton build: its cubins), one ``sass/<function>.sass`` per kernel
     function. Fails as EMPTY_KERNEL when a function writes no global memory (its work was compiled out, e.g. under
-    an ``#if __CUDA_ARCH__`` guard the target does not meet). NotApplicable for a pure-Python candidate, and for a
-    ``.cu`` whose ``solve()`` launches no kernel of its own (copies or a library call only: the build holds no
-    kernel function)."""
-    if ctx.kind == "python":
-        raise NotApplicable("pure-Python candidate: no GPU code to disassemble")
-    sources = [ctx.kernel, *local_headers(ctx.kernel)] if ctx.kind == "cuda" else [ctx.kernel]
+    an ``#if __CUDA_ARCH__`` guard the target does not meet). A build that holds no kernel function is the kind's to
+    judge (:meth:`~pytest_kopt.kinds.base.Kind.no_sass`: a ``.cu`` whose ``solve()`` only copies or calls a library
+    is NotApplicable)."""
+    sources = ctx.kind.sass_sources(ctx)
     res = built(ctx)
-    # an @triton.autotune build holds every config's cubin: the SASS checked is the pinned config's
-    artifacts = list(res.pinned) if res.autotune and res.pinned else list(res.cubins) if res.cubins else [res.artifact]
-    functions = dump_sass(ctx.tool("cuobjdump"), artifacts)
+    artifacts = ctx.kind.sass_artifacts(res)
+    functions = dump_sass(ctx.tool("cuobjdump"), artifacts, ahead=ctx.ahead)
     if not functions:
-        if ctx.kind == "cuda":
-            raise NotApplicable("the build holds no kernel function: solve() launches no kernel of its own (copies "
-                                "or library calls only), so there is no SASS of its own to check")
-        raise HardwareError(f"cuobjdump printed no SASS function for {', '.join(artifacts)}", gate="sass",
-                            fix="check that the Triton build produced cubins for this arch")
+        raise ctx.kind.no_sass(ctx, artifacts)
     paths = save_sass(functions, ctx.outdir / "sass")
     total = sum(f.instructions for f in functions)
     figures = {"functions": len(functions), "instructions": total, "sass_arch": functions[0].arch}

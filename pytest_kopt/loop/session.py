@@ -18,10 +18,8 @@ from ..artifacts import Bench, NcuTop, Roofline, read_dict, write_json, write_te
 from ..errors import Blocked, ConfigError, KoptError
 from ..gates.build import ensure_built
 from ..gates.context import Context
-from ..gates.ncu import COUNTER_PERMISSION, gate_ncu
-from ..gates.roofline import gate_roofline
+from ..gates.ncu import COUNTER_PERMISSION
 from ..gates.sass import sass_digests, sass_evidence
-from ..gates.table import STRICT
 from ..gates.timing import retime_interleaved
 from ..records import GateRecord, blocker, for_kernel, stage
 from ..stats import bootstrap_median_ci
@@ -29,8 +27,6 @@ from . import decisions, state as st
 from .methods import normalize_methods, validate_methods
 from .summary import plot_history, render_summary
 
-#: The strict gates of a branch or ablation in a close (ncu and roofline run for the champion alone).
-BRANCH_GATES = ("compile", "correctness", "timing")
 
 
 def run_overrides(run_dir: Path) -> dict[str, Any]:
@@ -112,9 +108,9 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
 def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> dict[str, Any]:
     """After the baseline session: stop the run with the first failing (or skipped) strict gate's reason, or record
     the baseline (``best_metric_ms``, ``baseline_ms``) and open iteration 1. Returns ``{"exit_code", "message"}``."""
-    block = blocker(for_kernel(records, ctx.kernel), STRICT)
+    block = blocker(for_kernel(records, ctx.kernel), ctx.gates.strict, ctx.gates)
     if block is not None:
-        where, code = stage(block)
+        where, code = stage(block, ctx.gates)
         if block.gate == "ncu" and COUNTER_PERMISSION in (block.message or ""):
             _counters_readable(run_dir, False)
         st.stop_run(run_dir, f"{block.gate} {block.outcome}: {block.message}", where, code)
@@ -228,7 +224,8 @@ def branch_results(branches: list[Path], records: list[GateRecord], ctx_for: Cal
     results = []
     for index, kernel in enumerate(branches, start=1):
         recs = for_kernel(records, kernel)
-        block = blocker(recs, BRANCH_GATES)
+        table = ctx_for(kernel).gates
+        block = blocker(recs, table.branch_strict, table)
         outdir = ctx_for(kernel).outdir
         t = timing_of(Bench.load(outdir) if block is None and timed_here(recs) else None)
         sass_ran = any(r.gate == "sass" and r.outcome == "passed" for r in recs)
@@ -238,7 +235,7 @@ def branch_results(branches: list[Path], records: list[GateRecord], ctx_for: Cal
                         "sass_digest": digest, "same_sass_as_best": same,
                         "passed": block is None and t["median_ms"] is not None,
                         "failed_gate": block.gate if block else None,
-                        "stage": stage(block)[0] if block else None,
+                        "stage": stage(block, table)[0] if block else None,
                         "status": block.status if block else "PASSED",
                         "message": block.message if block else None})
     return results
@@ -269,11 +266,12 @@ def ablation_results(ablations: dict[str, Path], methods: list[str], records: li
         recs = for_kernel(records, k)
         if m not in methods or not recs:
             continue
-        block = blocker(recs, BRANCH_GATES)
+        table = ctx_for(k).gates
+        block = blocker(recs, table.branch_strict, table)
         t = timing_of(Bench.load(ctx_for(k).outdir) if block is None and timed_here(recs) else None)
         ok = t["median_ms"] is not None
         out[m] = {"kernel": str(k), "base": st.read_base(k.parent), "passed": ok,
-                  "stage": stage(block)[0] if block else None, **t,
+                  "stage": stage(block, table)[0] if block else None, **t,
                   "status": block.status if block else ("PASSED" if ok else "NOT_TIMED"),
                   "message": block.message if block else None}
     return out
@@ -360,8 +358,8 @@ def _profile_champion(run_dir: Path, it: Path, cctx: Context, state: dict[str, A
     profile); copies ``kernel.ncu-rep``, ``kernel_ncu_top.json`` and ``kernel_roofline.json`` into the iteration.
     Returns None, or the loop result of a stop (exit 3) when the profile failed or used another bundle."""
     try:
-        gate_ncu(cctx)
-        gate_roofline(cctx)
+        for gate in cctx.gates.champion_only:  # ncu, then roofline: the gates a branch is not judged by
+            gate.run(cctx, None)
     except (KoptError, Blocked) as exc:
         text = exc.message if isinstance(exc, KoptError) else str(exc)
         st.stop_run(run_dir, f"champion profile failed: {text}", "ncu", 3)
@@ -405,9 +403,10 @@ def _ablation_step(run_dir: Path, state: dict[str, Any], i: int, it: Path, pendi
                                            "command where the GPU is", "ablations": fresh,
                 "next": st.next_step(run_dir)}
     crecs = for_kernel(records, Path(champion["kernel"]))
-    block = blocker(crecs, BRANCH_GATES) if crecs else None
+    table = ctx_for(Path(champion["kernel"])).gates
+    block = blocker(crecs, table.branch_strict, table) if crecs else None
     if block is not None:
-        where, code = stage(block)
+        where, code = stage(block, table)
         if where == "hardware":
             return {"exit_code": 3, "message": f"{it.name}: champion {champ} could not run its GPU gates here "
                                                f"({block.message}); run the same command where the GPU is",

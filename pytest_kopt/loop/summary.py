@@ -74,9 +74,6 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
 def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
     """``speedup.png`` (champion ms and speedup over the baseline per iteration) and ``roofline_drift.png`` (the
     three gaps per iteration). Returns the files written ([] without matplotlib or history)."""
-    from ..gates.roofline import wait_plotting
-
-    wait_plotting()
     try:
         import matplotlib
 

@@ -1,7 +1,11 @@
-"""The pytest adapter: options, collection of one item per gate, reporting and SKILL.md's exit codes.
+"""The pytest adapter: options, kopt's own hooks, collection of one item per gate, and one plugin per concern.
 
 Registered through the ``pytest11`` entry point ``kopt``; the only package that imports pytest. Gate logic lives in
-:mod:`pytest_kopt.gates`, the loop in :mod:`pytest_kopt.loop`; nothing here imports torch or touches CUDA.
+:mod:`pytest_kopt.gates`, kernel kinds in :mod:`pytest_kopt.kinds`, the loop in :mod:`pytest_kopt.loop`; nothing
+here imports torch or touches CUDA. ``pytest_configure`` builds the session's kinds and gate table through kopt's
+hooks (:mod:`~pytest_kopt.plugin.hookspec`), takes this process's role and registers the concerns' plugins that the
+options turn on: report and terminal (always, on the controller), the loop's step, the PR gate, saved baselines, the
+xdist controller (pytest's ``LFPlugin``/``StepwisePlugin``/``LogXML`` pattern).
 """
 
 from __future__ import annotations
@@ -14,30 +18,86 @@ import pytest
 
 from ..errors import ConfigError
 from ..gates import gpus, hardware
-from ..gates.roofline import import_plotting_ahead
-from ..loop import state as loop_state
+from ..gates.builtin import builtin_gates
+from ..gates.pins import Pins
+from ..gates.table import Gate, GateTable
+from ..kinds.base import Kind, KindSet
+from ..kinds.builtin import builtin_kinds
 from ..proc.runner import SESSION_PID_ENV
+from . import compare, hookspec, loop, options, report
+from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
+from .ledger import Ledger, SessionOutcome
+from .loop import LoopPlugin, init_run
 from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
-from .options import SEED_CACHE_KEY, pytest_addoption, pytest_load_initial_conftests, read_settings, usage_error
-from .session import ControllerPlugin
+from .options import SEED_CACHE_KEY, read_settings, usage_error
+from .report import ReportPlugin
 from .stash import STATE, SessionState
+from .terminal import TerminalPlugin
 from .xdist import XdistControllerPlugin, prestart_planned, worker_env, worker_trust
 
-__all__ = ["KoptFile", "KoptItem", "pytest_addoption", "pytest_collect_file", "pytest_configure",
-           "pytest_load_initial_conftests", "pytest_pycollect_makemodule", "pytest_report_header",
-           "pytest_sessionfinish", "pytest_unconfigure"]
+__all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytest_collect_file",
+           "pytest_configure", "pytest_kopt_gates", "pytest_kopt_kinds", "pytest_load_initial_conftests",
+           "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
+
+#: Each concern's options, declared beside its plugin, in the order ``pytest --help`` lists them.
+_CONCERNS = (options, report, compare, loop)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """kopt's own hooks: ``pytest_kopt_gates`` and ``pytest_kopt_kinds``."""
+    pluginmanager.add_hookspecs(hookspec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``kopt`` option group: every concern's ``--kopt-*`` options and flags, each with its ini twin."""
+    for module in _CONCERNS:
+        options.add_options(parser, module.OPTIONS, getattr(module, "FLAGS", ()))
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """A ``--kopt-*`` flag no concern defines stops the session with the closest real one."""
+    flags = [f"--kopt-{n[0]}" for m in _CONCERNS for n in (*m.OPTIONS, *getattr(m, "FLAGS", ()))]
+    options.check_known(args, flags)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_kopt_gates(config: pytest.Config) -> list[Gate]:
+    """kopt's own gates (:func:`pytest_kopt.gates.builtin.builtin_gates`)."""
+    return builtin_gates()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_kopt_kinds(config: pytest.Config) -> list[Kind]:
+    """kopt's own kinds, asked after every plugin's (:func:`pytest_kopt.kinds.builtin.builtin_kinds`)."""
+    return builtin_kinds()
+
+
+def session_registries(config: pytest.Config) -> tuple[KindSet, GateTable]:
+    """The session's kinds and gate table, from every plugin's answer to kopt's hooks. Raises UsageError for two
+    kinds or gates of one name, or a gate placed before its prerequisites."""
+    try:
+        kinds = KindSet([k for answer in config.hook.pytest_kopt_kinds(config=config) for k in answer or ()])
+        mine = builtin_gates()
+        added = [g for answer in config.hook.pytest_kopt_gates(config=config) for g in answer or () if g not in mine]
+        gates = GateTable.build(mine, added)
+    except ConfigError as exc:
+        raise usage_error(exc, config) from None
+    return kinds, gates
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Parse settings once, register markers, aim collection at the kernels, then take this process's role: an
-    xdist worker takes what its controller handed it; the controller (or the only process) detects the hardware,
-    chooses the session's GPUs, seeds a ``--kopt-init`` run and registers its plugins."""
+    """Parse settings once, register markers, build the session's kinds and gates, aim collection at the kernels,
+    then take this process's role: an xdist worker takes what its controller handed it; the controller (or the
+    only process) detects the hardware, chooses the session's GPUs, seeds a ``--kopt-init`` run and registers the
+    concerns' plugins."""
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason when none is visible")
     config.addinivalue_line("markers", "kopt(gate): a pytest-kopt gate item")
     handed: dict[str, Any] = dict(getattr(config, "workerinput", None) or {})
-    settings = read_settings(config, handed)
-    state = SessionState(settings=settings, kernels=frozenset(settings.kernels) if settings.active else frozenset())
+    kinds, gates = session_registries(config)
+    settings = read_settings(config, handed, tuple(sorted(kinds.suffixes)))
+    state = SessionState(settings=settings, kinds=kinds, gates=gates,
+                         kernels=frozenset(settings.kernels) if settings.active else frozenset())
     config.stash[STATE] = state
     if not settings.active:
         return
@@ -49,7 +109,16 @@ def pytest_configure(config: pytest.Config) -> None:
         for kernel in settings.kernels:
             if not any(Path(a.split("::")[0]).resolve() == kernel for a in config.args):
                 config.args.append(str(kernel))
+    for kernel in settings.kernels:
+        try:
+            state.kind_of(kernel)
+        except ConfigError as exc:
+            raise usage_error(exc, config) from None
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if "kopt_pins" in handed:  # the files as they were when the controller started, before any kernel's code ran
+        state.pins = Pins.from_json(handed["kopt_pins"])
+    else:
+        state.take_pins()
     if "kopt_env" in handed:  # an xdist worker
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
@@ -59,17 +128,38 @@ def pytest_configure(config: pytest.Config) -> None:
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)
         if settings.loop_mode == "init":
-            _init_run(state)
+            init_run(state)
         cache = getattr(config, "cache", None)
         if settings.session_seed is not None and cache is not None:
             cache.set(SEED_CACHE_KEY, settings.session_seed)
-        config.pluginmanager.register(ControllerPlugin(config, state), "kopt-controller")
-        if settings.loop_mode == "run":  # the close's charts are drawn here at the session's end
-            import_plotting_ahead()
-        if config.pluginmanager.hasplugin("xdist"):
-            config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
+        _register_concerns(config, state)
     if state.env.get("pinned"):
         state.restore_visible = (True, before)
+
+
+def _register_concerns(config: pytest.Config, state: SessionState) -> None:
+    """The controller's plugins, each only where its option is on: the loop's step (``--kopt-init``/``--kopt-run``),
+    the PR gate (``--kopt-fail-slower`` with candidates), saved baselines (``--kopt-save``/``--kopt-compare``), the
+    xdist controller (xdist installed); report and terminal always. The report plugin runs the concerns' session-end
+    steps in this order: the loop's, then the comparisons."""
+    s = state.settings
+    concerns: list[Any] = []
+    if s.loop_mode is not None:
+        concerns.append(LoopPlugin(config, state))
+        if s.loop_mode == "run":  # the close's charts are drawn here at the session's end
+            state.ahead.import_plotting_ahead()
+    if s.fail_slower_pct is not None and s.candidates and s.baseline is not None:
+        concerns.append(PrGatePlugin(state))
+    if s.save or s.compare:
+        concerns.append(SavedBaselinesPlugin(state))
+    outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)))
+    for c in concerns:
+        config.pluginmanager.register(c, f"kopt-{type(c).__name__}")
+    config.pluginmanager.register(ReportPlugin(config, state, outcome, concerns), "kopt-report")
+    config.pluginmanager.register(TerminalPlugin(config, outcome, state.gates, state.ahead.ahead_log),
+                                  "kopt-terminal")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
 
 
 def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
@@ -90,15 +180,6 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
     return gpus.pinned({**env, "gpus": chosen}, chosen[0])
 
 
-def _init_run(state: SessionState) -> None:
-    """--kopt-init, controller side: create the run folder and state.json before any gate writes into it."""
-    s = state.settings
-    assert s.run_dir is not None and s.baseline is not None and s.ref is not None
-    loop_state.init_state(s.run_dir, s.baseline, s.ref, s.dims, iterations=s.iterations, branches=s.branches,
-                          ncu_num=s.ncu_num, noise_pct=s.noise_pct, numerics_mode=s.numerics_mode,
-                          seeds=list(s.seeds), env=state.env)
-
-
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """The detected GPU and tools, and the session seed, one line each."""
     state = config.stash.get(STATE, None)
@@ -114,19 +195,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> Any:
-    """After every other plugin's session end (the controller's loop step profiles the champion with the process
-    started ahead for it, and may re-time kernels in warm processes): wait for the builds started ahead and for
-    matplotlib's import started ahead, and end this process's harness processes (the pool's atexit hook would,
+    """After every other plugin's session end (the loop's step profiles the champion with the process started ahead
+    for it, and may re-time kernels in warm processes): wait for the work started ahead (builds, matplotlib's
+    import, profiles no ncu item took) and end this process's harness processes (the pool's atexit hook would,
     later)."""
     try:
         return (yield)
     finally:
         state = session.config.stash.get(STATE, None)
         if state is not None:
-            from ..gates.roofline import wait_plotting
-
-            state.builds.wait()
-            wait_plotting()
+            state.ahead.shutdown()
             state.pool.shutdown()
 
 
@@ -138,7 +216,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    state.builds.wait()
+    state.ahead.shutdown()
     state.pool.shutdown()
     if not state.restore_visible[0]:
         return

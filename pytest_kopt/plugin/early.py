@@ -22,10 +22,7 @@ from typing import Any
 import pytest
 
 from ..gates import hardware
-from ..gates.context import kernel_kind
-from ..gates.plan import prestart_harness
-from ..gates.table import BY_NAME
-from .nodes import HARNESS_GATES, node_path
+from .nodes import node_path
 from .stash import SessionState
 
 
@@ -34,14 +31,15 @@ _NO_ITEMS = ("help", "version", "markers", "showfixtures", "show_fixtures_per_te
              "collectonly", "cacheshow")
 
 
-def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") -> bool:
+def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, gate: str = "compile") -> bool:
     """True when ``kernel``'s item of ``gate`` (one without parameters: ``compile``, ``plan``) surely runs: no
     option under which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``,
     ``--deselect`` or node id (``k.cu::compile``), every path argument existing, the kernel inside the root folder,
     and ``-k``/``-m`` (if given) true for the item by pytest's own expression parser, over the names and markers
     pytest matches it by (its name, the folders and file name below the root, its markers: ``kopt``, and ``gpu``
     where the gate runs on the GPU for this kernel's kind, as :meth:`~pytest_kopt.gates.table.Gate.on_gpu`). False when
-    unsure: an expression pytest cannot parse here, or one with call parameters."""
+    unsure: an expression pytest cannot parse here, or one with call parameters. pytest has no public API that
+    evaluates ``-k``/``-m`` before collection; its own parser is used, and its absence reads as unsure."""
     opt = config.option
     if (any(getattr(opt, name, False) for name in _NO_ITEMS) or getattr(opt, "lf", False)
             or getattr(opt, "stepwise", False) or getattr(opt, "deselect", None)
@@ -53,9 +51,9 @@ def selection_keeps(config: pytest.Config, kernel: Path, gate: str = "compile") 
         names = {gate, "kopt", *kernel.resolve().relative_to(config.rootpath.resolve()).parts}
     except (ImportError, ValueError):  # pytest's parser moved, or a kernel outside the root (named by its path)
         return False
-    row = BY_NAME.get(gate)
-    markers = {"kopt"} | ({"gpu"} if row is not None and row.serial and kernel_kind(kernel) not in row.cpu_kinds
-                          else set())
+    row = state.gates.by_name.get(gate)
+    kind = state.kinds.of(kernel)
+    markers = {"kopt"} | ({"gpu"} if row is not None and kind is not None and row.on_gpu(kind) else set())
     names |= markers  # -k matches an item's marker names too
 
     def keyword(sub: str, /, **kwargs: Any) -> bool:
@@ -101,14 +99,16 @@ def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, 
     s = state.settings
     if not local_items(config) or s.gpus or s.loop_mode == "init":
         return None  # --kopt-init: the run folder a build's remembered failure goes to is made after the probe
-    kernels = [k for k in s.kernels if k.suffix == ".cu" and selection_keeps(config, k)]
+    kernels = [k for k in s.kernels if (kind := state.kinds.of(k)) is not None and kind.builds_ahead
+               and selection_keeps(config, state, k)]
     if not kernels:
         return None
     tools = hardware.detect_tools()
     arch = (s.arch or hardware.nvml_arch()) if tools["nvcc"]["path"] else None
     if arch:
         env = {"tools": tools, "packages": hardware.package_versions(), "sm_arch": arch}
-        state.builds.start([state.context(config, k, os.path.relpath(k, config.rootpath), env=env) for k in kernels])
+        state.ahead.start_builds([state.context(config, k, os.path.relpath(k, config.rootpath), env=env)
+                                  for k in kernels])
     return tools
 
 
@@ -129,7 +129,7 @@ def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
     if xdist or s.gpus or not s.kernels or s.ref is None:
         return False
     kernel = s.kernels[0]
-    if not selection_keeps(config, kernel, "plan"):
+    if not selection_keeps(config, state, kernel, "plan"):
         return False
     count, nvml_arch = hardware.nvml_view()
     if count != 1:
@@ -140,6 +140,6 @@ def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
     if arch is None:
         return False
     env = {"gpu_available": True, "sm_arch": arch, "packages": hardware.package_versions()}
-    kept = frozenset(g for g in HARNESS_GATES if selection_keeps(config, kernel, g))
-    prestart_harness(state.context(config, kernel, node_path(config, kernel), env=env, collected=kept))
+    kept = frozenset(g for g in state.gates.harness if selection_keeps(config, state, kernel, g))
+    state.ahead.prestart_harness(state.context(config, kernel, node_path(config, kernel), env=env, collected=kept))
     return True

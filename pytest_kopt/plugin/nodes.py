@@ -1,5 +1,5 @@
 """Collection: a kernel file is a :class:`KoptFile`, which yields one :class:`KoptItem` per (gate, case) of the
-gate table; an item delegates to :func:`pytest_kopt.gates.table.run` and renders the gate's errors."""
+session's gate table; an item delegates to :func:`pytest_kopt.gates.table.run` and renders the gate's errors."""
 
 from __future__ import annotations
 
@@ -9,22 +9,17 @@ from typing import Any, Iterator
 
 import pytest
 
+from .. import registry
 from ..errors import Blocked, KoptError, NotApplicable
 from ..gates.inputs import draw_plan
-from ..gates.plan import prestart_harness
-from ..gates.roofline import import_plotting_ahead
-from ..gates.table import GATES, Gate, run
+from ..gates.table import Gate, run
 from .stash import STATE
-
-
-#: The gates whose requests go to a kernel's warm harness processes (started at its first item).
-HARNESS_GATES = frozenset({"plan", "correctness", "timing"})
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect the session's kernel files (``--kopt-baseline``, ``--kopt-candidate``) as :class:`KoptFile`, whose
     node id is :func:`node_path`."""
-    if file_path.suffix in (".cu", ".py") and file_path.resolve() in _kernels(parent.config):
+    if file_path.resolve() in _kernels(parent.config):
         return KoptFile.from_parent(parent, path=file_path, nodeid=node_path(parent.config, file_path))
     return None
 
@@ -63,17 +58,17 @@ class KoptFile(pytest.File):
     """A kernel file: one :class:`KoptItem` per gate and case, in table order (``correctness[seed=7]``)."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        """The items of :data:`~pytest_kopt.gates.table.GATES` for this kernel (``--kopt-run`` leaves out the gates
-        that run for the champion alone)."""
+        """The items of the session's gate table for this kernel (``--kopt-run`` leaves out the gates that run for
+        the champion alone)."""
         state = self.config.stash[STATE]
         ctx = state.context(self.config, self.path, self.nodeid.split("::")[0])
-        for gate in GATES:
+        for gate in state.gates:
             if state.settings.loop_mode == "run" and not gate.per_branch:
                 continue
             for suffix, case in gate.items(ctx):
                 item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, case=case)
                 item.add_marker(pytest.mark.kopt(gate.name))
-                if gate.on_gpu(ctx):
+                if gate.on_gpu(ctx.kind):
                     item.add_marker(pytest.mark.gpu)
                 yield item
 
@@ -110,6 +105,8 @@ class KoptItem(pytest.Item):
         self.user_properties += [("kopt_gate", self.gate.name), ("kopt_kernel", str(ctx.kernel)),
                                  ("kopt_case", self.label or None)]
         try:
+            # the files this item judges by, as they were at the session's start
+            state.pins.verify([ctx.kernel, ctx.ref, *registry.files()[:1]], gate=self.gate.name)
             outcome = run(self.gate, ctx, self.case, self.label)
         except NotApplicable as exc:
             self.user_properties.append(("kopt_status", "NOT_APPLICABLE"))
@@ -133,12 +130,13 @@ class KoptItem(pytest.Item):
             self.user_properties.append(("kopt_summary", outcome.summary))
 
     def _kickoff(self, state: Any) -> Any:
-        """At a kernel's first item in this process, start what its later items wait for, so it runs beside the
-        hardware, preflight and plan items: nvcc for every ``.cu`` kernel this process collected a compile item
-        of (:class:`~pytest_kopt.gates.build.BuildAhead`, once per process), this kernel's ncu profile (when it has
-        an ncu item and a GPU) and SASS dump (when it has a sass item) after its build, and this kernel's warm
-        harness processes when it has items that use them. Notes, per kernel, the gates this process collected
-        (``Context.collected``), and returns this kernel's context with them."""
+        """At a kernel's first item in this process, ask the scheduler (:class:`pytest_kopt.scheduler.Scheduler`) to
+        start what its later items wait for, so it runs beside the hardware, preflight and plan items: nvcc for
+        every ``.cu`` kernel this process collected a compile item of (once per process), this kernel's ncu
+        profile (when it has an ncu item and a GPU) and SASS dump (when it has a sass item) after its build, this
+        kernel's warm harness processes when it has items that use them, matplotlib's import for its roofline.
+        Notes, per kernel, the gates this process collected (``Context.collected``), and returns this kernel's
+        context with them."""
         mine = [i for i in self.session.items if isinstance(i, KoptItem)]
         for item in mine:
             key = Path(item.path).resolve()
@@ -153,12 +151,12 @@ class KoptItem(pytest.Item):
                 draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)
             except (IndexError, ValueError):  # no seed, an unknown regime: the gates report it; nothing ahead
                 profile = frozenset()
-        state.builds.start([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in compiles.values()],
-                           sass, profile)
-        if ctx.collected & HARNESS_GATES:
-            prestart_harness(ctx)
+        state.ahead.start_builds([state.context(self.config, i.path, i.nodeid.split("::")[0])
+                                  for i in compiles.values()], sass, profile)
+        if ctx.collected & state.gates.harness:
+            state.ahead.prestart_harness(ctx)
         if "roofline" in ctx.collected:  # matplotlib's import off the roofline item
-            import_plotting_ahead()
+            state.ahead.import_plotting_ahead()
         return ctx
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:

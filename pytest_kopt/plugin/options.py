@@ -1,4 +1,8 @@
-"""The ``--kopt-*`` options (each with an ini twin) and how they become the session's :class:`Settings`."""
+"""The ``--kopt-*`` options (each with an ini twin) and how they become the session's :class:`Settings`.
+
+The options every session reads are here; each concern's own are declared beside its plugin (``OPTIONS`` and
+``FLAGS`` of :mod:`~pytest_kopt.plugin.report`, :mod:`~pytest_kopt.plugin.compare`, :mod:`~pytest_kopt.plugin.loop`)
+and added to the same group by :func:`add_options`."""
 
 from __future__ import annotations
 
@@ -10,11 +14,12 @@ from typing import Any
 import pytest
 
 from ..errors import ConfigError
-from ..loop import session, state
 from ..gates.inputs import fresh_session_seed
+from ..loop import session, state
 from ..settings import Settings, build_settings
 
-#: (option name, help, metavar). Each has an ini twin ``kopt_<name>`` with the same help.
+#: (option name, help, metavar) of the options every session reads. Each has an ini twin ``kopt_<name>`` with the
+#: same help.
 OPTIONS = (
     ("baseline", "Kernel to judge: a CUDA/CUTLASS .cu with extern \"C\" solve(), or a Triton .py", "PATH"),
     ("ref", "Reference file defining reference(**kwargs), optional atol/rtol/workload_model/shapes", "PATH"),
@@ -26,7 +31,6 @@ OPTIONS = (
     ("atol", "Absolute tolerance, overriding the reference's atol", "FLOAT"),
     ("rtol", "Relative tolerance, overriding the reference's rtol", "FLOAT"),
     ("arch", "nvcc/Triton target arch such as sm_90a (default: the detected GPU's, else sm_90a)", "ARCH"),
-    ("json", "Write the session's JSON report to PATH ('-' for stdout)", "PATH"),
     ("outdir", "Folder for env.json, bench.json, ncu reports and SASS (default .kopt)", "DIR"),
     ("timeout", "Per-gate timeout of a kernel run in seconds (default 60)", "SECONDS"),
     ("ncu-timeout", "Timeout of one ncu profile in seconds (default 300)", "SECONDS"),
@@ -36,25 +40,13 @@ OPTIONS = (
     ("rotating-memory", "Largest fraction of free GPU memory the timing gate's rotating input sets may take "
                         "(default 0.25; at least one set is always used)", "FRACTION"),
     ("sanitizer", "Run compute-sanitizer tools on one call: memcheck,racecheck,initcheck,synccheck", "TOOLS"),
-    ("fail-slower", "PR gate: fail when a --kopt-candidate is confidently slower than the baseline by more than "
-                    "this many percent (e.g. 3)", "PCT"),
-    ("save", "Save every kernel's timing samples as a baseline NAME (pytest-benchmark's storage format)", "NAME"),
-    ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
-    ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
     ("gpus", "GPUs to spread the session over with -n: all (default: the first GPU's model), CUDA ordinals such "
              "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
              "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
-    ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
-    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
-    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
     ("ncu-num", "Top ncu metrics kept per axis in ncu_top.json (default 5)", "N"),
-    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
-    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
 )
-#: (flag, help): boolean options, each with an ini twin.
+#: (flag, help): boolean options every session reads, each with an ini twin.
 FLAGS = (
-    ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
-    ("finalize", "With --kopt-run: complete the run after this close and render summary.md"),
     ("fresh-process", "Run every GPU request in a fresh child process instead of one warm child per kernel "
                       "(slower: torch import and CUDA context per request)"),
 )
@@ -67,10 +59,11 @@ FAILED_SEED_CACHE_KEY = "kopt/failed_session_seed"
 _REPLAY_OPTIONS = ("lf", "failedfirst", "stepwise", "stepwise_skip")
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add the ``kopt`` option group: every ``--kopt-*`` flag with its ini twin."""
+def add_options(parser: pytest.Parser, options: tuple[tuple[str, str, str], ...],
+                flags: tuple[tuple[str, str], ...] = ()) -> None:
+    """Add ``options`` and ``flags`` to the ``kopt`` option group, each ``--kopt-<name>`` with its ini twin."""
     group = parser.getgroup("kopt", "GPU kernel gates (pytest-kopt)")
-    for name, help_text, metavar in OPTIONS:
+    for name, help_text, metavar in options:
         dest = "kopt_" + name.replace("-", "_")
         if name in ("candidate", "dims"):
             group.addoption(f"--kopt-{name}", dest=dest, action="append", default=None, metavar=metavar,
@@ -79,23 +72,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             continue
         group.addoption(f"--kopt-{name}", dest=dest, default=None, metavar=metavar, help=help_text)
         parser.addini(dest, help=help_text, default=None)
-    for name, help_text in FLAGS:
+    for name, help_text in flags:
         dest = "kopt_" + name.replace("-", "_")
         group.addoption(f"--kopt-{name}", dest=dest, action="store_true", default=None, help=help_text)
         parser.addini(dest, help=help_text, type="bool", default=False)
 
 
-def known_flags() -> list[str]:
-    """Every ``--kopt-*`` flag this plugin defines."""
-    return [f"--kopt-{n}" for n, _, _ in OPTIONS] + [f"--kopt-{n}" for n, _ in FLAGS]
-
-
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """A ``--kopt-*`` flag this plugin does not define stops the session with the closest real one (argparse only
-    says "unrecognized arguments")."""
+def check_known(args: list[str], flags: list[str]) -> None:
+    """Raise UsageError for a ``--kopt-*`` argument that is none of ``flags``, naming the closest real one
+    (argparse only says "unrecognized arguments")."""
     import difflib
 
-    flags = known_flags()
     for arg in args:
         if arg == "--":
             break
@@ -198,10 +185,12 @@ def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> s
     return str(given)
 
 
-def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
+def read_settings(config: pytest.Config, handed: dict[str, Any],
+                  suffixes: tuple[str, ...] = (".cu", ".py")) -> Settings:
     """The session's settings from the options (``handed``: what the xdist controller gave a worker, {} in the
     controller). ``--kopt-run DIR`` takes the kernels, reference, dims and seeds from the run's state; ``--kopt-init``
-    gets a new run folder (the controller's, in a worker). Raises UsageError (exit 4) naming the option and fix."""
+    gets a new run folder (the controller's, in a worker). ``suffixes``: the kernel files the session's kinds may
+    claim. Raises UsageError (exit 4) naming the option and fix."""
     overrides: dict[str, Any] = {}
     run_dir = raw(config, "run")
     if run_dir not in (None, ""):
@@ -219,7 +208,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
         return seed if name == "seed" else raw(config, name)
 
     try:
-        settings = build_settings(get, Path(config.invocation_params.dir))
+        settings = build_settings(get, Path(config.invocation_params.dir), suffixes)
     except ConfigError as exc:
         raise usage_error(exc, config) from None
     if handed.get("kopt_outdir") and settings.active:

@@ -8,46 +8,89 @@ from typing import Any
 
 import pytest
 
-from ..gates.build import BuildAhead
+from ..gates.builtin import default_table
 from ..gates.context import BlockLog, Context
-from ..proc.pool import HarnessPool
+from ..gates.pins import Pins
+from ..gates.table import GateTable
 from ..gates.trust import Trust
+from ..kinds.base import KindSet
+from ..kinds.builtin import default_kinds
+from ..proc.pool import HarnessPool
+from ..scheduler import Scheduler
 from ..settings import Settings
 
 
 @dataclass
 class SessionState:
-    """The settings (parsed once), the detected environment (``env.json``; the controller's, handed to workers),
-    the session's MAC key, this process's harness pool, block log and builds started ahead, and the
-    ``CUDA_VISIBLE_DEVICES`` to give back at unconfigure when this process pinned itself to a GPU
+    """The settings (parsed once), the session's kernel kinds and gate table (kopt's own and what plugins added
+    through :mod:`pytest_kopt.plugin.hookspec`), the detected environment (``env.json``; the controller's, handed
+    to workers), the session's MAC key, this process's harness pool, block log and scheduler of work started ahead,
+    and the ``CUDA_VISIBLE_DEVICES`` to give back at unconfigure when this process pinned itself to a GPU
     (``restore_visible``: True and the old value)."""
 
     settings: Settings
+    kinds: KindSet = field(default_factory=default_kinds)
+    gates: GateTable = field(default_factory=default_table)
     env: dict[str, Any] = field(default_factory=dict)
     trust: Trust = field(default_factory=Trust)
     pool: HarnessPool = field(default_factory=HarnessPool)
     blocks: BlockLog = field(default_factory=BlockLog)
-    builds: BuildAhead = field(default_factory=BuildAhead)
+    scheduler: Scheduler | None = None
     restore_visible: tuple[bool, str | None] = (False, None)
     kernels: frozenset[Path] = frozenset()
+    #: the files the session judges by, as they were at its start (the controller's, handed to workers)
+    pins: Pins = field(default_factory=Pins)
     #: the kernels whose first item ran in this process (:meth:`KoptItem._kickoff` ran for them)
     kicked: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.scheduler is None:
+            self.scheduler = Scheduler(self.pool)
+
+    @property
+    def ahead(self) -> Scheduler:
+        """This process's scheduler of work started ahead."""
+        assert self.scheduler is not None
+        return self.scheduler
+
     def context(self, config: pytest.Config, kernel: Path, display: str,
                 env: dict[str, Any] | None = None, collected: frozenset[str] | None = None) -> Context:
         """The gate context of one kernel file; ``env`` replaces the detected environment (the builds started
         before the GPU probe: :mod:`pytest_kopt.plugin.early`), ``collected`` the gates this process collected of
-        it (the gates a worker knows its selection keeps, before it collects: :mod:`pytest_kopt.plugin.xdist`)."""
+        it (the gates a worker knows its selection keeps, before it collects: :mod:`pytest_kopt.plugin.xdist`).
+        Raises ConfigError when no kind claims the file."""
         assert self.settings.ref is not None
+        path = Path(kernel).resolve()
         cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
         cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
-        return Context(settings=self.settings, env=self.env if env is None else env, kernel=Path(kernel).resolve(),
+        return Context(settings=self.settings, env=self.env if env is None else env, kernel=path,
                        ref=self.settings.ref, display=display, cache_dir=Path(cache_dir), pool=self.pool,
-                       blocks=self.blocks, trust=self.trust,
-                       collected=self.collected.get(Path(kernel).resolve(), frozenset()) if collected is None
-                       else collected)
+                       blocks=self.blocks, trust=self.trust, kind=self.kind_of(path), gates=self.gates,
+                       ahead=self.ahead, pins=self.pins,
+                       collected=self.collected.get(path, frozenset()) if collected is None else collected)
+
+    def take_pins(self) -> None:
+        """Pin the session's files (:func:`pytest_kopt.gates.pins.session_pins`): the reference, each kernel with
+        its kind's sources, the registries."""
+        from .. import registry
+        from ..gates.pins import session_pins
+
+        kernels = {k: self.kinds.of(k) for k in self.settings.kernels}
+        self.pins = session_pins(self.settings.ref, {k: v for k, v in kernels.items() if v is not None},
+                                 registry.files())
+
+    def kind_of(self, kernel: Path) -> Any:
+        """The kind that claims ``kernel``. Raises ConfigError when none does."""
+        from ..errors import ConfigError
+
+        kind = self.kinds.of(Path(kernel))
+        if kind is None:
+            raise ConfigError(f"{kernel}: no kernel kind claims it (kinds: "
+                              f"{', '.join(k.name for k in self.kinds.kinds)})",
+                              fix="give a .cu, a Triton or Python .py, or a file of a plugin's kind")
+        return kind
 
 
 STATE = pytest.StashKey[SessionState]()

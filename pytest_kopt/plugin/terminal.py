@@ -1,19 +1,22 @@
-"""The terminal summary: one line per gate item (or per kernel with ``-q``), the time per gate, the PR gate's
-verdicts, the loop's outcome and SKILL.md's exit code."""
+"""The terminal concern: the ``kopt gates`` summary, one line per gate item (or per kernel with ``-q``), the time
+per gate, the PR gate's verdicts, the loop's outcome and SKILL.md's exit code."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..gates.table import ORDER
+import pytest
+
+from ..gates.table import GateTable
 from ..records import GateRecord, kernel_verdicts
+from .ledger import SessionOutcome
 
 
-def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
+def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
     """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
     gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing
     median and the speedup over the reference."""
-    verdicts = kernel_verdicts(rows)
+    verdicts = kernel_verdicts(rows, table)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
         note = f"{v['skipped']} skipped" + ("" if v["output_checked"] else "; output not checked")
@@ -25,16 +28,16 @@ def _per_kernel(tr: Any, rows: list[GateRecord]) -> None:
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
-            loop: dict[str, Any] | None, errors: list[str], code: int | None) -> None:
+            loop: dict[str, Any] | None, errors: list[str], code: int | None, table: GateTable) -> None:
     """Write the ``kopt gates`` section to pytest's terminal reporter ``tr``."""
     if not records:
         return
     tr.section("kopt gates")
     order = {r.nodeid: i for i, r in enumerate(records)}
-    rows = sorted(records, key=lambda r: (r.nodeid.split("::")[0], ORDER.get(r.gate, 99), order[r.nodeid]))
+    rows = sorted(records, key=lambda r: (r.nodeid.split("::")[0], table.rank(r.gate), order[r.nodeid]))
     several = len({r.nodeid.split("::")[0] for r in rows}) > 1
     if verbosity < 0:
-        _per_kernel(tr, rows)
+        _per_kernel(tr, rows, table)
         rows = []
 
     def name(r: GateRecord) -> str:
@@ -50,7 +53,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
         per_gate.setdefault(r.gate, []).append(r.duration_s)
     tr.write_line("kopt item time per gate: " + ", ".join(
         f"{g} {sum(d):.1f} s" + (f" ({len(d)})" if len(d) > 1 else "")
-        for g, d in sorted(per_gate.items(), key=lambda kv: ORDER.get(kv[0], 99))))
+        for g, d in sorted(per_gate.items(), key=lambda kv: table.rank(kv[0]))))
     for c in comparisons:
         if c["verdict"] in ("NOT_TIMED", "NOT_SAVED"):
             what = "not timed (see its gates)" if c["verdict"] == "NOT_TIMED" else f"no {c['baseline']} saved"
@@ -67,3 +70,24 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     if code is not None:
         tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
                       f"4 configuration/contract)")
+
+
+class TerminalPlugin:
+    """Registered on the controller (or the only process) of an active session: the summary after pytest's own."""
+
+    def __init__(self, config: pytest.Config, outcome: SessionOutcome, table: GateTable,
+                 ahead_log: list[str]) -> None:
+        self.config = config
+        self.outcome = outcome
+        self.table = table
+        self.ahead_log = ahead_log
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One line per gate item: outcome and its key figures (or the reason it skipped/failed); with ``-v``, what
+        was done for the branches' profiles in a loop's close."""
+        o = self.outcome
+        summary(terminalreporter, self.config.get_verbosity(), o.ledger.records, o.comparisons, o.loop, o.errors,
+                o.exit_code(), self.table)
+        if self.ahead_log and self.config.get_verbosity() > 0:
+            for line in self.ahead_log:
+                terminalreporter.write_line(f"kopt champion profile ahead: {line}")

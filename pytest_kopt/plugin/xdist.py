@@ -14,10 +14,9 @@ from typing import Any, Callable, Iterable
 import pytest
 
 from ..gates import gpus, hardware
-from ..gates.plan import prestart_harness
 from ..gates.trust import Trust
 from .early import selection_keeps
-from .nodes import HARNESS_GATES, node_path
+from .nodes import node_path
 from .stash import SessionState
 
 
@@ -93,7 +92,8 @@ class XdistControllerPlugin:
         default of ``-n``); else empty."""
         if not self.state.kernels or self.config.getvalue("dist") != "load":
             return {}
-        return kernel_plan([k for k in self.state.kernels if selection_keeps(self.config, k, "plan")], workers)
+        return kernel_plan([k for k in self.state.kernels if selection_keeps(self.config, self.state, k, "plan")],
+                           workers)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -128,6 +128,7 @@ class XdistControllerPlugin:
                 node.workerinput["kopt_gpu"] = gpu
                 self.gpu_workers.setdefault(gpu["uuid"], set()).add(node.workerinput["workerid"])
         node.workerinput["kopt_key"] = self.state.trust.hex()
+        node.workerinput["kopt_pins"] = self.state.pins.to_json()
         index = worker_index(str(node.workerinput.get("workerid", "")))
         first = sorted(k for k, w in self.plan(int(node.workerinput.get("workercount") or 0)).items() if w == index)
         if first and env.get("gpu") and not node.workerinput.get("kopt_detect_here"):
@@ -173,11 +174,11 @@ def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[st
     if not first or not state.env.get("gpu"):
         return False
     kernel = Path(first)
-    if kernel not in state.kernels or not selection_keeps(config, kernel, "plan"):
+    if kernel not in state.kernels or not selection_keeps(config, state, kernel, "plan"):
         return False
     # the harness gates the selection surely keeps: no timing processes for a session without timing items
-    kept = frozenset(g for g in HARNESS_GATES if selection_keeps(config, kernel, g))
-    prestart_harness(state.context(config, kernel, node_path(config, kernel), collected=kept))
+    kept = frozenset(g for g in state.gates.harness if selection_keeps(config, state, kernel, g))
+    state.ahead.prestart_harness(state.context(config, kernel, node_path(config, kernel), collected=kept))
     return True
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import KernelRuntimeError
 from .runner import (child_env, died_error, python_command, read_result, run_fresh, tail, timeout_error,
                      write_request)
-from .tree import freeze_tree, kill_tree, resume
+from ..child.tree import freeze_tree, kill_tree, resume
 
 #: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
 #: loadscope a worker runs one kernel's gates in a row, so the kernel's two processes and the reference's two
@@ -201,12 +201,6 @@ class HarnessPool:
         self.live: dict[Key, HarnessServer] = {}
         #: processes :meth:`prestart` started that no request has used yet
         self.starting: dict[Key, HarnessServer] = {}
-        #: one-request processes started ahead of the gate that finishes them (the ncu gate's profile, keyed by
-        #: (kernel, ncu set); each has ``kill()``); ended at :meth:`shutdown` when no gate took them
-        self.ahead: dict[Any, Any] = {}
-        #: kernels (paths) no profile is started ahead for any more: their ncu gate took or ended them, or a
-        #: correctness case failed
-        self.ahead_closed: set[str] = set()
         self._atexit = False
 
     def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
@@ -282,8 +276,6 @@ class HarnessPool:
             self.live.popitem()[1].close()
         while self.starting:
             self.starting.popitem()[1].close(kill=True)
-        while self.ahead:
-            self.ahead.popitem()[1].kill()
 
     def _register_atexit(self) -> None:
         if not self._atexit:

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import NO_GPU_FIX, Blocked, CompileError, ContractError, KernelRuntimeError
-from .tree import kill_tree
+from ..errors import NO_GPU_FIX, Blocked, CompileError, ConfigError, ContractError, KernelRuntimeError
+from ..child.tree import kill_tree
 
 #: How a harness process starts: the JSON list after it holds the folders appended to ``sys.path``.
 _BOOT = ("import json, runpy, sys; sys.path.extend(json.loads(sys.argv.pop(1))); "
@@ -190,8 +190,9 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     """The request's result, read once and, when ``attest`` is given, checked against the SHA-256 its process sent
     on the private control pipe (another process could have rewritten the file in the work folder in between);
     its ``npz_sha`` (the reference's modes) is then as trustworthy as the rest, for
-    :func:`pytest_kopt.gates.trust.read_verified`. Raises KernelRuntimeError (TAMPERED) on a mismatch, the error
-    the harness reported otherwise (``on_error`` is called first)."""
+    :func:`pytest_kopt.gates.trust.read_verified`. Raises KernelRuntimeError (TAMPERED) on a mismatch or when the
+    process found its own functions replaced (``tampered``: :mod:`pytest_kopt.child.sentinels`), the error the
+    harness reported otherwise (``on_error`` is called first)."""
     data = Path(out + ".json").read_bytes()
     if attest is not None and hashlib.sha256(data).hexdigest() != attest:
         if on_error is not None:
@@ -203,6 +204,15 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     result: dict[str, Any] = json.loads(data)
     result["stdout"] = tail(output, 4000)
     result["out"] = out
+    tampered = result.get("tampered")
+    if tampered:  # the process's own check (child/sentinels.py): it replaced what the harness measures with
+        if on_error is not None:
+            on_error()
+        shown = ", ".join(map(str, tampered[:8])) + (f" and {len(tampered) - 8} more" if len(tampered) > 8 else "")
+        raise KernelRuntimeError(f"the kernel's process replaced functions the harness measures or judges with: "
+                                 f"{shown}", gate=gate, path=path, status="TAMPERED", details=tail(output),
+                                 fix="a kernel must not patch torch's timing entry points, the harness or its "
+                                     "statistics; nothing it reported in this process can be used")
     if result.get("ok"):
         return result
     if on_error is not None:
@@ -213,6 +223,9 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     if category == "contract":
         raise ContractError(message, gate=gate, path=path, details=details,
                             fix=fix or "make the reference/setup follow the contract in the README")
+    if category == "changed":  # a pinned file (the reference) is not what the session started with
+        raise ConfigError(message, gate=gate, path=path, details=details, status="FILE_CHANGED",
+                          fix=fix or "restore the file and run the session again")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
         raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
     if category == "compile":

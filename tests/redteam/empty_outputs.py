@@ -1,6 +1,7 @@
 """ATTACK on the verdict: the kernel writes NaN, then patches the harness's json.dumps (it shares the process) so
-its result claims there are no outputs to judge. Which outputs are judged must come from the reference's process,
-never from the candidate's: INCORRECT_NUMERICAL."""
+its result claims there are no outputs to judge. Its process finds json.dumps replaced after its first request
+(TAMPERED); were that check defeated too, which outputs are judged comes from the reference's process, never from
+the candidate's (INCORRECT_NUMERICAL)."""
 import json
 
 import torch

@@ -1,0 +1,56 @@
+"""Atomic writers and tolerant readers of the files pytest-kopt writes.
+
+Every JSON file goes through :func:`write_json` (a temp file in the same folder, then ``os.replace``), so a reader
+never sees half a file. Readers are tolerant (pytest's ``stepwise`` plugin's rule): a missing or corrupt file reads
+as None, never a traceback, and the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON to ``path`` atomically (temp file in the same folder, then ``os.replace``);
+    creates the folder. Values JSON cannot encode are written as their ``str()``. Returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (summary.md, analysis templates); creates the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON document at ``path``, or None when it is missing, unreadable or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_dict(path: Path) -> dict[str, Any] | None:
+    """:func:`read_json`, but None unless the document is a JSON object."""
+    doc = read_json(path)
+    return doc if isinstance(doc, dict) else None

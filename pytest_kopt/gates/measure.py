@@ -1,0 +1,389 @@
+"""How the timing gate measures: the timing policy, alternating rounds of several parties each in its own warm
+harness process (:class:`Rounds`), the kernel against its reference (:func:`interleaved`, :func:`measure_shape`, a
+second measurement after an unstable first one), the loop's re-timing, the reference timed alone, the GPU's measured
+peaks, the timed output's check, and which samples a timing reports (:func:`timing_basis`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import stats
+from ..artifacts import Basis, FirstAttempt, TimedRun
+from ..errors import KernelRuntimeError, KoptError, TimingError
+from .build import ensure_built
+from .context import Context
+from .correctness import check_report, judge_request, verdict_from
+from .request import harness_request
+from .suspects import unstable_causes
+from .trust import digest, local_sources
+
+#: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
+#: 0.5% (nvbench's default noise target) with at least 10 samples and 0.2 s, or 2 s / 2000 samples; up to 8
+#: rotating input sets within ``--kopt-rotating-memory`` (a quarter by default) of the free device memory.
+TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 2.0, "max_samples": 2000,
+          "target_rse": 0.005, "max_sets": 8, "mem_fraction": 0.25}
+#: Calls per CUDA graph in ``--kopt-timing graph`` (each after its own L2 flush).
+GRAPH_CALLS = 20
+#: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
+ROUND_S = 0.05
+#: ms per µs: CUPTI spans come in µs.
+MS_PER_US = 1e-3
+
+Party = tuple[dict[str, Any], "str | None", str]  # (request, warm server identity, display path)
+
+
+def timing_policy(ctx: Context) -> dict[str, Any]:
+    """The timing policy a request carries: :data:`TIMING` with the session's method and memory fraction."""
+    return {**TIMING, "method": ctx.settings.timing_method, "graph_calls": GRAPH_CALLS,
+            "mem_fraction": ctx.settings.rotating_memory,
+            # a .cu solve() launches on the legacy default stream: a capture on torch's capture stream would run
+            # it eagerly instead of recording it, so its graph mode queues the pairs
+            "capture": ctx.kind.graph_capture}
+
+
+def timing_request(ctx: Context, device: str) -> dict[str, Any]:
+    """A timing request for ``ctx``'s kernel (first validation seed's plan), its build made or reused."""
+    return harness_request(ctx, "timing", device, ctx.settings.seeds[0], ensure_built(ctx),
+                           timing=timing_policy(ctx))
+
+
+class Rounds:
+    """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
+    rounds of about :data:`ROUND_S` per party until every party's stopping rule is met (or 4x the timing budget +
+    30 s), then each party's final result. The caller holds the GPU lock around all of it."""
+
+    def __init__(self, ctx: Context, parties: list[Party]) -> None:
+        self.ctx, self.parties = ctx, parties
+        self.key = uuid.uuid4().hex
+        self.timeout = max(ctx.settings.gate_timeout_s, 120.0)
+        self.last: list[dict[str, Any]] = []
+        #: per party, this process's own account of its rounds: samples asked for, and the wall seconds of the
+        #: sampling rounds and of the final one (the profiled calls), by this process's clock
+        self.asked: dict[int, int] = {}
+        self.wall_s: dict[int, float] = {}
+        self.final_s: dict[int, float] = {}
+
+    def run(self, i: int, count: int, final: bool = False) -> dict[str, Any]:
+        """One round of ``count`` samples of party ``i`` (``final``: end it and return its whole result, with
+        ``outside_clock``: what this process asked of it and measured of it, :func:`outside_clock`)."""
+        r, server, path = self.parties[i]
+        t0 = time.perf_counter()
+        result = self.ctx.pool.run({**r, "round": {"key": f"{self.key}-{i}", "count": count, "final": final}},
+                                   gate="timing", timeout_s=self.timeout, path=path, workdir=self.ctx.work,
+                                   server=server)
+        took = time.perf_counter() - t0
+        if final:
+            self.final_s[i] = took
+            result["outside_clock"] = {"samples_asked": self.asked.get(i, 0),
+                                       "rounds_wall_s": round(self.wall_s.get(i, 0.0), 6),
+                                       "final_wall_s": round(took, 6)}
+        else:
+            self.asked[i] = self.asked.get(i, 0) + count
+            self.wall_s[i] = self.wall_s.get(i, 0.0) + took
+        return result
+
+    def start(self, i: int) -> dict[str, Any]:
+        """Party ``i``'s first round (3 samples); kept as its latest."""
+        self.last.append(self.run(i, 3))
+        return self.last[-1]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Rounds until every party has stopped, then each party's final result, in party order."""
+        t0 = time.monotonic()
+        cap = 4 * TIMING["budget_s"] + 30.0
+        while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < cap:
+            for i in range(len(self.parties)):
+                if self.last[i]["stop_reason"] is None:
+                    per = max(self.last[i]["sample_wall_s"], 1e-6)
+                    self.last[i] = self.run(i, int(min(500, max(1, ROUND_S / per))))
+        return [self.run(i, 0, final=True) for i in range(len(self.parties))]
+
+
+def ready_for_timing(ctx: Context, parties: list[Party]) -> None:
+    """Each warm timing process of ``parties`` started and its CUPTI warm-up done (a ``ready`` request), before the
+    GPU lock is taken: a process still importing torch or warming the profiler up (seconds) would otherwise hold
+    the lock while other workers' correctness seeds wait behind it. Only processes that have served nothing yet are
+    asked (a process that has is warm, and a kernel's code that ran in it must not run again outside the lock:
+    its process is stopped between requests, and ``ready`` would let what it left running run); fresh processes
+    (identity None) are skipped. Raises the harness's errors."""
+    for preq, identity, display in parties:
+        env = dict(preq.get("env") or {})
+        if identity is not None and not ctx.pool.served(identity, env):
+            ctx.pool.run({"mode": "ready", "device": preq.get("device", "cuda"), "env": env},
+                         gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=display,
+                         workdir=ctx.work, server=identity)
+
+
+def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """Candidate and reference (and, for the PR gate, the baseline kernel) timed in alternating rounds, each in its
+    own warm process, so a drift of clocks or temperature during the measurement hits all of them and the ratios'
+    CIs stay honest. Returns (candidate result, reference result, baseline result or None) as the one-shot timing
+    modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns (its
+    process checks it against ``ref.shapes()``)."""
+    parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
+    ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display),
+                           ({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))])
+    rounds = Rounds(ctx, parties)
+    # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
+    # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
+    with ctx.device_lock(req["device"]):
+        first = rounds.start(0)
+        rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
+                "env": {}}
+        parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
+        rounds.start(1)
+        base = ctx.settings.baseline
+        if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
+            bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+            try:
+                breq: dict[str, Any] | None = timing_request(bctx, req["device"])
+            except KoptError:
+                breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
+            if breq is not None:
+                parties.append((breq, bctx.server("candidate"), bctx.display))
+                rounds.start(2)
+        finals = rounds.finish()
+    if len(finals) > 2 and finals[2].get("npz"):
+        Path(finals[2]["npz"]).unlink(missing_ok=True)
+    return finals[0], finals[1], finals[2] if len(finals) > 2 else None
+
+
+def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
+    """Re-time kernels that a decision compares (the loop's finalists and ablations) in alternating rounds on this
+    process's GPU, each in its own warm process, so clock or temperature drift, and the differences between two
+    GPUs of one model, hit them all alike. ``ctxs``: built, correct kernels of one session. Returns, per kernel,
+    ``{"median_ms", "samples_ms", "stop_reason", "gpu_uuid"}`` (ms). Raises the harness's errors
+    (:class:`~pytest_kopt.errors.KoptError`: a kernel that no longer builds, crashes or times out). Outputs are not
+    judged again: each kernel passed its correctness seeds and timed-output check earlier in the session. The samples
+    are every kernel's kernel-only (CUPTI) spans under ``--kopt-timing cupti`` when each kernel has them, else the
+    CUDA event samples (``timing_basis``)."""
+    parties: list[Party] = []
+    for c in ctxs:
+        r = timing_request(c, "cuda")
+        parties.append((r, c.server("candidate"), c.display))
+        c.pool.prestart(c.server("candidate"), dict(r["env"]), c.work)  # the processes' starts overlap
+    ready_for_timing(ctxs[0], parties)
+    rounds = Rounds(ctxs[0], parties)
+    with ctxs[0].gpu_lock():
+        for i in range(len(parties)):
+            rounds.start(i)
+        finals = rounds.finish()
+    # one basis for every kernel of the decision: the kernel-only spans when each has them (the timing gate's
+    # default), else the events
+    spans = [(f.get("cupti") or {}).get("spans_us") for f in finals]
+    cupti = ctxs[0].settings.timing_method == "cupti" and all(spans)
+    out = []
+    for f, sp in zip(finals, spans):
+        if f.get("npz"):
+            Path(f["npz"]).unlink(missing_ok=True)
+        samples = [x * MS_PER_US for x in sp] if cupti and sp else f["event_ms"]
+        out.append({"median_ms": stats.median(samples), "samples_ms": samples,
+                    "timing_basis": "cupti" if cupti else f.get("method", "events"),
+                    "stop_reason": f["stop_reason"], "gpu_uuid": f.get("gpu_uuid")})
+    return out
+
+
+def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
+    """The reference timed in its own process on the candidate's spec (``--kopt-fresh-process``, where no rounds
+    alternate): shared through the session's signed cache per (reference, spec, dims, GPU), so a session's
+    candidates share one measurement of it. Returns ``{"event_ms", "stop_reason", "cupti"}``."""
+    key = digest("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
+                 req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
+
+    def compute() -> tuple[dict[str, Any], None]:
+        rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
+        result = ctx.pool.run(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                              path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
+                              server=ctx.server("reference"))
+        return {"event_ms": result["event_ms"], "stop_reason": result["stop_reason"],
+                "cupti": result.get("cupti")}, None
+
+    payload, _, _ = ctx.trust.cached(ctx.cache_dir / "refs", f"{key}.timing", compute, gate="timing",
+                                     display=ctx.display)
+    return payload
+
+
+def device_peaks(ctx: Context) -> dict[str, Any] | None:
+    """Measured ceilings of this GPU (copy bandwidth, bf16/fp32 matmul FLOP/s), measured once and kept per GPU UUID
+    under ``<cache>/peaks/`` across sessions, unsigned (measuring costs seconds; a planted file could only move the
+    roofline floor of the SUSPECT check, which a run on a clean cache restores). None without a GPU."""
+    gpu = ctx.env.get("gpu")
+    if not gpu:
+        return None
+
+    def compute() -> tuple[dict[str, Any], None]:
+        # in the reference's warm process (torch imported, its context made): a fresh process costs ~5 s to start
+        ready_for_timing(ctx, [({"device": "cuda", "env": {}}, ctx.server("reference"), str(ctx.ref))])
+        with ctx.gpu_lock():
+            result = ctx.pool.run({"mode": "peaks"}, gate="timing", timeout_s=300.0,
+                                  path=ctx.display, workdir=ctx.work, server=ctx.server("reference"))
+        return {k: result[k] for k in ("dram_bytes_per_s", "bf16_flops", "fp32_flops", "gpu", "method")}, None
+
+    payload, _, _ = ctx.trust.cached(ctx.cache_dir / "peaks", gpu["uuid"], compute, signed=False, gate="timing",
+                                     display=ctx.display)
+    return payload
+
+
+def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any]) -> Any:
+    """The judge, in the reference's process, on the timed process's check call: the reference on that call's
+    inputs, the verdict on its outputs (:func:`pytest_kopt.child.correctness.mode_check_timed`). Raises
+    KernelRuntimeError when the timed process handed over no outputs (or none the judge could read)."""
+    check_report(ctx, result, req, "timing")
+    try:
+        judged = judge_request(ctx, req, result, mode="check_timed")
+    finally:
+        if result.get("npz") and Path(result["npz"]).is_file():
+            Path(result["npz"]).unlink(missing_ok=True)
+    if judged.get("unreadable") or judged.get("missing") or judged.get("verdict") is None:
+        what = judged.get("unreadable") or ", ".join(judged.get("missing") or []) or "outputs"
+        raise KernelRuntimeError(f"the timed call's process returned no {what}", gate="timing", path=ctx.display,
+                                 fix="the kernel must not touch the harness (its modules, files or pipes)")
+    changed = (judged.get("guards") or {}).get("input_mutated")
+    if changed:  # the judge drew the check call's inputs itself: the timed process's copy is not them
+        return verdict_from({"status": "INPUT_MUTATED", "message": "the timed check call's inputs are not the ones "
+                             "drawn for it: " + ", ".join(map(str, changed)), "details": [], "figures": {}})
+    return verdict_from(judged["verdict"])
+
+
+#: Seconds of slack when a party's reported samples are held against the wall time of its rounds (the rounds' own
+#: request round trips are inside that wall time, so honest samples always fit with room to spare).
+CLOCK_SLACK_S = 0.005
+
+
+def outside_clock(result: dict[str, Any]) -> list[str]:
+    """What the pytest process's own account of an interleaved measurement (``result["outside_clock"]``, from
+    :class:`Rounds`) says of the figures the timed process reported: every sample it asked for there, no more and
+    no fewer; the event samples (ms) summing to no more than the sampling rounds' wall time; the kernel-only spans
+    (µs) of its profiled calls summing to no more than the final round's. Returns the contradictions (none for a
+    result without that account: a fresh process, timed at once)."""
+    clock = result.get("outside_clock")
+    if not isinstance(clock, dict):
+        return []
+    out = []
+    events = result.get("event_ms") if isinstance(result.get("event_ms"), list) else []
+    if len(events) != clock["samples_asked"]:
+        out.append(f"it reported {len(events)} samples where {clock['samples_asked']} were asked for")
+    total = sum(x for x in events if isinstance(x, (int, float))) / 1e3
+    if total > clock["rounds_wall_s"] + CLOCK_SLACK_S:
+        out.append(f"its samples sum to {total:.4f} s, more than the {clock['rounds_wall_s']:.4f} s its rounds took")
+    spans = ((result.get("cupti") or {}).get("spans_us") or []) if isinstance(result.get("cupti"), dict) else []
+    span_s = sum(x for x in spans if isinstance(x, (int, float))) / 1e6
+    if span_s > clock["final_wall_s"] + CLOCK_SLACK_S:
+        out.append(f"its profiled calls' spans sum to {span_s:.4f} s, more than the {clock['final_wall_s']:.4f} s of "
+                   "its final round")
+    return out
+
+
+def measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                         dict[str, Any] | None, Any]:
+    """One measurement: (the candidate's result, the reference's, the PR baseline's, the timed-output verdict).
+    The candidate's result gains ``gate_phase_s``: the wall seconds of the measurement and of the output check, as
+    the pytest process saw them (lock waits included)."""
+    ref_result: dict[str, Any] | None = None
+    base_result: dict[str, Any] | None = None
+    t0 = time.perf_counter()
+    if ctx.settings.fresh_process:
+        result = ctx.pool.run(req, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
+                              path=ctx.display, workdir=ctx.work, lock=ctx.gpu_lock())
+    else:
+        result, ref_result, base_result = interleaved(ctx, req)
+    t1 = time.perf_counter()
+    contradictions = outside_clock(result) + [f"the PR gate's baseline: {c}" for c in
+                                              (outside_clock(base_result) if base_result is not None else [])]
+    if contradictions:
+        raise TimingError("the timed process's figures contradict what the pytest process asked and measured: "
+                          + "; ".join(contradictions), gate="timing", path=ctx.display, status="TAMPERED",
+                          fix="the kernel's process must not change how it is timed (torch's events, the profiler, "
+                              "the harness); its timing is void")
+    verdict = _timed_output_check(ctx, req, result)
+    result["gate_phase_s"] = {"measure": round(t1 - t0, 3), "output_check": round(time.perf_counter() - t1, 3)}
+    return result, ref_result, base_result, verdict
+
+
+#: Share of samples whose launch call took longer on the host than the stream hold, from which the host's own time
+
+def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any],
+                 base_result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Which samples a timing reports and every decision reads, and why. ``--kopt-timing cupti`` (the default):
+    the kernel-only spans from CUPTI (:func:`pytest_kopt.child.cupti.cupti_samples`) of the kernel, its reference
+    and a PR gate's baseline alike, so no ratio mixes two clocks; CUDA events for all of them when the profiler
+    gave any party none (``note`` says why). ``events``/``graph``: those samples. Returns ``{"basis", "kernel",
+    "reference", "baseline" (ms lists; baseline None without one), "note"}``. A candidate whose profiled calls
+    launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught, never timed by events instead."""
+    events = {"basis": result.get("method", "events"),
+              "kernel": result["event_ms"], "reference": ref_result["event_ms"],
+              "baseline": base_result["event_ms"] if base_result else None, "note": None}
+    if ctx.settings.timing_method != "cupti":
+        return events
+    cupti = result.get("cupti") or {}
+    if not cupti.get("spans_us") and cupti.get("empty_calls"):
+        return {**events, "basis": "cupti", "kernel": [], "note": "the profiled calls launched no GPU work"}
+    parties = [("kernel", result), ("reference", ref_result)] + ([("baseline", base_result)] if base_result else [])
+    missing = [(who, (p.get("cupti") or {}).get("error") or "no CUPTI pass") for who, p in parties
+               if not (p.get("cupti") or {}).get("spans_us")]
+    if missing:
+        return {**events, "note": "timed by CUDA events: CUPTI gave no kernel-only samples for the " + "; ".join(
+            f"{who} ({why[:120]})" for who, why in missing)}
+    spans = {who: [x * MS_PER_US for x in p["cupti"]["spans_us"]] for who, p in parties}
+    return {"basis": "cupti", "kernel": spans["kernel"], "reference": spans["reference"],
+            "baseline": spans.get("baseline"), "note": None}
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A measurement as the timing gate judges it: the kernel's, the reference's and a PR gate's baseline's timed
+    results (``baseline`` None without one), the judge's verdict on a timed call's output, the samples every
+    decision reads (:func:`timing_basis`), the timing policy of the request measured (``hold_us`` raised after an
+    unstable first attempt), and that first attempt (None when there was none)."""
+
+    run: TimedRun
+    ref: TimedRun
+    baseline: TimedRun | None
+    verdict: Any
+    basis: Basis
+    policy: dict[str, Any]
+    first_attempt: FirstAttempt | None
+
+    @property
+    def did_nothing(self) -> bool:
+        """Whether the timed calls did no measurable work: no GPU work in the profiled calls (kernel-only basis),
+        or a median event time not above 0."""
+        return (self.basis.name == "cupti" and not self.basis.kernel) or statistics.median(self.run.event_ms) <= 0
+
+
+def _measure_once(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None,
+                                                               Any, dict[str, Any]]:
+    """:func:`measure`, the reference timed alone where no rounds alternated, and :func:`timing_basis`."""
+    result, ref_result, base_result, verdict = measure(ctx, req)
+    if ref_result is None:
+        ref_result = reference_timing(ctx, req, result)
+    return result, ref_result, base_result, verdict, timing_basis(ctx, result, ref_result, base_result)
+
+
+def measure_shape(ctx: Context, req: dict[str, Any]) -> Measured:
+    """Measure ``ctx``'s kernel with the timing request ``req``. When the kernel's samples are unstable (not graph
+    samples, whose spread is the flush's), first find out why (:func:`~pytest_kopt.gates.suspects.unstable_causes`);
+    where a cause can be taken out of the measurement (a longer stream hold, a wait for other processes), measure
+    once more with it taken out. Raises the harness's errors."""
+    result, ref_result, base_result, verdict, basis = _measure_once(ctx, req)
+    first_attempt: FirstAttempt | None = None
+    k0 = stats.describe(basis["kernel"]) if verdict.ok and basis["kernel"] and \
+        statistics.median(basis["kernel"]) > 0 else None
+    if k0 is not None and k0.stability == "unstable" and result.get("method") != "graph":
+        causes = unstable_causes(result)
+        first_attempt = FirstAttempt(robust_cv=k0.robust_cv, median_ms=k0.median_ms, samples=k0.n,
+                                     causes=causes["causes"], remeasured=causes["remedy"], basis=basis["basis"])
+        if causes["remedy"]:
+            if causes["wait_s"]:
+                time.sleep(causes["wait_s"])
+            req = {**req, "timing": {**req["timing"], "hold_us": causes["hold_us"]}}
+            result, ref_result, base_result, verdict, basis = _measure_once(ctx, req)
+    return Measured(run=TimedRun.of(result), ref=TimedRun.of(ref_result),
+                    baseline=TimedRun.of(base_result) if base_result is not None else None, verdict=verdict,
+                    basis=Basis.of(basis), policy=dict(req["timing"]), first_attempt=first_attempt)

@@ -1,0 +1,158 @@
+"""What makes a timing suspect or unstable, each rule a small pure function over figures the timing gate measured:
+the roofline floor, the host's gap, CUPTI's records of the profiled calls, events against the kernel-only spans, a
+kernel the profiler could not record; and why a timing is unstable (:func:`unstable_causes`). A rule returns
+(finding, fix) pairs, [] when it finds nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import stats
+
+#: A finding (a sentence: what was seen) and its fix (what to change).
+Finding = tuple[str, str]
+
+#: Share of samples whose launch call took longer on the host than the stream hold, from which the host's own time
+#: is taken to be inside the timed window (the GPU idles waiting for the rest of the launches).
+HOST_BOUND_SHARE = 0.10
+#: Share of throttled samples from which clocks are named as a cause.
+THROTTLED_SHARE = 0.10
+
+
+def unstable_causes(result: dict[str, Any]) -> dict[str, Any]:
+    """Why an events-method timing is unstable, from what the timed process recorded: host work inside the call (a
+    launch whose host time exceeded the stream hold in at least :data:`HOST_BOUND_SHARE` of the samples: the GPU
+    waited for the host inside the window), other processes with a context on the GPU (NVML), throttled clocks.
+    Returns ``{"causes": [sentences], "remedy": what a second measurement changes ("" for nothing), "hold_us": the
+    hold for it (2 x the 90th percentile of the launches' host time + 20 µs), "wait_s": seconds to wait first}``."""
+    causes: list[str] = []
+    remedy: list[str] = []
+    hold_us = float(result.get("hold_us") or 0)
+    wait_s = 0.0
+    launches = [x for x in (result.get("launch_host_us") or []) if x is not None]
+    if launches:
+        p90 = stats.quantile(launches, 0.9)
+        over = sum(x > hold_us for x in launches) / len(launches)
+        if over >= HOST_BOUND_SHARE:
+            causes.append(f"host work inside the timed call: its launch took {stats.quantile(launches, 0.5):.0f} µs "
+                          f"(p90 {p90:.0f} µs) on the host, longer than the {hold_us:.0f} µs stream hold in "
+                          f"{over:.0%} of the samples, so the GPU waited for the host inside the window")
+            remedy.append(f"with a {2 * p90 + 20:.0f} µs hold")
+            hold_us = 2 * p90 + 20
+    others = result.get("gpu_processes") or []
+    if others:
+        causes.append(f"{len(others)} other process(es) hold a context on this GPU (pids "
+                      f"{', '.join(str(o['pid']) for o in others[:5])})")
+        remedy.append("after 2 s")
+        wait_s = 2.0
+    throttled = result.get("throttled") or []
+    if throttled and sum(throttled) / len(throttled) >= THROTTLED_SHARE:
+        causes.append(f"{sum(throttled)} of {len(throttled)} samples ran at throttled clocks (power/thermal "
+                      "slowdown or an SM clock under 75% of its maximum)")
+    return {"causes": causes, "remedy": " and ".join(remedy), "hold_us": hold_us, "wait_s": wait_s}
+
+
+def cupti_suspects(cupti: Mapping[str, Any]) -> list[Finding]:
+    """What the kernel-only records say of a call that does not do its work every time: calls that launched no GPU
+    work, or calls that launched different kernels (by the sorted list of kernel names) from one call to the next.
+    Returns (finding, fix) pairs."""
+    out: list[Finding] = []
+    empty, calls = int(cupti.get("empty_calls") or 0), int(cupti.get("calls") or 0)
+    if empty:
+        out.append((f"{empty} of {empty + calls} profiled calls launched no GPU work (a result computed once and "
+                    "replayed, or work skipped on some calls)",
+                    "launch the kernel's work on every call; a call that does no GPU work has no kernel time"))
+    sets = cupti.get("launch_sets") or []
+    if len(sets) > 1:
+        shown = "; ".join(f"{', '.join(d['kernels'])[:120] or 'nothing'} in {d['calls']} call(s)" for d in sets[:3])
+        out.append((f"the calls launched different kernels from call to call ({shown})",
+                    "launch the same work on every call; if the work truly depends on the input values, time it "
+                    "with --kopt-timing events"))
+    return out
+
+
+def under_floor(median_ms: float, floor_ms: float | None) -> list[Finding]:
+    """A median (ms) under the roofline floor (ms, :func:`pytest_kopt.stats.roofline_floor_ms`): faster than the
+    measured peaks allow."""
+    if not (floor_ms is not None and median_ms < floor_ms):
+        return []
+    return [(f"median {stats.fmt_ms(median_ms)} is under the roofline floor {stats.fmt_ms(floor_ms)} "
+             f"(bytes_min / measured bandwidth, flops / measured peak, each with {stats.FLOOR_HEADROOM:g}x "
+             "headroom)", "check workload_model's flops and bytes_min; synchronise all work inside "
+                          "solve()/run_kernel()")]
+
+
+def host_gap(gap_ms: float, host_median_ms: float, events_median_ms: float) -> list[Finding]:
+    """Work outside the timed stream: the host saw the device busy far longer than the events did. ``gap_ms``: the
+    host's median time of a call less the event median, the call's launch and a synchronise round trip (ms)."""
+    if not gap_ms > max(0.02, 0.25 * events_median_ms):
+        return []
+    return [(f"the host clock (synchronised) saw {stats.fmt_ms(host_median_ms)} per call but CUDA events "
+             f"{stats.fmt_ms(events_median_ms)} (work on another stream or a background thread?)",
+             "synchronise all work inside solve()/run_kernel(): launch it on the current stream")]
+
+
+#: A kernel-only median under (the event median - 20 µs) / 1.5 is SUSPECT: calls that do their work when not profiled
+#: only. Honest calls differ by launch gaps and the flush's tail: 2.5 to 3 µs on an H200 (events/span 2.795 at
+#: 1.41 µs, 1.061 at 43.7 µs, 1.049 at 60.3 µs; timing_fidelity.py, 2026-12-03).
+EVENTS_OVER_KERNEL = 1.5
+EVENTS_GAP_MS = 0.020
+
+
+def events_over_kernel(events_median_ms: float, kernel_median_ms: float) -> list[Finding]:
+    """Kernel-only samples (ms) far under the event samples: calls that do their work when not profiled only."""
+    if not events_median_ms > EVENTS_OVER_KERNEL * kernel_median_ms + EVENTS_GAP_MS:
+        return []
+    # honest calls differ by launch gaps and the flush's tail (2.5 to 3 µs on an H200, EVENTS_OVER_KERNEL)
+    return [(f"CUDA events saw {stats.fmt_ms(events_median_ms)} per call but the kernels' own records "
+             f"{stats.fmt_ms(kernel_median_ms)} (more than {EVENTS_OVER_KERNEL:g}x + "
+             f"{EVENTS_GAP_MS * 1e3:g} µs): the calls do work the profiled calls did not",
+             "launch the same work whether or not a profiler is attached; move host work out of "
+             "solve()/run_kernel()")]
+
+
+def kernel_not_profiled(cupti: Mapping[str, Any], ref_cupti: Mapping[str, Any]) -> list[Finding]:
+    """The profiler recorded the reference's calls (``ref_cupti`` has spans) but failed on the kernel's
+    (``cupti``'s ``error``): a kernel that interferes with the profiler."""
+    if not (cupti.get("error") and ref_cupti.get("spans_us")):
+        return []
+    return [(f"the profiler recorded the reference's calls but not the kernel's ({cupti['error'][:160]})",
+             "leave the profiler alone in solve()/run_kernel(); --kopt-timing events times without it")]
+
+
+def suspects(*, basis: str, method: str, kernel_median_ms: float, events_median_ms: float, host_median_ms: float,
+             host_gap_ms: float, floor_ms: float | None, cupti: Mapping[str, Any],
+             ref_cupti: Mapping[str, Any]) -> list[Finding]:
+    """Every rule that applies to a timing on ``basis`` (``cupti``, ``events``, ``graph``) under the session's
+    ``--kopt-timing`` ``method``, in the order the reports list them. Medians in ms; ``cupti``/``ref_cupti``: the
+    kernel's and the reference's kernel-only records ({} when none)."""
+    found = under_floor(kernel_median_ms, floor_ms) + host_gap(host_gap_ms, host_median_ms, events_median_ms)
+    if basis == "cupti" or (method == "cupti" and cupti.get("spans_us")):
+        found += cupti_suspects(cupti)
+    if basis == "cupti":
+        found += events_over_kernel(events_median_ms, kernel_median_ms)
+    if method == "cupti" and basis == "events":
+        found += kernel_not_profiled(cupti, ref_cupti)
+    return found
+
+
+#: ncu's own duration of the profiled call against the timing gate's median: a kernel whose timing reads under a
+#: third of what ncu measured, less 10 µs, had its timing reported by something other than its kernels. ncu runs
+#: with ``--clock-control none`` and flushes the caches between its passes, as the timing gate flushes L2 before
+#: every call: on the H200 the two agree to 0.1% at 25 ms (README) and a kernel-only span is never shorter than the
+#: sum of its launches' durations, so an honest kernel is far from this bound.
+NCU_OVER_TIMING = 3.0
+NCU_SLACK_MS = 0.010
+
+
+def outside_measurement(ncu_ms: float | None, timing_ms: float | None) -> list[Finding]:
+    """ncu's duration of the profiled call (ms, measured by ncu, outside anything the kernel's process reports)
+    against the timing gate's median (ms): TAMPERED when the timing is far under it (:data:`NCU_OVER_TIMING`)."""
+    if ncu_ms is None or timing_ms is None or not ncu_ms > NCU_OVER_TIMING * timing_ms + NCU_SLACK_MS:
+        return []
+    return [(f"ncu measured the kernel at {stats.fmt_ms(ncu_ms)} per call but its timing reported "
+             f"{stats.fmt_ms(timing_ms)} (more than {NCU_OVER_TIMING:g}x + {NCU_SLACK_MS * 1e3:g} µs apart): the "
+             "timing figures did not come from the kernel's own work",
+             "the kernel's process must not change how it is timed (torch's events, the profiler, the harness); "
+             "its timing is void")]

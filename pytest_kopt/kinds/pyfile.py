@@ -1,0 +1,85 @@
+"""What every kernel written as a Python file shares (Triton and pure Python, and the KernelBench and GPU MODE
+candidates they may be): the contract read from the source, the problem formats it may follow, the preflight's
+summary, and the module launcher of the harness."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ContractError
+from ..gates import contract
+from .base import Kind
+
+if TYPE_CHECKING:
+    from ..gates.context import Context
+
+#: How the reports name each problem format (a KernelBench or GPU MODE candidate is run as it is written).
+FORMAT_NAMES = {"kopt": "kopt (setup/run_kernel, reference)", "kernelbench": "KernelBench (Model/ModelNew)",
+                "gpumode": "GPU MODE (generate_input/ref_kernel/custom_kernel)"}
+
+
+class PyFileKind(Kind):
+    """A kernel written as a Python file: ``setup``/``run_kernel`` (kopt's contract), or a KernelBench ``ModelNew``
+    or GPU MODE ``custom_kernel`` beside a problem of the same format. ``requires_jit``: a ``@triton.jit`` kernel
+    must be in it; ``what``: how the summary names the kernel."""
+
+    suffixes = (".py",)
+    launcher = "module"
+    requires_jit = False
+    what = "Python file"
+
+    def preflight(self, ctx: Context) -> list[Any]:
+        """The candidate's contract against the reference's format: its functions (``setup(**dims, seed)``,
+        ``run_kernel``), or ``ModelNew``/``custom_kernel`` beside a problem of the same format; and, for kopt's
+        contract with a literal ``setup()``, the reference's parameters named by the buffers or dims. Returns []."""
+        c = contract.read_python(ctx.ref)
+        k = contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=self.requires_jit)
+        fmt = FORMAT_NAMES[k.candidate_format]
+        if k.candidate_format != "kopt" and k.candidate_format != c.problem_format:
+            raise ContractError(f"{ctx.display} is a {fmt} candidate, but {ctx.ref.name} is a "
+                                f"{FORMAT_NAMES[c.problem_format]} reference", gate="preflight", path=str(ctx.ref),
+                                fix="give the problem of the candidate's format as --kopt-ref (KernelBench: class "
+                                    "Model, get_inputs(); GPU MODE: generate_input(), ref_kernel())")
+        if k.candidate_format == "kopt" and c.problem_format != "kopt":
+            raise ContractError(f"{ctx.ref.name} is a {FORMAT_NAMES[c.problem_format]} problem, but {ctx.display} "
+                                "defines neither " + ("class ModelNew" if c.problem_format == "kernelbench"
+                                                      else "custom_kernel(data)") + " nor setup()/run_kernel()",
+                                gate="preflight", path=ctx.display,
+                                fix="define " + ("class ModelNew(nn.Module) with Model's __init__ and forward"
+                                                 if c.problem_format == "kernelbench" else
+                                                 "def custom_kernel(data): returns the output"))
+        if k.setup_literal is not None and c.problem_format == "kopt":
+            given = set(k.setup_literal[0]) | set(ctx.settings.dims)
+            unknown = [n for n in c.required.get("reference", []) if n not in given]
+            if unknown:
+                _, _, line = c.functions["reference"]
+                raise ContractError(f"reference() takes {', '.join(unknown)}, which setup()'s inputs and --kopt-dims "
+                                    f"do not provide (setup's buffers: {', '.join(k.setup_literal[0])})",
+                                    gate="preflight", path=str(ctx.ref), line=line,
+                                    fix="name reference()'s parameters after setup()'s inputs, or give them defaults")
+        return []
+
+    def source_contract(self, ctx: Context) -> Any:
+        """The file's :class:`~pytest_kopt.gates.contract.PyContract`."""
+        return contract.read_python(ctx.kernel)
+
+    def describe(self, ctx: Context, params: list[Any], note: str) -> tuple[dict[str, Any], str]:
+        """``kind`` and ``format`` figures; the format run as it is, or the ``@triton.autotune`` and
+        ``@triton.heuristics`` functions and how each is run."""
+        k = contract.read_python(ctx.kernel)
+        figures: dict[str, Any] = {"kind": self.name, "format": k.candidate_format}
+        if k.candidate_format != "kopt":
+            found = {"kernelbench": "ModelNew found; the problem's Model, get_inputs, get_init_inputs",
+                     "gpumode": "custom_kernel found; the problem's generate_input, ref_kernel"}[k.candidate_format]
+            return figures, (f"{FORMAT_NAMES[k.candidate_format]} format, run as is: {found} "
+                             f"({self.what}){note}")
+        for fn, decorators in sorted(k.tuned.items()):
+            figures[f"tuned_{fn}"] = "+".join(decorators)
+            if "autotune" in decorators:
+                note += (f"; @triton.autotune {fn}: " + (
+                    "tuned once by Triton in the compile gate, that config pinned for every later gate"
+                    if ctx.gpu else "every config compiled ahead of time, correctness on the first (no GPU to tune "
+                                    "on)"))
+            else:
+                note += f"; @triton.heuristics {fn}: its values computed at each launch, as Triton does"
+        return figures, f"{self.name}: setup/run_kernel found ({self.what}); ref.reference found{note}"

@@ -1,0 +1,90 @@
+"""The loop concern, on the controller: ``--kopt-init`` seeds a run directory (its folder and state.json made at
+configure, before any gate writes into it; the baseline's step at the session's end), ``--kopt-run`` closes the
+open iteration at the session's end; in a close, the likely champions' profiles are started as their records
+arrive. Registered only in a loop session (pytest's ``stepwise`` pattern)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..loop import session as loop_session
+from ..loop import state as loop_state
+from .ledger import SessionOutcome
+from .stash import SessionState
+
+#: (option name, help, metavar) and (flag, help) of this concern (:mod:`pytest_kopt.plugin.options` adds them).
+OPTIONS = (
+    ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
+    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
+    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
+    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
+    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
+)
+FLAGS = (
+    ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
+    ("finalize", "With --kopt-run: complete the run after this close and render summary.md"),
+)
+
+
+def init_run(state: SessionState) -> None:
+    """--kopt-init, controller side: create the run folder and state.json before any gate writes into it."""
+    s = state.settings
+    assert s.run_dir is not None and s.baseline is not None and s.ref is not None
+    loop_state.init_state(s.run_dir, s.baseline, s.ref, s.dims, iterations=s.iterations, branches=s.branches,
+                          ncu_num=s.ncu_num, noise_pct=s.noise_pct, numerics_mode=s.numerics_mode,
+                          seeds=list(s.seeds), env=state.env)
+
+
+class LoopPlugin:
+    """The loop's session-end step (:func:`pytest_kopt.loop.session.finish_init` /
+    :func:`~pytest_kopt.loop.session.finish_run`) and, in a close, the branches' profiles started ahead
+    (:meth:`pytest_kopt.scheduler.Scheduler.on_branch_record`)."""
+
+    def __init__(self, config: pytest.Config, state: SessionState) -> None:
+        self.config = config
+        self.state = state
+
+    def on_record(self, record: Any) -> None:
+        """In a close: a branch's record may start (or end) its profile ahead of the champion's."""
+        settings = self.state.settings
+        if settings.loop_mode != "run" or not record.kernel or settings.run_dir is None:
+            return
+        kernel = Path(record.kernel)
+        if kernel.parent.parent.name != "branches":
+            return
+        ctx = self.state.context(self.config, kernel, str(kernel))
+        self.state.ahead.on_branch_record(ctx, record, self.state.gates.branch_strict)
+
+    def finish(self, session: pytest.Session, outcome: SessionOutcome) -> None:
+        """The loop's step, when pytest itself ended the session normally (its "interrupted" 2 and "internal error"
+        3 share numbers with SKILL.md's codes) and ran items (not ``--co``); the process exit of a loop step is the
+        loop's outcome (SKILL.md 0/2/3/4): a failing branch among passing ones is reported in the JSON's
+        ``loop.branches``, not by the exit code."""
+        settings = self.state.settings
+        if outcome.pytest_status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) \
+                or self.config.option.collectonly or settings.run_dir is None:
+            return
+        ledger = outcome.ledger
+        code = ledger.exit_code()
+        self.state.ahead.wait_plotting()  # the close's charts: never two threads importing matplotlib
+        result = self._step(ledger.records)
+        if session.exitstatus in (0, code) and not ledger.other_failures():
+            session.exitstatus = int(result["exit_code"])
+        outcome.loop = {**loop_state.run_view(settings.run_dir), **result, "run_dir": str(settings.run_dir),
+                        "mode": settings.loop_mode}
+
+    def _step(self, records: list[Any]) -> dict[str, Any]:
+        """--kopt-init: stop the run or open iteration 1; --kopt-run: close the open iteration."""
+        settings = self.state.settings
+        assert settings.run_dir is not None
+
+        def ctx_for(kernel: Path) -> Any:
+            return self.state.context(self.config, kernel, str(kernel))
+
+        if settings.loop_mode == "init":
+            assert settings.baseline is not None
+            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records)
+        return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize)
