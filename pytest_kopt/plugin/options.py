@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from .. import defaults
 from ..errors import ConfigError
 from ..loop import session, state
 from ..gates.inputs import fresh_session_seed
@@ -45,11 +46,13 @@ OPTIONS = (
              "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
              "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
-    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
-    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
-    ("ncu-num", "Top ncu metrics kept per axis in ncu_top.json (default 5)", "N"),
-    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
-    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
+    ("iterations", f"Loop: maximum number of iterations for --kopt-init (default {defaults.ITERATIONS})", "N"),
+    ("branches", f"Loop: branch folders per iteration for --kopt-init (default {defaults.BRANCHES})", "K"),
+    ("ncu-num", f"Top ncu metrics kept per axis in ncu_top.json (default {defaults.NCU_NUM})", "N"),
+    ("noise", f"Loop: noise threshold in percent for improvement and attribution (default {defaults.NOISE_PCT:g})",
+     "PCT"),
+    ("numerics-mode", f"Loop: {', '.join(defaults.NUMERICS_MODES[:-1])} or {defaults.NUMERICS_MODES[-1]} (default "
+                      f"{defaults.NUMERICS_MODE})", "MODE"),
 )
 #: (flag, help): boolean options, each with an ini twin.
 FLAGS = (
