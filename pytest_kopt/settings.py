@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from . import defaults
 from .errors import ConfigError
+from .loop.layout import artifact_folder
 
 DEFAULT_SEEDS = defaults.SEEDS
 #: Arch used when no GPU is visible (:data:`pytest_kopt.defaults.ARCH`).
@@ -116,10 +117,11 @@ class Settings:
         if str(kernel) in self.artifact_dirs:
             return Path(self.artifact_dirs[str(kernel)])
         kernel = Path(kernel)
-        if self.loop_mode == "run" and self.run_dir is not None and kernel.parent.parent.parent.parent == self.run_dir:
+        folder = artifact_folder(self.run_dir, kernel) if self.loop_mode == "run" else None
+        if folder is not None:
             # a kernel of the run that this session does not judge (the champion, in a close's ablation step):
             # its artifacts are where the session that judged it wrote them, beside it
-            return kernel.parent
+            return folder
         try:
             rel = kernel.relative_to(self.invocation_dir)
         except ValueError:

@@ -14,6 +14,7 @@ import pytest
 from .. import prgate
 from ..artifacts import Bench
 from ..loop import session as loop_session
+from ..loop.layout import is_branch_kernel
 from ..loop import state as loop_state
 from .ledger import Ledger
 from .options import FAILED_SEED_CACHE_KEY
@@ -73,7 +74,8 @@ class ControllerPlugin:
         from ..gates.ncu import start_profile
 
         kernel = Path(rec.kernel) if rec.kernel else None
-        if kernel is None or kernel.parent.parent.name != "branches" or not self.state.settings.ncu_set \
+        if kernel is None or not is_branch_kernel(kernel, self.state.settings.run_dir) \
+                or not self.state.settings.ncu_set \
                 or not self.state.env.get("gpu") or kernel in self.ruled_out:
             return
         ctx = self.state.context(self.config, kernel, str(kernel))
