@@ -60,16 +60,21 @@ if TIMELINE:
 
     from pytest_kopt.gates import build as _build
     from pytest_kopt.gates import hardware as _hardware
+    from pytest_kopt.loop import branch_step as _branch_step
+    from pytest_kopt.loop import gates as _loop_gates
     from pytest_kopt.loop import session as _loop
     from pytest_kopt.loop import state as _state
+    from pytest_kopt.loop import summary as _summary
     from pytest_kopt.proc import pool as _pool
 
     _wrap(_build, "build_cuda", "build")
     _wrap(_hardware, "probe_gpus", "probe", end_only=True)
     _wrap(_pool.HarnessPool, "shutdown", "pool_shutdown")
-    for _name in ("branch_results", "same_gpu_decision", "gate_ncu", "gate_roofline", "plot_history",
-                  "render_summary", "finish_run"):
-        _wrap(_loop, _name, _name)
+    # each where the loop looks it up (a module attribute), so the wrapper is what runs
+    for _owner, _name in ((_branch_step, "branch_results"), (_branch_step, "same_gpu_decision"),
+                          (_loop_gates, "gate_ncu"), (_loop_gates, "gate_roofline"), (_summary, "plot_history"),
+                          (_summary, "render_summary"), (_loop, "finish_run")):
+        _wrap(_owner, _name, _name)
     for _name in ("close_iteration", "open_iteration"):
         _wrap(_state, _name, _name)
 

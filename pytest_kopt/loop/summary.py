@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from .layout import RunLayout
+
 
 def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     """``summary.md``: headline speedup, roofline history, iteration timeline, method buckets, frontier, stop
@@ -65,16 +67,17 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
         lines.append(f"- iter {f['iter']} {f['branch']}: {f['median_ms']:.4f} ms")
     if not state.get("frontier"):
         lines.append("No other branch has passed yet.")
-    for png in ("speedup.png", "roofline_drift.png"):
-        if (run_dir / png).is_file():
-            lines += ["", f"![{png}]({png})"]
+    layout = RunLayout.of(run_dir)
+    for png in (layout.speedup_png, layout.roofline_drift_png):
+        if png.is_file():
+            lines += ["", f"![{png.name}]({png.name})"]
     return "\n".join(lines) + "\n"
 
 
 def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
     """``speedup.png`` (champion ms and speedup over the baseline per iteration) and ``roofline_drift.png`` (the
     three gaps per iteration). Returns the files written ([] without matplotlib or history)."""
-    from ..gates.roofline import wait_plotting
+    from .gates import wait_plotting
 
     wait_plotting()
     try:
@@ -97,9 +100,9 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(run_dir / "speedup.png", dpi=100)
+        fig.savefig(RunLayout.of(run_dir).speedup_png, dpi=100)
         plt.close(fig)
-        out.append(str(run_dir / "speedup.png"))
+        out.append(str(RunLayout.of(run_dir).speedup_png))
     rh = state.get("roofline_history", [])
     if rh:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -112,7 +115,7 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(run_dir / "roofline_drift.png", dpi=100)
+        fig.savefig(RunLayout.of(run_dir).roofline_drift_png, dpi=100)
         plt.close(fig)
-        out.append(str(run_dir / "roofline_drift.png"))
+        out.append(str(RunLayout.of(run_dir).roofline_drift_png))
     return out

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from .. import defaults
-from ..errors import ConfigError
+from ..errors import ConfigError, KoptError
 from ..loop import session, state
 from ..gates.inputs import fresh_session_seed
 from ..settings import Settings, build_settings
@@ -151,20 +151,20 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     if run_dir not in (None, ""):
         run_dir = Path(str(run_dir)).resolve()
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}
+                               "command": ["python3", "-m", "pytest", f"--kopt-run={run_dir}"]}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             from ..loop import state as st
 
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
                 if st.load_state(Path(run_dir)).get("open_iter") else step
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         try:
             from ..loop import state as st
 
             view = st.run_view(Path(run_dir))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             view = {}
         doc["loop"] = {**view, "mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
                        "message": exc.message, "next": nxt}
@@ -208,8 +208,9 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
     overrides: dict[str, Any] = {}
     run_dir = raw(config, "run")
     if run_dir not in (None, ""):
+        folder = Path(config.invocation_params.dir, str(run_dir)).resolve()
         try:
-            overrides = session.run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+            overrides = session.run_overrides(folder)
         except ConfigError as exc:
             raise usage_error(exc, config) from None
     seed = None

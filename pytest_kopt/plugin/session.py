@@ -262,8 +262,8 @@ class ControllerPlugin:
 
         if settings.loop_mode == "init":
             assert settings.baseline is not None
-            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), self.ledger.records)
-        return loop_session.finish_run(settings.run_dir, ctx_for, self.ledger.records, settings.finalize)
+            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), self.ledger.records).to_json()
+        return loop_session.finish_run(settings.run_dir, ctx_for, self.ledger.records, settings.finalize).to_json()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One line per gate item: outcome and its key figures (or the reason it skipped/failed)."""
