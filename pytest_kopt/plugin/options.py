@@ -11,7 +11,7 @@ import pytest
 
 from .. import defaults
 from ..errors import ConfigError, KoptError
-from ..loop import session, state
+from ..loop import lock, session, state
 from ..gates.inputs import fresh_session_seed
 from ..settings import Settings, build_settings
 
@@ -201,6 +201,15 @@ def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> s
     return str(given)
 
 
+def hold_run_lock(config: pytest.Config, run_dir: Path, mode: str) -> None:
+    """A loop step's controller holds its run directory's lock (:func:`pytest_kopt.loop.lock.hold`) from here to
+    the session's end (released by the config's cleanup, after every unconfigure hook); an xdist worker works
+    under its controller's. Raises ConfigError when another step holds it."""
+    if hasattr(config, "workerinput"):
+        return
+    config.add_cleanup(lock.hold(run_dir, mode).release)
+
+
 def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
     """The session's settings from the options (``handed``: what the xdist controller gave a worker, {} in the
     controller). ``--kopt-run DIR`` takes the kernels, reference, dims and seeds from the run's state; ``--kopt-init``
@@ -210,6 +219,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
     if run_dir not in (None, ""):
         folder = Path(config.invocation_params.dir, str(run_dir)).resolve()
         try:
+            hold_run_lock(config, folder, "run")
             overrides = session.run_overrides(folder)
         except ConfigError as exc:
             raise usage_error(exc, config) from None
@@ -242,5 +252,9 @@ def read_settings(config: pytest.Config, handed: dict[str, Any]) -> Settings:
         return settings
     assert settings.baseline is not None
     folder = Path(handed["kopt_run_dir"]) if "kopt_run_dir" in handed else state.new_run_dir(settings.baseline)
+    try:
+        hold_run_lock(config, folder, "init")
+    except ConfigError as exc:
+        raise usage_error(exc, config) from None
     return dataclasses.replace(settings, run_dir=folder, loop_mode="init",
                                artifact_dirs={str(settings.baseline): str(folder / "baseline")})
