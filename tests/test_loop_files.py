@@ -103,6 +103,7 @@ def test_a_loop_file_error_is_exit_4_with_the_report_not_an_internal_error(pytes
     assert result.ret == 4 and "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
     doc = json.loads((pytester.path / "a.json").read_text())
     assert doc["exit_code"] == 4 and doc["error"]["path"] == str(it / "methods.json")
+    assert doc["error"]["gate"] == "methods" and doc["loop"]["stage"] == "methods"
     assert doc["error"]["problems"] == ["methods.json: byte 14 is not UTF-8 (b'\\xff')"]
     assert doc["loop"]["next"]["action"] == "fix_and_rerun" and doc["loop"]["exit_code"] == 4
     edit_state(run, lambda s: s.update(open_iter={"i": 1}))
@@ -295,3 +296,15 @@ def test_an_unknown_state_key_survives_every_merge(tmp_path: Path) -> None:
     edit_state(run, lambda s: s.update(agent_note="keep me"))
     state = State.update(run, best_metric_ms=3.0)
     assert state.extra == {"agent_note": "keep me"} and loop.load_state(run)["agent_note"] == "keep me"
+
+
+def test_a_nan_in_a_record_is_written_as_null_so_the_state_stays_readable(tmp_path: Path) -> None:
+    """The strict reader refuses NaN (JSON has none); what the loop writes from a gate's figures (a bench.json
+    kept in the ablation step, a NaN attribution) must not make its own state unreadable."""
+    from pytest_kopt.loop.runstate import State
+
+    run, _ = cpu_run(tmp_path)
+    State.update(run, baseline_ms=float("nan"), agent_note={"robust_cv": float("inf")})
+    doc = json.loads((run / "state.json").read_text())
+    assert doc["baseline_ms"] is None and doc["agent_note"] == {"robust_cv": None}
+    assert State.load(run).baseline_ms is None

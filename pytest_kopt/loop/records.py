@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, TypeVar
 
@@ -19,13 +20,16 @@ R = TypeVar("R", bound="Record")
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON data: tuples as lists, records as their ``to_json()``, mappings as dicts."""
+    """``value`` as JSON data: tuples as lists, records as their ``to_json()``, mappings as dicts, a NaN or an
+    infinity as None (JSON has no such numbers, and the loop's reader refuses them)."""
     if isinstance(value, Record):
         return value.to_json()
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

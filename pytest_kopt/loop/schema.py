@@ -69,30 +69,31 @@ def check(doc: Any, kind: str, path: Path | str, *, fix: str) -> None:
         raise loop_error(f"{path} is not a valid {Path(path).name}", found, path=path, fix=fix)
 
 
-def read_text(path: Path, *, fix: str) -> str:
-    """The file's text as UTF-8 (a byte-order mark dropped). Raises the loop's ConfigError when it is missing,
-    unreadable, not UTF-8 or holds a NUL byte."""
+def read_text(path: Path, *, fix: str, gate: str = "loop") -> str:
+    """The file's text as UTF-8 (a byte-order mark dropped). Raises the loop's ConfigError (its ``gate``) when it
+    is missing, unreadable, not UTF-8 or holds a NUL byte."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise loop_error(f"{path} is missing", [f"{path}: no such file"], path=path, fix=fix) from None
+        raise loop_error(f"{path} is missing", [f"{path}: no such file"], path=path, fix=fix, gate=gate) from None
     except OSError as exc:
-        raise loop_error(f"{path} cannot be read", [f"{path}: {exc.strerror or exc}"], path=path, fix=fix) from None
+        raise loop_error(f"{path} cannot be read", [f"{path}: {exc.strerror or exc}"], path=path, fix=fix,
+                         gate=gate) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise loop_error(f"{path} is not UTF-8 text", [f"{path.name}: byte {exc.start} is not UTF-8 "
                                                        f"({data[exc.start:exc.start + 1]!r})"],
-                         path=path, fix=fix) from None
+                         path=path, fix=fix, gate=gate) from None
     if "\x00" in text:
-        raise loop_error(f"{path} is not text", [f"{path.name}: holds a NUL byte"], path=path, fix=fix)
+        raise loop_error(f"{path} is not text", [f"{path.name}: holds a NUL byte"], path=path, fix=fix, gate=gate)
     return text
 
 
-def read_json(path: Path, *, fix: str) -> Any:
+def read_json(path: Path, *, fix: str, gate: str = "loop") -> Any:
     """The JSON document of a loop file (see :func:`read_text`); NaN and infinities are refused. Raises the loop's
-    ConfigError naming the line and column of a syntax error."""
-    text = read_text(path, fix=fix)
+    ConfigError (its ``gate``) naming the line and column of a syntax error."""
+    text = read_text(path, fix=fix, gate=gate)
 
     def constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
@@ -101,13 +102,7 @@ def read_json(path: Path, *, fix: str) -> Any:
         return json.loads(text, parse_constant=constant)
     except json.JSONDecodeError as exc:
         raise loop_error(f"{path} is not valid JSON", [f"{path.name}: {exc.msg} at line {exc.lineno} column "
-                                                       f"{exc.colno}"], path=path, fix=fix) from None
+                                                       f"{exc.colno}"], path=path, fix=fix, gate=gate) from None
     except (ValueError, RecursionError) as exc:
-        raise loop_error(f"{path} is not valid JSON", [f"{path.name}: {exc}"], path=path, fix=fix) from None
-
-
-def load(path: Path, kind: str, *, fix: str) -> Any:
-    """A loop file read strictly: UTF-8, JSON, then ``$defs/<kind>``. Raises the loop's ConfigError."""
-    doc = read_json(path, fix=fix)
-    check(doc, kind, path, fix=fix)
-    return doc
+        raise loop_error(f"{path} is not valid JSON", [f"{path.name}: {exc}"], path=path, fix=fix,
+                         gate=gate) from None

@@ -96,7 +96,7 @@ def read_methods(it: IterationLayout) -> dict[str, Any]:
     path = it.methods
     if (why := RunLayout(it.root).contained(path)) is not None and (path.exists() or path.is_symlink()):
         raise schema.loop_error(f"{path} is not a file of the run", [why], path=path, fix=METHODS_FIX, gate="methods")
-    doc = schema.read_json(path, fix=METHODS_FIX)
+    doc = schema.read_json(path, fix=METHODS_FIX, gate="methods")
     try:
         doc = normalize_methods(doc)
     except ValueError as exc:
