@@ -308,3 +308,18 @@ def test_a_nan_in_a_record_is_written_as_null_so_the_state_stays_readable(tmp_pa
     doc = json.loads((run / "state.json").read_text())
     assert doc["baseline_ms"] is None and doc["agent_note"] == {"robust_cv": None}
     assert State.load(run).baseline_ms is None
+
+
+def test_an_iteration_folder_planted_as_a_link_is_not_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """iterv2 made a link to a folder outside the run before the close opens it (a candidate's process can write
+    there): the close would have written iterv2's evidence and branch folders outside the run."""
+    r = Run(tmp_path)
+    r.fake_profile(monkeypatch)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (r.run / "iterv2").symlink_to(outside)
+    r.judged(r.kernel("branches/b1", 10.0), r.kernel(f"ablations/{METHOD}", 12.0, base="b1"))
+    out = r.close()
+    assert out["exit_code"] == 4 and out["error"]["problems"] == [
+        f"{r.run / 'iterv2'} leads outside the run directory {r.run} (to {outside.resolve()})"]
+    assert list(outside.iterdir()) == []

@@ -19,6 +19,7 @@ from .layout import RunLayout
 from .pins import pin_file, pin_reference, registry_hashes
 from .records import Attribution, BranchResults, SassCheck, Stop
 from .runstate import State
+from .schema import loop_error
 from .summary import render_summary
 from .view import PYTEST, next_step, run_view
 from .written import scan
@@ -92,8 +93,16 @@ def open_iteration(run_dir: Path, i: int, *, ncu_rep: Path | None, roofline: Map
     """Publish ``iterv{i}/`` once its pre-generation gates passed: the profile of the current best
     (``best_input.ncu-rep`` copied from ``ncu_rep``, ``ncu_top.json``), ``roofline.json``, an ``analysis.md``
     template, empty ``branches/b1..bK/`` and ``ablations/``. ``evidence_of`` names the kernel the evidence is of
-    (recorded in ``ncu_top.json`` as ``evidence_of``; SKILL.md 3a: the current best). Returns the folder."""
-    it = RunLayout.of(run_dir).iteration(i)
+    (recorded in ``ncu_top.json`` as ``evidence_of``; SKILL.md 3a: the current best). Returns the folder. Raises
+    the loop's ConfigError when the iteration's folder exists as a link (planted before it opened)."""
+    layout = RunLayout.of(run_dir)
+    it = layout.iteration(i)
+    planted = [p for p in (it.dir, it.branches_dir, it.ablations_dir)
+               if (p.exists() or p.is_symlink()) and layout.contained(p) is not None]
+    if planted:  # a folder made before the iteration opens is not the run's: its files would land where it leads
+        raise loop_error(f"{it.dir} cannot be opened", [str(layout.contained(p)) for p in planted], path=it.dir,
+                         fix=f"remove {planted[0]} (the loop makes the iteration's folders itself), then run the "
+                             "same command again")
     it.ablations_dir.mkdir(parents=True, exist_ok=True)
     for k in range(1, branches + 1):
         it.branch_dir(k).mkdir(parents=True, exist_ok=True)
