@@ -182,10 +182,11 @@ def test_what_the_iteration_did_not_create_is_refused(tmp_path: Path, case: str)
         (b / "b2" / "kernel.cu").write_text("// b2\n")
         shutil.copy(kernel, b / "b2" / "kernel.py")
         said = f"{b / 'b2'} holds both kernel.cu and kernel.py"
+    (b / "common.cuh").write_text("// a header the branches share: a file, left alone\n")
     with pytest.raises(ConfigError) as exc:
         session.run_overrides(run)
     assert any(p.startswith(said) for p in problems_of(exc)), problems_of(exc)
-    assert exc.value.exit_code == 4 and "b1..bK" in (exc.value.fix or "")
+    assert len(problems_of(exc)) == 1 and exc.value.exit_code == 4 and "b1..bK" in (exc.value.fix or "")
 
 
 def test_an_empty_branch_folder_is_reported_as_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,8 @@ whose artifacts the gates would write where it leads), a folder under ``branches
 iteration's ``b1..bK`` (``b1_old``, ``b7`` of a 4-branch run), a folder under ``ablations/`` that names no method
 of the registry or of methods.json, a folder with both ``kernel.cu`` and ``kernel.py``, or a ``base`` that is not
 UTF-8 or names no written branch is refused with the loop's ConfigError (exit 4), every problem listed.
-Hidden entries (a name starting with ``.``) are left alone.
+Hidden entries (a name starting with ``.``) and plain files beside the folders (a shared header) are left alone:
+they are never judged.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def scan(layout: RunLayout, i: int, branches: int, claimed: Iterable[str] = ()) 
     not_written = []
     for entry in _entries(it.branches_dir):
         k = branch_index(entry.name)
+        if entry.is_file() and not entry.is_symlink():
+            continue  # a file beside the branches (a shared header) is no branch, and is left alone
         if entry.is_symlink() or not entry.is_dir():
             problems.append(layout.contained(entry) or f"{entry} is not a folder")
         elif k is None or entry.name not in names:
@@ -141,6 +144,8 @@ def scan(layout: RunLayout, i: int, branches: int, claimed: Iterable[str] = ()) 
     ablations: dict[str, Path] = {}
     bases: dict[str, str] = {}
     for entry in _entries(it.ablations_dir):
+        if entry.is_file() and not entry.is_symlink():
+            continue
         if entry.is_symlink() or not entry.is_dir():
             problems.append(layout.contained(entry) or f"{entry} is not a folder")
             continue
