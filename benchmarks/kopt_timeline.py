@@ -62,15 +62,19 @@ if TIMELINE:
     from pytest_kopt.gates import builtin as _gates
     from pytest_kopt.gates import hardware as _hardware
     from pytest_kopt.kinds import cuda as _cuda
+    from pytest_kopt.loop import branch_step as _branch_step
     from pytest_kopt.loop import session as _loop
     from pytest_kopt.loop import state as _state
+    from pytest_kopt.loop import summary as _summary
     from pytest_kopt.proc import pool as _pool
 
     _wrap(_cuda, "build_cuda", "build")  # what the CUDA and CUTLASS kinds' build calls
     _wrap(_hardware, "probe_gpus", "probe", end_only=True)
     _wrap(_pool.HarnessPool, "shutdown", "pool_shutdown")
-    for _name in ("branch_results", "same_gpu_decision", "plot_history", "render_summary", "finish_run"):
-        _wrap(_loop, _name, _name)
+    # each where the loop looks it up (a module attribute), so the wrapper is what runs
+    for _owner, _name in ((_branch_step, "branch_results"), (_branch_step, "same_gpu_decision"),
+                          (_summary, "plot_history"), (_summary, "render_summary"), (_loop, "finish_run")):
+        _wrap(_owner, _name, _name)
     # the ncu and roofline rows of the session's gate table (built at configure, after this import): in a loop's
     # close, the champion's profile and roofline, which the controller runs
     for _name in ("gate_ncu", "gate_roofline"):

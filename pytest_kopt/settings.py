@@ -14,17 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import defaults
 from .errors import ConfigError
+from .loop.layout import artifact_folder
 
-DEFAULT_SEEDS = (7, 19, 41, 73, 101)
-#: Arch used when no GPU is visible: the H200/H100 target with the arch-specific features (wgmma, setmaxnreg).
-DEFAULT_ARCH = "sm_90a"
+DEFAULT_SEEDS = defaults.SEEDS
+#: Arch used when no GPU is visible (:data:`pytest_kopt.defaults.ARCH`).
+DEFAULT_ARCH = defaults.ARCH
 DEFAULT_GATE_TIMEOUT_S = 60.0
 DEFAULT_NCU_TIMEOUT_S = 300.0
 #: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
 SEED_COUNT = 5
 TIMING_METHODS = ("cupti", "events", "graph")
-NUMERICS_MODES = ("reference", "strict", "approximate")
+NUMERICS_MODES = defaults.NUMERICS_MODES
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
@@ -87,14 +89,14 @@ class Settings:
     #: ``loop_mode`` are set then); the rest configure a run made by ``--kopt-init``.
     init: bool = False
     finalize: bool = False
-    iterations: int = 3
-    branches: int = 4
-    ncu_num: int = 5
+    iterations: int = defaults.ITERATIONS
+    branches: int = defaults.BRANCHES
+    ncu_num: int = defaults.NCU_NUM
     #: ``--kopt-run``: the run's ncu metric bundle (``state.json`` ``ncu_set``, chosen by the baseline's profile);
     #: every later profile uses it (SKILL.md 3g). None: the adaptive choice of :func:`pytest_kopt.gates.ncu.choose_set`.
     ncu_set: str | None = None
-    noise_pct: float = 2.0
-    numerics_mode: str = "reference"
+    noise_pct: float = defaults.NOISE_PCT
+    numerics_mode: str = defaults.NUMERICS_MODE
 
     @property
     def pr_gate(self) -> bool:
@@ -115,10 +117,11 @@ class Settings:
         if str(kernel) in self.artifact_dirs:
             return Path(self.artifact_dirs[str(kernel)])
         kernel = Path(kernel)
-        if self.loop_mode == "run" and self.run_dir is not None and kernel.parent.parent.parent.parent == self.run_dir:
+        folder = artifact_folder(self.run_dir, kernel) if self.loop_mode == "run" else None
+        if folder is not None:
             # a kernel of the run that this session does not judge (the champion, in a close's ablation step):
             # its artifacts are where the session that judged it wrote them, beside it
-            return kernel.parent
+            return folder
         try:
             rel = kernel.relative_to(self.invocation_dir)
         except ValueError:
@@ -442,11 +445,12 @@ def build_settings(get: Callable[[str], Any], base: Path,
     fail_slower = None
     if opt("fail_slower") is not None:
         fail_slower = _float(str(opt("fail_slower")).rstrip("%"), "--kopt-fail-slower", example="3")
-    noise = _float(str(opt("noise")), "--kopt-noise", example="2") if opt("noise") is not None else 2.0
+    noise = (_float(str(opt("noise")), "--kopt-noise", example="2") if opt("noise") is not None
+             else defaults.NOISE_PCT)
     if noise >= 100:
         raise ConfigError(f"--kopt-noise: {noise:g} percent leaves no improvement possible (a new best must be faster "
                           "than best x (1 - noise/100))", fix="e.g. --kopt-noise 2")
-    mode = str(opt("numerics_mode") or "reference")
+    mode = str(opt("numerics_mode") or defaults.NUMERICS_MODE)
     if mode not in NUMERICS_MODES:
         raise ConfigError(f"--kopt-numerics-mode: {mode!r}", fix=f"choose {', '.join(NUMERICS_MODES)}")
     storage = Path(str(opt("storage") or ".benchmarks"))
@@ -460,7 +464,10 @@ def build_settings(get: Callable[[str], Any], base: Path,
                     save=opt("save"), compare=opt("compare"),
                     storage=storage if storage.is_absolute() else base / storage,
                     gpus=opt("gpus"), init=bool(get("init")), finalize=bool(get("finalize")),
-                    iterations=_count(str(opt("iterations")), "--kopt-iterations", 3) if opt("iterations") else 3,
-                    branches=_count(str(opt("branches")), "--kopt-branches", 4) if opt("branches") else 4,
-                    ncu_num=_count(str(opt("ncu_num")), "--kopt-ncu-num", 5) if opt("ncu_num") else 5,
+                    iterations=(_count(str(opt("iterations")), "--kopt-iterations", defaults.ITERATIONS)
+                                if opt("iterations") else defaults.ITERATIONS),
+                    branches=(_count(str(opt("branches")), "--kopt-branches", defaults.BRANCHES)
+                              if opt("branches") else defaults.BRANCHES),
+                    ncu_num=(_count(str(opt("ncu_num")), "--kopt-ncu-num", defaults.NCU_NUM)
+                             if opt("ncu_num") else defaults.NCU_NUM),
                     noise_pct=noise, numerics_mode=mode)

@@ -16,6 +16,7 @@ from pytest_kopt.gates import gpus, hardware
 from pytest_kopt.gates.builtin import default_table
 from pytest_kopt.kinds.builtin import default_kinds
 from pytest_kopt.loop import decisions
+from pytest_kopt.loop import gates as loop_gates
 from pytest_kopt.loop import session as loop_session
 from pytest_kopt.plugin import xdist as kopt_xdist
 from pytest_kopt.plugin.stash import SessionState
@@ -202,7 +203,14 @@ def _fake_ctx(outdir: Path, bench: dict[str, Any] | None) -> SimpleNamespace:
     outdir.mkdir(parents=True, exist_ok=True)
     if bench is not None:
         (outdir / "bench.json").write_text(json.dumps({"timing_valid": True, **bench}))
-    return SimpleNamespace(outdir=outdir, env={"gpu": {"uuid": UUID0, "index": 0}})
+    return SimpleNamespace(outdir=outdir, env={"gpu": {"uuid": UUID0, "index": 0}}, gates=default_table())
+
+
+def best(state: dict[str, Any]) -> loop_session.BestSoFar:
+    """The best so far of a state's fields (the same-GPU decision's view of it)."""
+    file = state.get("best_file")
+    return loop_session.BestSoFar(Path(file) if file else None, state.get("best_metric_ms"),
+                                  state.get("best_gpu_uuid"), float(state.get("noise_threshold_pct", 2.0)))
 
 
 def _decision_case(tmp_path: Path, ms: dict[str, float]) -> tuple[dict[str, Path], dict[Path, Any], list[dict]]:
@@ -238,12 +246,13 @@ def test_same_gpu_decision_retimes_what_a_gpu_difference_could_flip(tmp_path: Pa
         return [{"median_ms": fixed[id(c)], "samples_ms": [fixed[id(c)]], "stop_reason": "converged",
                  "gpu_uuid": UUID0} for c in cs]
 
-    monkeypatch.setattr(loop_session, "retime_interleaved", retime)
-    monkeypatch.setattr(loop_session, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_gates, "retime_interleaved", retime)
+    monkeypatch.setattr(loop_gates, "ensure_built", lambda ctx: None)
     it = tmp_path / "iterv1"
     it.mkdir()
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 10.3, "noise_threshold_pct": 2.0}
-    decision = loop_session.same_gpu_decision(it, state, results, {"m.abl": kernels["abl"]}, ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(it / "decision.json", best(state), results, {"m.abl": kernels["abl"]},
+                                              ctxs.__getitem__)
     assert decision is not None and [len(s) for s in seen] == [4]
     assert decision["retimed_ms"] == {"branches/b1": 10.4, "branches/b2": 10.1, "ablations/m.abl": 11.0,
                                       "best": 30.0}
@@ -267,10 +276,10 @@ def test_same_gpu_decision_skips_what_no_gpu_difference_could_flip(tmp_path: Pat
     a 10% difference between GPUs does, so nothing is re-timed and decision.json says why."""
     kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 11.5, "b3": 20.0, "abl": 50.0,
                                                        "best": 25.0})
-    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: pytest.fail("nothing needs re-timing"))
+    monkeypatch.setattr(loop_gates, "retime_interleaved", lambda cs: pytest.fail("nothing needs re-timing"))
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 25.0, "noise_threshold_pct": 2.0}
-    decision = loop_session.same_gpu_decision(tmp_path, state, results, {"m.abl": kernels["abl"]},
-                                         ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(tmp_path / "decision.json", best(state), results,
+                                              {"m.abl": kernels["abl"]}, ctxs.__getitem__)
     assert decision is not None and decision["retimed_ms"] == {} and decision["champion_contest"] is False
     assert sorted(decision["robust"]) == ["ablations/m.abl", "best", "branches/b1"]
     assert decision["robust"]["branches/b1"] == "the only finalist"
@@ -283,7 +292,7 @@ def test_same_gpu_decision_is_skipped_when_one_gpu_measured_everything(tmp_path:
     k = tmp_path / "b1" / "kernel.cu"
     ctx = _fake_ctx(tmp_path / "out", {"median_ms": 1.0, "gpu_uuid": UUID0})
     results = [{"branch": "b1", "index": 1, "kernel": str(k), "passed": True, "median_ms": 1.0, "gpu_uuid": UUID0}]
-    assert loop_session.same_gpu_decision(tmp_path, {}, results, {}, lambda _: ctx) is None
+    assert loop_session.same_gpu_decision(tmp_path / "decision.json", best({}), results, {}, lambda _: ctx) is None
     assert "finalist" not in results[0]
 
 
@@ -418,30 +427,31 @@ def test_the_best_timed_on_another_gpu_is_retimed_when_near_the_threshold(tmp_pa
         r["gpu_uuid"] = UUID1
     (tmp_path / "out" / "b1" / "bench.json").write_text(json.dumps({"median_ms": 10.0, "gpu_uuid": UUID1}))
     calls: list[int] = []
-    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: calls.append(len(cs)) or [
+    monkeypatch.setattr(loop_gates, "retime_interleaved", lambda cs: calls.append(len(cs)) or [
         {"median_ms": 10.0, "samples_ms": [10.0], "stop_reason": "converged", "gpu_uuid": UUID0},
         {"median_ms": 10.35, "samples_ms": [10.35], "stop_reason": "converged", "gpu_uuid": UUID0}])
-    monkeypatch.setattr(loop_session, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_gates, "ensure_built", lambda ctx: None)
     state = {"best_file": str(kernels["best"]), "best_metric_ms": 10.3, "best_gpu_uuid": UUID0,
              "noise_threshold_pct": 2.0}
-    decision = loop_session.same_gpu_decision(tmp_path, state, results, {"m.abl": kernels["abl"]},
-                                         ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(tmp_path / "decision.json", best(state), results,
+                                              {"m.abl": kernels["abl"]}, ctxs.__getitem__)
     assert calls == [2] and decision["retimed_ms"] == {"branches/b1": 10.0, "best": 10.35}
     assert decision["robust"]["ablations/m.abl"] == f"timed on the champion's GPU ({UUID1})"
     assert results[0]["gpu_uuid"] == UUID0 and results[0]["gate_gpu_uuid"] == UUID1
     state["best_metric_ms"] = 25.0
     for r in results:
         r["gpu_uuid"], r["median_ms"] = UUID1, r["gate_median_ms"]
-    assert loop_session.same_gpu_decision(tmp_path, state, results, {}, ctxs.__getitem__)["retimed_ms"] == {}
+    again = loop_session.same_gpu_decision(tmp_path / "decision.json", best(state), results, {}, ctxs.__getitem__)
+    assert again["retimed_ms"] == {}
     assert calls == [2]
 
 
 def test_a_missing_best_kernel_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kernels, ctxs, results = _decision_case(tmp_path, {"b1": 10.0, "b2": 20.0, "b3": 20.0, "abl": 50.0,
                                                        "best": 10.3})
-    monkeypatch.setattr(loop_session, "retime_interleaved", lambda cs: pytest.fail("one kernel needs no re-timing"))
+    monkeypatch.setattr(loop_gates, "retime_interleaved", lambda cs: pytest.fail("one kernel needs no re-timing"))
     state = {"best_file": str(tmp_path / "gone.cu"), "best_metric_ms": 10.3, "noise_threshold_pct": 2.0}
-    decision = loop_session.same_gpu_decision(tmp_path, state, results, {}, ctxs.__getitem__)
+    decision = loop_session.same_gpu_decision(tmp_path / "decision.json", best(state), results, {}, ctxs.__getitem__)
     assert "gone.cu) is gone; stored best_metric_ms used" in decision["best_note"]
 
 

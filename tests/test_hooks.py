@@ -4,7 +4,6 @@ pytest_kopt changed, and both go through collection, blocking and the JSON repor
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest

@@ -305,16 +305,16 @@ def test_the_wheel_carries_the_registries(tmp_path: Path) -> None:
     doc = json.loads(out.stdout.splitlines()[-1])
     assert doc["site"].startswith(str(env_dir)) and sum(doc["budget"].values()) >= 1
     # a --kopt-run session whose methods.json the wheel's method registry validates
-    run = work / "run_20261201_000000"
-    (run / "iterv1" / "branches" / "b1").mkdir(parents=True)
-    (run / "iterv1" / "branches" / "b1" / "kernel.py").write_text(BROKEN_PY)
+    from pytest_kopt.loop import state as loop
+
     (work / "ref.py").write_text(SCALE_REF)
-    (run / "state.json").write_text(json.dumps({
-        "open_iter": 1, "run_status": "iterating", "ref_file": str(work / "ref.py"), "dims": {"n": 64},
-        "validation_seeds": [1], "env": {"sm_arch": "sm_90a"}, "ineffective_methods": [],
-        "implementation_failed_methods": [], "iterations_total": 1, "branches": 1, "noise_threshold_pct": 2.0}))
-    (run / "iterv1" / "roofline.json").write_text(json.dumps({"axis_budget": {"compute": 1, "memory": 1,
-                                                                              "latency": 1}}))
+    (work / "k.py").write_text(BROKEN_PY)
+    run = loop.new_run_dir(work / "k.py")  # a run as --kopt-init seeds it (its state.json is validated)
+    loop.init_state(run, work / "k.py", work / "ref.py", {"n": 64}, iterations=1, branches=1, ncu_num=5,
+                    noise_pct=2.0, numerics_mode="reference", seeds=[1], env={"sm_arch": "sm_90a"})
+    loop.open_iteration(run, 1, ncu_rep=None, roofline={"axis_budget": {"compute": 1, "memory": 1, "latency": 1}},
+                        branches=1, ncu_top={})
+    (run / "iterv1" / "branches" / "b1" / "kernel.py").write_text(BROKEN_PY)
     (run / "iterv1" / "methods.json").write_text(json.dumps({"methods": [{"id": "memory.no_such_method"}]}))
     bad = subprocess.run([str(py), "-m", "pytest", "--kopt-run", str(run), "-p", "no:cacheprovider"], cwd=work,
                          capture_output=True, text=True, timeout=300, env=clean)

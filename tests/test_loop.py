@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kopt.gates.builtin import default_table
 from pytest_kopt import registry
 from pytest_kopt.registry import REGISTRY_DIR
 from pytest_kopt.gates.sass import verify_methods
@@ -21,6 +22,8 @@ REDTEAM = Path(__file__).parent / "redteam"
 REG = registry.load(registry.METHODS)
 SIGS = registry.load(registry.SASS)
 BUDGET = {"compute": 1, "memory": 1, "latency": 1}
+#: a reference for runs made here (--kopt-init copies it into the run: it must exist)
+REF = "def reference(x, y, **_):\n    y.copy_(x)\n"
 STATE = {"ineffective_methods": ["memory.coalescing"], "implementation_failed_methods": ["compute.tensor_core"]}
 
 
@@ -145,6 +148,7 @@ def test_state_transitions_and_summary(tmp_path: Path) -> None:
     """init -> open iterv1 -> close with a champion -> open iterv2 -> stop; files and buckets as SKILL.md says."""
     base = tmp_path / "gemm.cu"
     base.write_text("// baseline\n")
+    (tmp_path / "ref.py").write_text(REF)
     run = loop.new_run_dir(base)
     state = loop.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=2, branches=2, ncu_num=5,
                             noise_pct=2.0, numerics_mode="reference", seeds=[1, 2], env={"generation_allowed": True})
@@ -230,6 +234,7 @@ def test_a_champion_with_the_best_kernels_sass_leaves_its_methods_unverified(tmp
 
     base = tmp_path / "gemm.cu"
     base.write_text("// baseline\n")
+    (tmp_path / "ref.py").write_text(REF)
     run = loop.new_run_dir(base)
     loop.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=3, branches=2, ncu_num=5, noise_pct=2.0,
                     numerics_mode="reference", seeds=[1], env={"generation_allowed": True})
@@ -248,10 +253,10 @@ def test_a_champion_with_the_best_kernels_sass_leaves_its_methods_unverified(tmp
     loop.save_state(run, {"best_sass": same})  # b1 is the best kernel's build
     rec = lambda k, gate: GateRecord(f"{k}::{gate}", str(k.resolve()), gate, None, "passed", "PASSED")  # noqa: E731
     records = [rec(k, g) for k in kernels for g in ("compile", "sass")]
-    results = branch_results(kernels, records, lambda k: SimpleNamespace(outdir=k.parent), same)
+    results = branch_results(kernels, records, lambda k: SimpleNamespace(outdir=k.parent, gates=default_table()), same)
     assert [r["same_sass_as_best"] for r in results] == [True, False]
     assert results[0]["sass_digest"] == same and results[1]["sass_digest"] != same
-    no_sass = branch_results(kernels, [rec(k, "compile") for k in kernels], lambda k: SimpleNamespace(outdir=k.parent),
+    no_sass = branch_results(kernels, [rec(k, "compile") for k in kernels], lambda k: SimpleNamespace(outdir=k.parent, gates=default_table()),
                              same)  # the sass gate did not run this session: the folder's files are not evidence
     assert [r["same_sass_as_best"] for r in no_sass] == [None, None] and no_sass[0]["sass_digest"] == {}
     champion = {**results[0], "median_ms": 3.99, "passed": True}
@@ -304,7 +309,7 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
                                                                           "INCORRECT_NUMERICAL")
     nxt = doc["loop"]["next"]
     assert nxt["action"] == "write_and_close" and nxt["iteration"] == 1
-    assert nxt["command"][:4] == [sys.executable, "-m", "pytest", "--kopt-run"] and nxt["command"][4] == str(run)
+    assert nxt["command"][:4] == [sys.executable, "-m", "pytest", f"--kopt-run={run}"]
     assert str(it / "branches" / "b2" / "kernel.py") in nxt["write"]
     # the registries the methods come from, by the path this install keeps them at (a wheel's site-packages)
     listed = [Path(r) for r in nxt["read"] if r.endswith("method_registry.json")]
@@ -322,7 +327,7 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     assert doc["error"]["problems"] == ["axis memory: 2 method slot(s), budget 1 (cap 2)"]
     assert doc["error"]["problem_details"] == [{"method": None, "rule": "axis_budget", "axis": "memory", "used": 2,
                                                 "budget": 1, "message": doc["error"]["problems"][0]}]
-    assert doc["loop"]["stage"] == "methods" and doc["loop"]["next"]["command"][3:5] == ["--kopt-run", str(run)]
+    assert doc["loop"]["stage"] == "methods" and doc["loop"]["next"]["command"][3] == f"--kopt-run={run}"
     assert loop.load_state(run)["run_status"] == "iterating"  # the run stays open
     jsonschema = pytest.importorskip("jsonschema")
     schema = registry.load("report_schema.json")
@@ -339,8 +344,14 @@ def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_time
     worse.stderr.fnmatch_lines(["*methods entry 7 is neither a method id nor an object with an 'id'*"])
 
 
+def cmd_opt(cmd: list[str], flag: str) -> str:
+    """The value of ``flag`` in a loop command (each option written as ``--kopt-x=VALUE``)."""
+    (value,) = [a.split("=", 1)[1] for a in cmd if a.startswith(flag + "=")]
+    return value
+
+
 def cmd_json(nxt: dict) -> str:
-    return nxt["command"][nxt["command"].index("--kopt-json") + 1]
+    return cmd_opt(nxt["command"], "--kopt-json")
 
 
 def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> None:
@@ -349,6 +360,7 @@ def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> No
     missing dims)."""
     base = tmp_path / "k.cu"
     base.write_text("")
+    (tmp_path / "ref.py").write_text(REF)
     run = loop.new_run_dir(base)
     loop.init_state(run, base, tmp_path / "ref.py", {"M": 256, "N": 256}, iterations=2, branches=3, ncu_num=5,
                     noise_pct=1.5, numerics_mode="strict", seeds=[3], env={"sm_arch": "sm_90a"})
@@ -362,6 +374,6 @@ def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> No
     assert "stopped at hardware (no GPU)" in nxt["requires"]
     assert cmd_json(nxt) == str(base.parent / "kopt-init.json")
     cmd = nxt["command"]
-    assert cmd[cmd.index("--kopt-dims") + 1] == '{"M": 256, "N": 256}'
-    assert [cmd[cmd.index(o) + 1] for o in ("--kopt-iterations", "--kopt-branches", "--kopt-noise",
-                                             "--kopt-numerics-mode")] == ["2", "3", "1.5", "strict"]
+    assert cmd_opt(cmd, "--kopt-dims") == '{"M": 256, "N": 256}'
+    assert [cmd_opt(cmd, o) for o in ("--kopt-iterations", "--kopt-branches", "--kopt-noise",
+                                      "--kopt-numerics-mode")] == ["2", "3", "1.5", "strict"]

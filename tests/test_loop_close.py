@@ -7,6 +7,8 @@ as inputs to the decisions; they are not measurements. The loop on a real H200 i
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,13 +16,17 @@ from typing import Any
 
 import pytest
 
+from pytest_kopt.gates.builtin import builtin_gates, default_table
+from pytest_kopt.gates.table import GateTable
 from pytest_kopt.gates import hardware
-from pytest_kopt.loop import session
+from pytest_kopt.loop import session, summary
 from pytest_kopt.loop import state as st
 from pytest_kopt.records import GateRecord
 
 METHOD = "memory.shared_memory_tiling"
 LDS = "Function : k\n        /*0010*/                   LDS R0, [R1] ;\n        /*0020*/                   STS [R1], R0 ;\n"
+#: the run's reference (--kopt-init copies it into the run, so it must exist)
+REF = "def reference(x, y, **_):\n    y.copy_(x)\n"
 ROOF = {"delta_compute": 0.5, "delta_memory": 0.9, "delta_latency": 0.2, "bound": "memory", "near_peak": False,
         "axis_budget": {"compute": 1, "memory": 1, "latency": 1}}
 
@@ -32,6 +38,7 @@ class Run:
         self.tmp = tmp
         base = tmp / "k.cu"
         base.write_text("// baseline\n")
+        (tmp / "ref.py").write_text(REF)
         self.run = st.new_run_dir(base)
         st.init_state(self.run, base, tmp / "ref.py", {"M": 64}, iterations=3, branches=branches, ncu_num=5,
                       noise_pct=2.0, numerics_mode="reference", seeds=[1], env={"sm_arch": "sm_90a"})
@@ -70,7 +77,8 @@ class Run:
         return self.records
 
     def ctx_for(self, k: Path) -> Any:
-        return SimpleNamespace(outdir=self.outdir(k), env={"gpu": {"uuid": "GPU-0", "index": 0}})
+        return SimpleNamespace(outdir=self.outdir(k), env={"gpu": {"uuid": "GPU-0", "index": 0}},
+                               gates=getattr(self, "table", None) or default_table())
 
     def fake_profile(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The champion's ncu and roofline gates write what a profile would (tagged with the kernel's folder)."""
@@ -84,12 +92,13 @@ class Run:
         def roof(ctx: Any) -> None:
             (ctx.outdir / "roofline.json").write_text(json.dumps({**ROOF, "tag": ctx.outdir.name}))
 
-        monkeypatch.setattr(session, "gate_ncu", ncu)
-        monkeypatch.setattr(session, "gate_roofline", roof)
-        monkeypatch.setattr(session, "plot_history", lambda state, run_dir: [])
+        # the session's table with the champion's gates standing in for ncu and the roofline
+        fakes = {"ncu": lambda ctx, case: ncu(ctx), "roofline": lambda ctx, case: roof(ctx)}
+        self.table = GateTable.build([dataclasses.replace(g, run=fakes.get(g.name, g.run)) for g in builtin_gates()])
+        monkeypatch.setattr(summary, "plot_history", lambda state, run_dir: [])
 
     def close(self) -> dict[str, Any]:
-        return session.finish_run(self.run, self.ctx_for, self.records, False)
+        return session.finish_run(self.run, self.ctx_for, self.records, False).to_json()
 
 
 def test_a_close_asks_for_the_champions_ablations_and_concludes_on_them(tmp_path: Path,
@@ -110,8 +119,8 @@ def test_a_close_asks_for_the_champions_ablations_and_concludes_on_them(tmp_path
     assert nxt["action"] == "write_ablations" and nxt["champion"] == "b2"
     assert nxt["ablations"] == [{"method": METHOD, "kernel": str(r.it / "ablations" / METHOD / "kernel.cu"),
                                  "base": str(r.it / "ablations" / METHOD / "base")}]
-    assert nxt["command"][3:5] == ["--kopt-run", str(r.run)]
-    assert nxt["command"][-2:] == ["--kopt-json", str(r.it / "report_ablations.json")]  # not over the first report
+    assert nxt["command"][3] == f"--kopt-run={r.run}"
+    assert nxt["command"][-1] == f"--kopt-json={r.it / 'report_ablations.json'}"  # not over the first report
     assert st.run_view(r.run)["phase"] == "ablations" and st.load_state(r.run)["open_iter"] == 1
     assert r.profiled == [r.outdir(b2)] and (r.it / "kernel.ncu-rep").is_file()
     assert json.loads((r.it / "branch_results.json").read_text())["awaiting_ablations"] == [METHOD]
@@ -208,6 +217,7 @@ def test_a_champion_profiled_with_another_ncu_bundle_stops_the_run(tmp_path: Pat
 def _init(tmp_path: Path, records: list[GateRecord], roof: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     base = tmp_path / "k.cu"
     base.write_text("// baseline\n")
+    (tmp_path / "ref.py").write_text(REF)
     run = st.new_run_dir(base)
     st.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=3, branches=4, ncu_num=5, noise_pct=2.0,
                   numerics_mode="reference", seeds=[1], env={"sm_arch": "sm_90a", "can_read_counters": None})
@@ -216,8 +226,8 @@ def _init(tmp_path: Path, records: list[GateRecord], roof: dict[str, Any]) -> tu
     (out / "bench.json").write_text(json.dumps({"timing_valid": True, "median_ms": 3.0}))
     (out / "roofline.json").write_text(json.dumps(roof))
     (out / "ncu_top.json").write_text(json.dumps({"set": "full", "duration_ms": 3.0, "metrics": {}, "top": {}}))
-    ctx = SimpleNamespace(outdir=out, kernel=base.resolve())
-    return run, session.finish_init(run, ctx, records)  # type: ignore[arg-type]
+    ctx = SimpleNamespace(outdir=out, kernel=base.resolve(), gates=default_table())
+    return run, session.finish_init(run, ctx, records).to_json()  # type: ignore[arg-type]
 
 
 def test_a_baseline_near_the_roofline_completes_the_run_at_set_up(tmp_path: Path) -> None:

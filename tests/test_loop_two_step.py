@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_kopt.errors import ConfigError, KoptError
+from pytest_kopt.loop import gates as loop_gates
 from pytest_kopt.loop import session
 from pytest_kopt.loop import state as st
 from pytest_kopt.records import GateRecord
@@ -216,7 +217,7 @@ def test_finalize_given_to_the_first_step_is_not_lost_in_the_second(tmp_path: Pa
     r.fake_profile(monkeypatch)
     ks = [r.kernel("branches/b1", 10.0), r.kernel("branches/b2", 8.0)]
     r.judged(*ks)
-    first = session.finish_run(r.run, r.ctx_for, r.records, True)
+    first = session.finish_run(r.run, r.ctx_for, r.records, True).to_json()
     assert first["next"]["action"] == "write_ablations"
     finalize = "--kopt-finalize" in first["next"]["command"]
     r.judged(r.kernel(f"ablations/{METHOD}", 9.0, base="b2"))
@@ -277,8 +278,8 @@ def test_a_failed_same_gpu_retiming_still_says_what_to_do_next(tmp_path: Path,
     def boom(ctxs: Any) -> Any:
         raise KoptError("timing harness died")
 
-    monkeypatch.setattr(session, "retime_interleaved", boom)
-    monkeypatch.setattr(session, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_gates, "retime_interleaved", boom)
+    monkeypatch.setattr(loop_gates, "ensure_built", lambda ctx: None)
     out = r.close()
     assert st.load_state(r.run)["run_status"] == "stopped"
     assert (out.get("next") or {}).get("action") == "start_over", out
@@ -366,9 +367,9 @@ def test_the_first_steps_champion_contest_survives_the_second_steps_retiming(tmp
     b1, b2 = r.kernel("branches/b1", 8.3), r.kernel("branches/b2", 8.0)
     (r.outdir(b1) / "bench.json").write_text(json.dumps({"timing_valid": True, "median_ms": 8.3, "gpu_uuid": "GPU-1"}))
     times = {"iterv1_branches_b1": 8.5, "iterv1_branches_b2": 8.1}
-    monkeypatch.setattr(session, "retime_interleaved", lambda ctxs: [
+    monkeypatch.setattr(loop_gates, "retime_interleaved", lambda ctxs: [
         {"median_ms": times.get(c.outdir.name, 9.0), "stop_reason": "done", "gpu_uuid": "GPU-0"} for c in ctxs])
-    monkeypatch.setattr(session, "ensure_built", lambda ctx: None)
+    monkeypatch.setattr(loop_gates, "ensure_built", lambda ctx: None)
     r.judged(b1, b2)
     first = r.close()
     assert first["champion"] == "b2"

@@ -338,7 +338,8 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
     plugin, ahead = _close(tmp_path, monkeypatch, started, [], shapes={"b9": ({"n": 1}, {"n": 2})})
 
     def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
-        return SimpleNamespace(kernel=str(tmp_path / "branches" / name / "kernel.cu"), gate=gate, outcome="passed",
+        return SimpleNamespace(kernel=str(tmp_path / "iterv1" / "branches" / name / "kernel.cu"), gate=gate,
+                               outcome="passed",
                                case=None if gate == "timing" else "seed=1",
                                figures={"median_ms": median} if median else {})
 

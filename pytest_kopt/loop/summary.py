@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from .layout import RunLayout
+
 
 def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
     """``summary.md``: headline speedup, roofline history, iteration timeline, method buckets, frontier, stop
@@ -65,9 +67,10 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
         lines.append(f"- iter {f['iter']} {f['branch']}: {f['median_ms']:.4f} ms")
     if not state.get("frontier"):
         lines.append("No other branch has passed yet.")
-    for png in ("speedup.png", "roofline_drift.png"):
-        if (run_dir / png).is_file():
-            lines += ["", f"![{png}]({png})"]
+    layout = RunLayout.of(run_dir)
+    for png in (layout.speedup_png, layout.roofline_drift_png):
+        if png.is_file():
+            lines += ["", f"![{png.name}]({png.name})"]
     return "\n".join(lines) + "\n"
 
 
@@ -94,9 +97,9 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(run_dir / "speedup.png", dpi=100)
+        fig.savefig(RunLayout.of(run_dir).speedup_png, dpi=100)
         plt.close(fig)
-        out.append(str(run_dir / "speedup.png"))
+        out.append(str(RunLayout.of(run_dir).speedup_png))
     rh = state.get("roofline_history", [])
     if rh:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -109,7 +112,7 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(run_dir / "roofline_drift.png", dpi=100)
+        fig.savefig(RunLayout.of(run_dir).roofline_drift_png, dpi=100)
         plt.close(fig)
-        out.append(str(run_dir / "roofline_drift.png"))
+        out.append(str(RunLayout.of(run_dir).roofline_drift_png))
     return out

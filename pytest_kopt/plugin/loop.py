@@ -10,18 +10,22 @@ from typing import Any
 
 import pytest
 
+from .. import defaults
 from ..loop import session as loop_session
 from ..loop import state as loop_state
+from ..loop.layout import is_branch_kernel
 from .ledger import SessionOutcome
 from .stash import SessionState
 
 #: (option name, help, metavar) and (flag, help) of this concern (:mod:`pytest_kopt.plugin.options` adds them).
 OPTIONS = (
     ("run", "Close the open iteration of this run directory (branches and ablations the agent wrote)", "DIR"),
-    ("iterations", "Loop: maximum number of iterations for --kopt-init (default 3)", "N"),
-    ("branches", "Loop: branch folders per iteration for --kopt-init (default 4)", "K"),
-    ("noise", "Loop: noise threshold in percent for improvement and attribution (default 2)", "PCT"),
-    ("numerics-mode", "Loop: reference, strict or approximate (default reference)", "MODE"),
+    ("iterations", f"Loop: maximum number of iterations for --kopt-init (default {defaults.ITERATIONS})", "N"),
+    ("branches", f"Loop: branch folders per iteration for --kopt-init (default {defaults.BRANCHES})", "K"),
+    ("noise", f"Loop: noise threshold in percent for improvement and attribution (default {defaults.NOISE_PCT:g})",
+     "PCT"),
+    ("numerics-mode", f"Loop: {', '.join(defaults.NUMERICS_MODES[:-1])} or {defaults.NUMERICS_MODES[-1]} (default "
+                      f"{defaults.NUMERICS_MODE})", "MODE"),
 )
 FLAGS = (
     ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
@@ -53,7 +57,7 @@ class LoopPlugin:
         if settings.loop_mode != "run" or not record.kernel or settings.run_dir is None:
             return
         kernel = Path(record.kernel)
-        if kernel.parent.parent.name != "branches":
+        if not is_branch_kernel(kernel, settings.run_dir):
             return
         ctx = self.state.context(self.config, kernel, str(kernel))
         self.state.ahead.on_branch_record(ctx, record, self.state.gates.branch_strict)
@@ -86,5 +90,5 @@ class LoopPlugin:
 
         if settings.loop_mode == "init":
             assert settings.baseline is not None
-            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records)
-        return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize)
+            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records).to_json()
+        return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize).to_json()

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from ..errors import ConfigError
+from .. import defaults
+from ..errors import ConfigError, KoptError
 from ..gates.inputs import fresh_session_seed
-from ..loop import session, state
+from ..loop import lock, session, state
 from ..settings import Settings, build_settings
 
 #: (option name, help, metavar) of the options every session reads. Each has an ini twin ``kopt_<name>`` with the
@@ -43,7 +44,7 @@ OPTIONS = (
     ("gpus", "GPUs to spread the session over with -n: all (default: the first GPU's model), CUDA ordinals such "
              "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
              "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
-    ("ncu-num", "Top ncu metrics kept per axis in ncu_top.json (default 5)", "N"),
+    ("ncu-num", f"Top ncu metrics kept per axis in ncu_top.json (default {defaults.NCU_NUM})", "N"),
 )
 #: (flag, help): boolean options every session reads, each with an ini twin.
 FLAGS = (
@@ -135,20 +136,20 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     if run_dir not in (None, ""):
         run_dir = Path(str(run_dir)).resolve()
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": ["python3", "-m", "pytest", "--kopt-run", str(run_dir)]}
+                               "command": ["python3", "-m", "pytest", f"--kopt-run={run_dir}"]}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             from ..loop import state as st
 
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
                 if st.load_state(Path(run_dir)).get("open_iter") else step
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         try:
             from ..loop import state as st
 
             view = st.run_view(Path(run_dir))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             view = {}
         doc["loop"] = {**view, "mode": "run", "run_dir": str(run_dir), "exit_code": 4, "stage": error["gate"],
                        "message": exc.message, "next": nxt}
@@ -185,6 +186,15 @@ def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> s
     return str(given)
 
 
+def hold_run_lock(config: pytest.Config, run_dir: Path, mode: str) -> None:
+    """A loop step's controller holds its run directory's lock (:func:`pytest_kopt.loop.lock.hold`) from here to
+    the session's end (released by the config's cleanup, after every unconfigure hook); an xdist worker works
+    under its controller's. Raises ConfigError when another step holds it."""
+    if hasattr(config, "workerinput"):
+        return
+    config.add_cleanup(lock.hold(run_dir, mode).release)
+
+
 def read_settings(config: pytest.Config, handed: dict[str, Any],
                   suffixes: tuple[str, ...] = (".cu", ".py")) -> Settings:
     """The session's settings from the options (``handed``: what the xdist controller gave a worker, {} in the
@@ -194,8 +204,10 @@ def read_settings(config: pytest.Config, handed: dict[str, Any],
     overrides: dict[str, Any] = {}
     run_dir = raw(config, "run")
     if run_dir not in (None, ""):
+        folder = Path(config.invocation_params.dir, str(run_dir)).resolve()
         try:
-            overrides = session.run_overrides(Path(config.invocation_params.dir, str(run_dir)).resolve())
+            hold_run_lock(config, folder, "run")
+            overrides = session.run_overrides(folder)
         except ConfigError as exc:
             raise usage_error(exc, config) from None
     seed = None
@@ -227,5 +239,9 @@ def read_settings(config: pytest.Config, handed: dict[str, Any],
         return settings
     assert settings.baseline is not None
     folder = Path(handed["kopt_run_dir"]) if "kopt_run_dir" in handed else state.new_run_dir(settings.baseline)
+    try:
+        hold_run_lock(config, folder, "init")
+    except ConfigError as exc:
+        raise usage_error(exc, config) from None
     return dataclasses.replace(settings, run_dir=folder, loop_mode="init",
                                artifact_dirs={str(settings.baseline): str(folder / "baseline")})

@@ -1,0 +1,149 @@
+"""The run as the agent reads it: ``next`` (what to write and the command to run) and the run's part of the
+``--kopt-json`` report's ``loop`` section, both from a validated :class:`~pytest_kopt.loop.runstate.State`.
+
+A command is built only from validated values (state.json's schema: absolute paths of the expected kind, numbers,
+an enum), each option written as ``--kopt-x=VALUE``, so no value can ever be read as another option (a
+``baseline_file`` of ``-pNAME`` would otherwise load ``NAME`` as a pytest plugin).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import defaults, registry
+from ..artifacts import read_dict
+from ..errors import EXIT_HARDWARE, ConfigError
+from .layout import RunLayout
+from .records import Stop
+from .runstate import State, load_or_none
+
+#: The start of ``next.command``: pytest through this process's interpreter (an absolute path), so an agent that
+#: runs the command gets the installation that wrote the report, not whatever ``python3`` is first on its PATH.
+PYTEST = (sys.executable or "python3", "-m", "pytest")
+
+
+def option(flag: str, value: Any) -> str:
+    """``--kopt-x=VALUE``: one argv element, which argparse never splits or reads as another option."""
+    return f"{flag}={value}"
+
+
+def run_command(layout: RunLayout, report: Path, *, finalize: bool = False) -> list[str]:
+    """The ``--kopt-run`` command of the run (``-n``: :data:`pytest_kopt.defaults.CLOSE_WORKERS`), its report at
+    ``report`` (last)."""
+    return [*PYTEST, option("--kopt-run", layout.root), "-n", str(defaults.CLOSE_WORKERS),
+            *(["--kopt-finalize"] if finalize else []), option("--kopt-json", report)]
+
+
+def init_command(state: State) -> list[str]:
+    """The ``--kopt-init`` command that seeds a new run with everything this one was seeded with (the baseline
+    and the reference as given, dims, iterations, branches, noise, numerics mode), its report beside the baseline
+    as ``kopt-init.json``."""
+    base = Path(state.baseline_file)
+    return [*PYTEST, "--kopt-init", option("--kopt-baseline", base), option("--kopt-ref", state.ref_source),
+            option("--kopt-dims", json.dumps(state.dims)), option("--kopt-iterations", state.iterations_total),
+            option("--kopt-branches", state.branches), option("--kopt-noise", state.noise_threshold_pct),
+            option("--kopt-numerics-mode", state.numerics_mode),
+            option("--kopt-json", base.parent / "kopt-init.json")]
+
+
+def next_step(run_dir: Path) -> dict[str, Any]:
+    """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
+    ``read`` (the evidence) and to ``write``, and the ``command`` to run (argv). Paths are absolute. Actions:
+
+    - ``write_and_close`` while an iteration is open: ``methods.json``, one kernel per branch, optionally an
+      ablation per selected method (``ablations/<method>/kernel.*`` with a ``base`` file naming its branch); with
+      the axis ``budget``;
+    - ``write_ablations`` after the first step of a close: the ``champion`` and, in ``ablations``, per method the
+      ``kernel`` and ``base`` paths to write (``base`` holds the champion's name); the same command concludes;
+    - ``done`` once completed, ``start_over`` once stopped (the ``--kopt-init`` command that seeds a new run, its
+      report beside the baseline as ``kopt-init.json``); a stop for want of a GPU or tool (exit 3) says in
+      ``requires`` where the command can succeed: here it would stop the same way.
+
+    Raises the loop's ConfigError when the run's state is bad."""
+    layout = RunLayout.of(run_dir)
+    state = State.load(run_dir)
+    if state.run_status == "completed":
+        return {"action": "done", "read": [str(layout.summary), str(layout.state)], "write": [], "command": None}
+    i = state.open_iter
+    if state.run_status == "stopped" or not i:
+        stop = stop_record(run_dir)
+        where = None
+        if stop is not None and stop.exit_code == EXIT_HARDWARE:
+            # the machine, not the kernel: the same command here stops the same way
+            where = ("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one stopped at "
+                     f"{stop.stop_stage} ({state.stop_reason})")
+        return {"action": "start_over", "reason": state.stop_reason, "requires": where,
+                "read": [str(layout.state), str(layout.stop), str(layout.summary)], "write": [],
+                "command": init_command(state)}
+    it = layout.iteration(i)
+    ext = Path(state.baseline_file).suffix
+    pending = state.pending
+    if pending is not None:
+        cext = Path(pending.champion_kernel).suffix  # the champion's language
+        abl = [{"method": m, "kernel": str(it.ablation_dir(m) / f"kernel{cext}"), "base": str(it.base_file(m))}
+               for m in pending.needed]
+        return {"action": "write_ablations", "iteration": i, "champion": pending.champion,
+                "champion_kernel": pending.champion_kernel, "ablations": abl,
+                "read": [str(it.branch_results), pending.champion_kernel, str(it.champion_ncu_top),
+                         str(it.champion_roofline)],
+                "write": [p for a in abl for p in (a["kernel"], a["base"])],
+                # the branch step's report stays as it was
+                "command": run_command(layout, it.report_ablations, finalize=pending.finalize)}
+    roof = read_dict(it.roofline) or {}
+    top = read_dict(it.ncu_top) or {}
+    rows = top.get("top") if isinstance(top.get("top"), dict) else {}
+    return {"action": "write_and_close", "iteration": i, "budget": roof.get("axis_budget"),
+            "bound": roof.get("bound"), "evidence_of": top.get("evidence_of"),
+            "top": {axis: [{"name": r.get("name"), "value": r.get("value"), "unit": r.get("unit")}
+                           for r in (v if isinstance(v, list) else []) if isinstance(r, dict)]
+                    for axis, v in rows.items()},
+            "ablations_when": "optional here: written now with a base naming the eventual champion, the close takes "
+                              "one step; otherwise the close asks for the champion's (action write_ablations)",
+            # the registries the methods come from, where this install keeps them (site-packages for a wheel)
+            "read": [str(it.roofline), str(it.ncu_top), str(it.analysis), str(layout.state)]
+            + [str(registry.path(n)) for n in (registry.METHODS, "optimization_catalog.md", "ncu_metrics_guide.md")],
+            "write": [str(it.methods), *(str(it.branch_dir(b) / f"kernel{ext}") for b in range(1, state.branches + 1)),
+                      str(it.ablation_dir("<method id>") / f"kernel{ext}"), str(it.base_file("<method id>"))],
+            "command": run_command(layout, it.report)}
+
+
+def run_view(run_dir: Path) -> dict[str, Any]:
+    """The run as the ``--kopt-json`` report's ``loop`` section shows it beside the step's own result: ``phase``
+    (``iterating``, ``ablations`` while a close waits for the champion's ablations, ``completed``, ``stopped``),
+    ``open_iter``, ``baseline_ms``, ``best_ms`` and ``best_file`` (the best kernel so far), ``verified_iterations``
+    the method ``buckets`` (SKILL.md 3j: ``effective``, ``ineffective``, ``implementation_failed``,
+    ``unverified``, each a list of method ids, with each method's latest ``reasons``) and every
+    ``selected_methods`` so far (re-selecting one needs an ``override_reason``). {} when there is no valid
+    state."""
+    state = load_or_none(run_dir)
+    if state is None:
+        return {}
+    phase = "ablations" if state.run_status == "iterating" and state.ablation_step else state.run_status
+    reasons: dict[str, str] = {}
+    for h in state.history:
+        for m, a in (h.get("attribution") or {}).items():
+            pct = a.get("attribution_pct")
+            sass = (h.get("sass") or {}).get(m)
+            same = ("; the champion's SASS is the best kernel's, instruction for instruction (the method changed "
+                    "nothing the GPU runs)" if h.get("same_sass_as_best") else "")
+            reasons[m] = (f"iterv{h['iter']}: {(h.get('verdicts') or {}).get(m)}; attribution "
+                          f"{'inconclusive (' + str(a.get('reason')) + ')' if pct is None else f'{pct:.1f}%'}; "
+                          f"SASS {sass}{same}")
+    return {"phase": phase, "open_iter": state.open_iter, "baseline_ms": state.baseline_ms,
+            "best_ms": state.best_metric_ms, "best_file": state.best_file,
+            "verified_iterations": state.verified_iterations, "buckets": state.buckets, "reasons": reasons,
+            "selected_methods": list(state.selected_methods)}
+
+
+def stop_record(run_dir: Path) -> Stop | None:
+    """The run's ``stop.json``, None when there is none or it is unreadable (a view never fails on it)."""
+    path = RunLayout.of(run_dir).stop
+    if not path.is_file():
+        return None
+    try:
+        return Stop.load(path)
+    except ConfigError:  # a bad stop.json reads as none here: state.json holds the stop's reason
+        return None
