@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
 # Logs in $OUT (one file per section). Usage (device machine, repository root):
-#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [saved] [pr] [speed] [fidelity] [formats] [multi] [field]
+#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [trust] [saved] [pr] [speed] [fidelity] [formats] [multi] [field]
 #   (no argument: main to fidelity, in order)
 #   main      the README's main command on the naive SGEMM, and the Triton softmax example (JSON reports in $OUT)
 #   tests     GPU tests (pytest tests -m gpu -n 4)
@@ -15,6 +15,8 @@
 #   formats   kernels as people write them: the autotuned Triton matmul (4 configs) through every gate, a GPU MODE
 #             problem (3 test shapes, 2 benchmark shapes), a KernelBench problem, a 3-shape PR gate
 #   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
+#   trust     benchmarks/trust_gpu.py: a kernel that rewraps kopt's timing in its own process, alone, in the PR gate
+#             against its honest twin, and as a branch of a loop's close beside it (one verdict line per step)
 #   field     issue #19 on the GPU (benchmarks/field_cases/, ~90 s): an arch-guarded kernel through every gate, the
 #             plan's memory estimate at n=10^12, and a host-heavy solve() timed on a quiet GPU and then while two
 #             other pytest-kopt sessions (naive SGEMM 4096^3) run on it; one verdict line per item in field.log
@@ -77,6 +79,9 @@ for f in sorted(glob.glob("/tmp/kl/loop/**/*ncu_top.json", recursive=True)):
 PY
       wall loop $rc $t0; grep -A5 "^phase" "$OUT/loop.log"; grep "^phase_s" "$OUT/loop.log" | head -8
       grep -E "^(bench|ncu) phase_s" "$OUT/loop.log" ;;
+    trust)
+      timeout 300 python3 benchmarks/trust_gpu.py --out /tmp/kt > "$OUT/trust.log" 2>&1
+      wall trust $? $t0; cat "$OUT/trust.log"; cp /tmp/kt/pr.json "$OUT/trust_pr.json" 2>/dev/null ;;
     saved)
       for step in "--kopt-save main" "--kopt-compare main"; do
         timeout 90 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm_tiled/gemm_tiled.cu \
