@@ -367,3 +367,24 @@ def test_the_judges_input_check_finds_a_change_the_candidates_process_hid() -> N
     said = {**req, "mutated": {"call3": ["x (2 elements changed)"]}}
     assert input_findings(torch, Ref, said, {k: v for k, v in sets.items() if k == "inA__x"}, ()) == \
         ["x (call3: 2 elements changed)"]
+
+
+EQUAL_PATCHER = HONEST.replace("    y.copy_(2 * x)\n", """\
+    y.copy_(2 * x)
+    x.add_(1.0)  # shifts its input after computing, and makes the guard's comparison blind to it
+""") + """
+import torch as _torch
+_equal = _torch.equal
+_torch.equal = lambda a, b: True
+"""
+
+
+def test_a_guard_patched_in_the_candidates_process_does_not_hide_a_changed_input(pytester: pytest.Pytester) -> None:
+    """Right outputs, then its input shifted in place, with ``torch.equal`` patched to say nothing changed: its
+    process reports the patch (TAMPERED) at its first request; never PASSED."""
+    pytester.makepyfile(ref=DOUBLE_REF, patcher=EQUAL_PATCHER)
+    _, doc = session(pytester, "--kopt-baseline", "patcher.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                     "--kopt-seeds", "3")
+    got = statuses(doc, "patcher.py")
+    assert "TAMPERED" in got and "PASSED" not in statuses(doc, "patcher.py", "correctness"), doc["items"]
+    assert any("torch.equal" in (i["message"] or "") for i in doc["items"] if i["status"] == "TAMPERED")
