@@ -20,7 +20,7 @@ from .build import ensure_built
 from .context import Context
 from .correctness import check_report, judge_request, verdict_from
 from .request import harness_request
-from .suspects import unstable_causes
+from .suspects import host_work, idle_ms, unstable_causes
 from .trust import digest, local_sources
 
 #: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
@@ -314,8 +314,11 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
     the kernel-only spans from CUPTI (:func:`pytest_kopt.child.cupti.cupti_samples`) of the kernel, its reference
     and a PR gate's baseline alike, so no ratio mixes two clocks; CUDA events for all of them when the profiler
     gave any party none (``note`` says why). ``events``/``graph``: those samples. Returns ``{"basis", "kernel",
-    "reference", "baseline" (ms lists; baseline None without one), "note"}``. A candidate whose profiled calls
-    launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught, never timed by events instead."""
+    "reference", "baseline" (ms lists; baseline None without one), "note"}`` (and ``host_work_ms``, below). A
+    candidate whose profiled calls launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught,
+    never timed by events instead. A candidate whose calls do host work inside them (events beyond the kernels'
+    span, accounted for by the GPU idling inside its profiled calls: :func:`~pytest_kopt.gates.suspects.host_work`)
+    is timed by CUDA events, every party alike, and ``host_work_ms`` says how much (ms per call)."""
     events = {"basis": result.get("method", "events"),
               "kernel": result["event_ms"], "reference": ref_result["event_ms"],
               "baseline": base_result["event_ms"] if base_result else None, "note": None}
@@ -331,6 +334,16 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
         return {**events, "note": "timed by CUDA events: CUPTI gave no kernel-only samples for the " + "; ".join(
             f"{who} ({why[:120]})" for who, why in missing)}
     spans = {who: [x * MS_PER_US for x in p["cupti"]["spans_us"]] for who, p in parties}
+    events_ms, kernel_ms = stats.median(result["event_ms"]), stats.median(spans["kernel"])
+    work = host_work(events_ms, kernel_ms, idle_ms(cupti))
+    if work is not None:
+        # the kernels' span leaves the host work out; what a call costs its user is the events' time, and a call
+        # that only imitates host work while profiled hides nothing there (suspects.host_work)
+        return {**events, "note": f"timed by CUDA events: the call does host work inside it ({stats.fmt_ms(work)} "
+                                  f"per call: CUDA events {stats.fmt_ms(events_ms)}, the kernels' own records "
+                                  f"{stats.fmt_ms(kernel_ms)}; the GPU idled {stats.fmt_ms(idle_ms(cupti) or 0.0)} "
+                                  "per profiled call while the host worked inside it)",
+                "host_work_ms": work}
     return {"basis": "cupti", "kernel": spans["kernel"], "reference": spans["reference"],
             "baseline": spans.get("baseline"), "note": None}
 
