@@ -97,8 +97,10 @@ def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> st
 
 def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
     """Run the judge in the reference's warm judge process (``mode`` ``judge``, or ``check_timed`` for a timed call's
-    outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock. Returns the judge's
-    result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors."""
+    outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock and ``--kopt-timeout``.
+    Returns the judge's result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors, and
+    ContractError (REFERENCE_TIMEOUT, exit 4, naming the reference) when the judge runs past the timeout: only the
+    reference's code and kopt's run in that process, so a hang there is never the kernel's TIMEOUT."""
     table = req.get("poisons") or {}
     poisons = {b["name"]: table.get(b["dtype"], SECOND_POISON.get(b["dtype"])) for b in cand["spec"]
                if b["role"] == "output"}
@@ -110,9 +112,21 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
             "dtypes": cand.get("dtypes") or {},
             "cand": {"transport": cand.get("transport"), "arrays": cand.get("arrays") or {}, "npz": cand.get("npz"),
                      "same_as": cand.get("same_as") or {}}}
-    return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
-                        timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
-                        lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
+    gate = "correctness" if mode == "judge" else "timing"
+    timeout_s = ctx.settings.gate_timeout_s
+    try:
+        return ctx.pool.run(jreq, gate=gate, timeout_s=timeout_s, path=str(ctx.ref), workdir=ctx.work,
+                            lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
+    except KernelRuntimeError as exc:
+        if exc.status != "TIMEOUT":
+            raise
+        # the judge's process runs the reference's code and kopt's, never the kernel's: what hung is the reference
+        raise ContractError(f"the reference did not give its outputs within --kopt-timeout {timeout_s:g} s in the "
+                            f"judge's process (seed={req['seed']}; it is called up to five times per case: set A "
+                            "twice, set A rounded to bf16 and to fp16, set B), so the kernel was not judged",
+                            gate=gate, path=str(ctx.ref), status="REFERENCE_TIMEOUT", details=exc.details,
+                            fix="look for an infinite loop, a deadlock or a wait on something that never comes in "
+                                "the reference; raise --kopt-timeout if it is simply slow at these dims") from None
 
 
 def check_report(ctx: Context, cand: Any, req: dict[str, Any], gate: str, replay: str = "") -> None:
