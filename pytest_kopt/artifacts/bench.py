@@ -293,7 +293,8 @@ class Bench:
     def over_shapes(cls, kernel: str, dims: Mapping[str, Any], arch: str,
                     shapes: Sequence[tuple[Mapping[str, Any], str, Path]]) -> Bench:
         """The kernel's summary over its benchmark shapes ``(dims, label, folder)`` (each shape's own bench.json in
-        ``folder``): ``shapes`` (dims, label, path, timing_valid, median_ms, speedup_vs_ref per shape),
+        ``folder``): ``shapes`` (dims, label, path, timing_valid, median_ms, speedup_vs_ref and stop_reason per
+        shape),
         ``geomean_over``, ``timing_valid`` (every shape timed and valid), ``median_ms`` (geometric mean of the
         shapes' medians, ms; None until every shape has valid timing), ``speedup_vs_ref`` and ``speedup_ci95``
         (geometric mean over the shapes with a bootstrap CI; None until every shape has valid samples and reference
@@ -305,7 +306,9 @@ class Bench:
             benches.append(b)
             rows.append({"dims": shape_dims, "label": label, "path": str(Path(folder) / BENCH),
                          "timing_valid": bool(b and b.timing_valid), "median_ms": b.median_ms if b else None,
-                         "speedup_vs_ref": (b.doc.get("speedup_vs_ref") if b else None)})
+                         "speedup_vs_ref": (b.doc.get("speedup_vs_ref") if b else None),
+                         # converged, budget, max_samples, or capped: the rounds' cap ended it (measure.rounds_cap_s)
+                         "stop_reason": (b.doc.get("stop_reason") if b else None)})
             if b and b.valid_samples:
                 medians.append(b.median_ms)
                 ref = (b.doc.get("reference") or {}).get("samples_ms")

@@ -111,10 +111,13 @@ def idle_in_calls(records: list[tuple[float, float, str, int]], segments: list[l
     return out
 
 
-def cupti_calls(median_ms: float) -> int:
+def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
     """How many calls the first batch of :func:`cupti_samples` profiles for a kernel whose event median is
-    ``median_ms`` (ms): about 0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50)."""
-    return max(5, min(50, int(300.0 / max(median_ms, 1e-3))))
+    ``median_ms`` (ms) and one of whose event samples took ``call_wall_ms`` of wall time (ms: the fresh values
+    written before it, the flush, the hold, the synchronisation): about 0.3 s of calls, at least 5 and at most 50
+    (a 25 ms kernel gets 12, a 10 µs one 50; a 10 µs one whose inputs take 20 ms to refresh, as a GPU MODE
+    ``generate_input`` on the host can, 15)."""
+    return max(5, min(50, int(300.0 / max(median_ms, call_wall_ms, 1e-3))))
 
 
 #: The kernel-only (CUPTI) samples' stopping rule: at least ``min_samples`` calls, then batches until the median's
@@ -491,14 +494,16 @@ def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int
     return records, launches, windows, calls_at
 
 
-def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
+def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> dict[str, Any]:
     """Kernel-only samples (:func:`kernel_times`) in batches until :func:`cupti_stop` stops them: the first batch
     :func:`cupti_calls` calls behind a 1 ms spin each; when every call of it launched one kernel (whose span no
-    launch gap can lengthen), later batches spin only the event timer's hold. Returns :func:`kernel_times`'s
-    fields over all batches, plus ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error``
-    (when the first batch fails; a later batch's failure ends the sampling with ``batch_error``)."""
+    launch gap can lengthen), later batches spin only the event timer's hold. A later batch is no longer than the
+    profiling budget left allows at the wall time a call took so far, so a call whose inputs are slow to refresh
+    cannot run far past :data:`CUPTI`'s budget. Returns :func:`kernel_times`'s fields over all batches, plus
+    ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error`` (when the first batch fails; a
+    later batch's failure ends the sampling with ``batch_error``)."""
     t0 = time.perf_counter()
-    first = kernel_times(timer, cupti_calls(median_ms))
+    first = kernel_times(timer, cupti_calls(median_ms, call_wall_ms))
     if "error" in first:
         return {**first, "profile_s": time.perf_counter() - t0}
     out = dict(first)
@@ -510,6 +515,9 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
         if reason is not None:
             break
         n = min(CUPTI["batch_max"], CUPTI["max_samples"] - len(out["spans_us"]), max(20, len(out["spans_us"])))
+        elapsed = time.perf_counter() - t0
+        per_call_s = elapsed / max(1, out["calls"] + out["empty_calls"])
+        n = max(5, min(n, int((CUPTI["budget_s"] - elapsed) / max(per_call_s, 1e-6))))
         nxt = kernel_times(timer, n, hold_us=timer.hold_us if single else None,
                            flush_names=set(out["flush_names"]), start=out["calls"] + out["empty_calls"])
         if "error" in nxt and not nxt.get("spans_us"):
