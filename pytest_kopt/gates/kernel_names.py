@@ -69,7 +69,8 @@ def own_kernels(sources: list[Path], names: list[str]) -> list[str] | None:
     """Of the SASS function ``names`` (as cuobjdump prints them), those whose :func:`base_name` is a ``__global__``
     function of ``sources`` (the ``.cu`` and its local headers). None when the sources declare no ``__global__``
     function kopt can read (a macro writes them, or every kernel comes from a library template the source
-    instantiates): then every function is the candidate's, as without this check."""
+    instantiates): then every function is the candidate's, as without this check. A C++ name the demangler cannot
+    read (no libstdc++ here) stays the candidate's too: the rule is never switched off by a missing tool."""
     defined: set[str] = set()
     for path in sources:
         try:
@@ -78,4 +79,4 @@ def own_kernels(sources: list[Path], names: list[str]) -> list[str] | None:
             continue
     if not defined:
         return None
-    return [n for n in names if base_name(n) in defined]
+    return [n for n in names if base_name(n) in defined or (n.startswith("_Z") and demangle(n) == n)]

@@ -355,7 +355,8 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
         return {**events, "note": "timed by CUDA events: CUPTI gave no kernel-only samples for the " + "; ".join(
             f"{who} ({why[:120]})" for who, why in missing)}
     spans = {who: [x * MS_PER_US for x in p["cupti"]["spans_us"]] for who, p in parties}
-    events_ms, kernel_ms = stats.median(result["event_ms"]), stats.median(spans["kernel"])
+    events_ms = stats.median(result["event_ms"]) if result["event_ms"] else 0.0
+    kernel_ms = stats.median(spans["kernel"])
     work = host_work(events_ms, kernel_ms, idle_ms(cupti))
     if work is not None:
         # the kernels' span leaves the host work out; what a call costs its user is the events' time, and a call
