@@ -197,22 +197,25 @@ def run_kernel(x):
 
 
 @needs_triton
-def test_an_autotuned_triton_kernel_compiles_every_config_and_is_checked_on_the_first(
+def test_an_autotuned_triton_kernel_compiles_every_config_and_is_checked_on_each(
         pytester: pytest.Pytester) -> None:
     """A returning Triton kernel with ``@triton.autotune`` over 4 configs, on the CPU: preflight says what will
-    happen, compile builds all 4 ahead of time and pins the first, correctness runs that config under the
-    interpreter, SASS disassembles the pinned cubin only (one function, not four). Before, compile failed with the
-    driver's "0 active drivers" and every later gate retried it."""
+    happen, compile builds all 4 ahead of time and pins the first, correctness runs each config in turn under the
+    interpreter (issue #41: it ran the first only, so a broken second config passed), SASS disassembles the pinned
+    cubin only (one function, not four). Before, compile failed with the driver's "0 active drivers" and every
+    later gate retried it."""
     pytester.makepyfile(ref=RET_REF.replace("1e-6", "1e-5"), k=AUTOTUNED)
     result, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=1000",
                             "--kopt-seeds", "1", "-k", "not timing and not ncu and not roofline")
     pre, comp, corr, sass = (items[f"k.py::{g}"] for g in ("preflight", "compile", "correctness[seed=1]", "sass"))
-    assert "@triton.autotune scale_kernel: every config compiled ahead of time, correctness on the first" \
+    assert "@triton.autotune scale_kernel: every config compiled ahead of time, correctness on each in turn" \
         in pre["summary"], pre
     assert pre["figures"]["tuned_scale_kernel"] == "autotune"
     assert comp["status"] == "PASSED" and "4 of 4 configs compiled, the first stated" in comp["summary"], comp
     assert comp["figures"]["autotune_scale_kernel"].startswith("BLOCK=64, num_warps=1"), comp["figures"]
-    assert corr["status"] == "PASSED" and "pinned config scale_kernel: BLOCK=64, num_warps=1" in corr["summary"]
+    assert corr["status"] == "PASSED" and "with the config scale_kernel: BLOCK=64, num_warps=1" in corr["summary"]
+    assert corr["summary"].endswith("; every config checked in turn (scale_kernel: 4)"), corr["summary"]
+    assert corr["figures"]["configs_checked"] == 4
     assert sass["status"] == "PASSED" and sass["figures"]["functions"] == 1, sass
     assert result.ret == 0
 

@@ -159,7 +159,8 @@ def test_the_summary_over_shapes(tmp_path: Path) -> None:
     shapes = [({"M": 1}, "M=1", a), ({"M": 2}, "M=2", b)]
     doc = Bench.over_shapes("/k/kern.py", {"M": 1}, "sm_90a", shapes).doc
     assert list(doc) == SHAPES_FIELDS
-    assert list(doc["shapes"][0]) == ["dims", "label", "path", "timing_valid", "median_ms", "speedup_vs_ref"]
+    assert list(doc["shapes"][0]) == ["dims", "label", "path", "timing_valid", "median_ms", "speedup_vs_ref",
+                                      "stop_reason"]
     assert doc["shapes"][1]["path"] == str(b / BENCH) and doc["timing_valid"] and doc["geomean_over"] == 2
     assert doc["median_ms"] == pytest.approx(0.06) and doc["speedup_vs_ref"] == pytest.approx(1.5)
     assert doc["samples_ms"] == [] and doc["seeds"] == [7]

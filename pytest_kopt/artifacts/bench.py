@@ -110,20 +110,23 @@ class TimedRun:
 class Basis:
     """Which samples a timing reports and every decision reads (:func:`pytest_kopt.gates.measure.timing_basis`):
     ``name`` (``cupti``: kernel-only spans, ``events``, ``graph``), the kernel's, the reference's and a PR gate's
-    baseline's samples (ms; ``baseline`` None without one), and ``note``: why the basis is not the one asked for."""
+    baseline's samples (ms; ``baseline`` None without one), ``note``: why the basis is not the one asked for, and
+    ``host_work_ms``: the host work inside a call (ms per call, the events' median less the kernels' span) that put
+    it on the events (None where there is none)."""
 
     name: str
     kernel: list[float]
     reference: list[float]
     baseline: list[float] | None
     note: str | None
+    host_work_ms: float | None = None
 
     @classmethod
     def of(cls, basis: Mapping[str, Any]) -> Basis:
         """From :func:`~pytest_kopt.gates.measure.timing_basis`' dict (``basis``, ``kernel``, ``reference``,
-        ``baseline``, ``note``)."""
+        ``baseline``, ``note``, ``host_work_ms`` where there is host work)."""
         return cls(name=basis["basis"], kernel=basis["kernel"], reference=basis["reference"],
-                   baseline=basis["baseline"], note=basis["note"])
+                   baseline=basis["baseline"], note=basis["note"], host_work_ms=basis.get("host_work_ms"))
 
     @property
     def clock(self) -> str:
@@ -269,12 +272,15 @@ class Bench:
             "seeds": list(seeds), "timing_seed": seeds[0],
             # the kernels' own execution span from CUPTI activity records (child/timer.cupti_samples): the basis by
             # default; beside it the event time, which also holds launch gaps and the flush's tail
-            "kernel_time": {"method": "cupti", **{k2: v for k2, v in run.cupti.items() if k2 != "spans_us"}}
+            "kernel_time": {"method": "cupti", **{k2: v for k2, v in run.cupti.items()
+                                                  if k2 not in ("spans_us", "idle_us")}}
             if run.cupti else None,
             # where the item's wall time went (s): the GPU's peaks (cached after the first session), the
             # measurement and the output check as the pytest process saw them, and each timed process's own phases
             "phase_s": {"peaks": round(peaks_s, 3), **run.gate_phase_s, "candidate": _rounded(run.phase_s),
                         "reference": _rounded(ref.phase_s)}}
+        if basis.host_work_ms is not None:  # host work inside the call, which put it on the events (ms per call)
+            doc["host_work_ms"] = basis.host_work_ms
         if first_attempt is not None:  # an unstable first measurement, its causes and what was done about them
             doc["first_attempt"] = first_attempt.fields()
         if baseline is not None:  # the PR gate's baseline, timed in the same rounds as this kernel
@@ -287,7 +293,8 @@ class Bench:
     def over_shapes(cls, kernel: str, dims: Mapping[str, Any], arch: str,
                     shapes: Sequence[tuple[Mapping[str, Any], str, Path]]) -> Bench:
         """The kernel's summary over its benchmark shapes ``(dims, label, folder)`` (each shape's own bench.json in
-        ``folder``): ``shapes`` (dims, label, path, timing_valid, median_ms, speedup_vs_ref per shape),
+        ``folder``): ``shapes`` (dims, label, path, timing_valid, median_ms, speedup_vs_ref and stop_reason per
+        shape),
         ``geomean_over``, ``timing_valid`` (every shape timed and valid), ``median_ms`` (geometric mean of the
         shapes' medians, ms; None until every shape has valid timing), ``speedup_vs_ref`` and ``speedup_ci95``
         (geometric mean over the shapes with a bootstrap CI; None until every shape has valid samples and reference
@@ -299,7 +306,9 @@ class Bench:
             benches.append(b)
             rows.append({"dims": shape_dims, "label": label, "path": str(Path(folder) / BENCH),
                          "timing_valid": bool(b and b.timing_valid), "median_ms": b.median_ms if b else None,
-                         "speedup_vs_ref": (b.doc.get("speedup_vs_ref") if b else None)})
+                         "speedup_vs_ref": (b.doc.get("speedup_vs_ref") if b else None),
+                         # converged, budget, max_samples, or capped: the rounds' cap ended it (measure.rounds_cap_s)
+                         "stop_reason": (b.doc.get("stop_reason") if b else None)})
             if b and b.valid_samples:
                 medians.append(b.median_ms)
                 ref = (b.doc.get("reference") or {}).get("samples_ms")

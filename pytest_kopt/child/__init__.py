@@ -21,7 +21,8 @@ The contract, in one place:
   reference), ``round`` (one round of an interleaved timing), ``setup_npz``, and for the judge ``cand`` (what
   the candidate's process kept: IPC descriptors or an ``.npz``), ``poisons`` and ``ref_key``.
 - Result: ``<out>.json`` with ``ok`` true and the mode's figures, or ``ok`` false with ``category``
-  (``contract``, ``compile`` or ``runtime``), ``message``, ``fix`` (or None) and ``traceback``. A candidate's
+  (``contract``, ``compile``, ``runtime``, ``needs_gpu``, or ``interpreter_gap``: Triton's interpreter cannot run
+  what the kernel calls, :mod:`pytest_kopt.child.interpreter`), ``message``, ``fix`` (or None) and ``traceback``. A candidate's
   arrays, keyed ``<tag>__<buffer>`` (see :mod:`pytest_kopt.child.verdict`), stay on the GPU and are described in
   the result (``arrays``: :mod:`pytest_kopt.child.share`), or go to ``<out>.npz`` on the CPU; the judge, in the
   reference's process, reads them and answers with the verdict's figures only. The arrays a process exported

@@ -7,9 +7,9 @@ time anything), and every later process runs that one config: :func:`install` wr
 process, in one of four modes:
 
 - ``tune``: Triton's own tuning; the choice is recorded (the compile gate on a GPU);
-- ``pin``: the recorded config of each kernel, no tuning (every later gate);
-- ``first``: each kernel's first config, no tuning (correctness under Triton's CPU interpreter, whose launches
-  cannot be timed);
+- ``pin``: the recorded config of each kernel, no tuning (every later gate; correctness under Triton's CPU
+  interpreter, whose launches cannot be timed, pins each config in turn: :func:`pytest_kopt.gates.correctness.config_pins`);
+- ``first``: each kernel's first config, no tuning (a CPU run given no pin);
 - ``each``: every config launched in turn (the ahead-of-time compile without a GPU, which captures the launches).
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: kernel name -> {"config": the config's kwargs, "configs": how many it has, "kernel": the compiled kernel or None}
+#: kernel name -> {"config": the config's kwargs, "configs": how many it has, "all": every config's kwargs, in
+#: order, "kernel": the compiled kernel or None}
 CHOSEN: dict[str, dict[str, Any]] = {}
 
 
@@ -45,13 +46,16 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
     except ImportError:
         return False
     original = getattr(Autotuner.run, "__kopt_original__", Autotuner.run)
+    # a warm process imports a kernel file once and serves several requests, each installing its own policy: a
+    # config remembered on the autotuner under an earlier policy (another request's pin) is not this one's
+    token = object()
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         name = self.base_fn.__name__
         configs = self.configs
         pinned = getattr(self, "__kopt_pinned__", None)  # the timed loop's path: one dict lookup, no matching
-        if pinned is not None and mode != "each" and not _prunes(self):
-            return self.fn.run(*args, **kwargs, **pinned)
+        if pinned is not None and pinned[0] is token and mode != "each" and not _prunes(self):
+            return self.fn.run(*args, **kwargs, **pinned[1])
         if mode == "tune" or (len(configs) < 2 and mode != "each") or (mode == "pin" and name not in (pins or {})):
             ret = original(self, *args, **kwargs)
             chosen = self.best_config
@@ -82,8 +86,9 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
             self.best_config = chosen
             self.nargs = None
             if mode in ("pin", "first") and chosen.pre_hook is None:
-                self.__kopt_pinned__ = chosen.all_kwargs()
-        CHOSEN[name] = {"config": config_kwargs(chosen), "configs": len(configs), "kernel": ret}
+                self.__kopt_pinned__ = (token, chosen.all_kwargs())
+        CHOSEN[name] = {"config": config_kwargs(chosen), "configs": len(configs),
+                        "all": [config_kwargs(c) for c in configs], "kernel": ret}
         return ret
 
     run.__kopt_original__ = original  # type: ignore[attr-defined]
@@ -92,5 +97,6 @@ def install(mode: str, pins: dict[str, dict[str, Any]] | None = None) -> bool:
 
 
 def chosen() -> dict[str, dict[str, Any]]:
-    """Per autotuned kernel launched in this process: ``config`` (kwargs) and ``configs`` (how many it has)."""
-    return {name: {"config": c["config"], "configs": c["configs"]} for name, c in CHOSEN.items()}
+    """Per autotuned kernel launched in this process: ``config`` (kwargs), ``configs`` (how many it has) and
+    ``all`` (every config's kwargs, in the decorator's order: the CPU's correctness runs each of them)."""
+    return {name: {"config": c["config"], "configs": c["configs"], "all": c["all"]} for name, c in CHOSEN.items()}

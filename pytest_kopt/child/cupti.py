@@ -43,6 +43,8 @@ def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
 #: The profiler range (torch.profiler.record_function) each profiled flush runs in: what was launched inside it is
 #: the flush's, whatever its kernels are named
 FLUSH_RANGE = "kopt::l2_flush"
+#: The profiler range each profiled call runs in (torch's profiler): the host's start and end of the call
+CALL_RANGE = "kopt::call"
 #: µs of GPU spin before each profiled flush (inside its range, so never counted): time for the host to queue the
 #: call's launches while the profiler slows it
 KERNEL_TIMES_HOLD_US = 1000.0
@@ -75,10 +77,47 @@ def calls_by_launch(records: list[tuple[float, float, str, int]], launches: Mapp
     return segments, unmatched
 
 
-def cupti_calls(median_ms: float) -> int:
+def idle_in_calls(records: list[tuple[float, float, str, int]], segments: list[list[tuple[float, float, str]]],
+                  call_windows: list[tuple[float, float]]) -> list[float]:
+    """Per call that launched something (in ``segments`` order, as the spans are), the µs inside the call during
+    which the GPU ran nothing while the host was still in it: from the host's start of the call to whichever ends
+    later, the host's return or the call's last device record, less the time any device record (the flush window's
+    spin included) ran. ``records``: every device record of the batch (start, end, name, correlation id);
+    ``segments``: each call's records (:func:`calls_by_launch`); ``call_windows``: (host start, host end) of each
+    call, one per segment; all in one clock (µs).
+
+    This is the host work a call does while its GPU waits (a ``cudaFree`` after the last kernel, a ``cudaMalloc``
+    between two, a copy to the host and back): the CUDA events around an unprofiled call see it and the kernels'
+    span does not. Host work queued behind the flush window's spin (a ``cudaMalloc`` before the first launch) keeps
+    the GPU busy and is not counted: the event timer's own hold covers it the same way."""
+    import bisect
+
+    merged: list[list[float]] = []
+    for start, end, _, _ in sorted(records):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    starts = [m[0] for m in merged]
+    out = []
+    for seg, (lo, host_end) in zip(segments, call_windows):
+        if not seg:
+            continue
+        hi = max(host_end, max(e for _, e, _ in seg))
+        busy = 0.0
+        for a, b in merged[max(0, bisect.bisect_right(starts, lo) - 1):bisect.bisect_right(starts, hi)]:
+            busy += max(0.0, min(b, hi) - max(a, lo))
+        out.append(max(0.0, (hi - lo) - busy))
+    return out
+
+
+def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
     """How many calls the first batch of :func:`cupti_samples` profiles for a kernel whose event median is
-    ``median_ms`` (ms): about 0.3 s of calls, at least 5 and at most 50 (a 25 ms kernel gets 12, a 10 µs one 50)."""
-    return max(5, min(50, int(300.0 / max(median_ms, 1e-3))))
+    ``median_ms`` (ms) and one of whose event samples took ``call_wall_ms`` of wall time (ms: the fresh values
+    written before it, the flush, the hold, the synchronisation): about 0.3 s of calls, at least 5 and at most 50
+    (a 25 ms kernel gets 12, a 10 µs one 50; a 10 µs one whose inputs take 20 ms to refresh, as a GPU MODE
+    ``generate_input`` on the host can, 15)."""
+    return max(5, min(50, int(300.0 / max(median_ms, call_wall_ms, 1e-3))))
 
 
 #: The kernel-only (CUPTI) samples' stopping rule: at least ``min_samples`` calls, then batches until the median's
@@ -307,6 +346,8 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     ``median_us``, ``p10_us``, ``p90_us``, ``calls``, ``empty_calls`` (calls that launched nothing),
     ``kernels_per_call`` (the distinct counts seen), ``launch_sets`` (each distinct sorted list of kernel names a
     call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
+    ``idle_us`` and ``idle_median_us`` (per call with records, the µs its GPU idled while the host was inside the
+    call: :func:`idle_in_calls`; absent where the records are split by names),
     ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
     gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
     H200 (docs/timing.md)."""
@@ -319,16 +360,16 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     try:
         capture = _capture_cupti if backend["activity"] is not None else _capture_torch
         if flush_names is None:
-            flush_records, _, _ = capture(backend, timer, 0, start, hold, refresh_every)
+            flush_records = capture(backend, timer, 0, start, hold, refresh_every)[0]
             if not flush_records and backend["activity"] is not None:
                 # CUPTI started but recorded not even the flush (the warm-up ran no kernel, to disturb no other
                 # process's measurement): this process uses torch's profiler from now on
                 backend = _fall_back("cupti-python started CUPTI but delivered no record of a flush")
                 info = {"backend": backend["name"], "backend_note": backend["note"]}
                 capture = _capture_torch
-                flush_records, _, _ = capture(backend, timer, 0, start, hold, refresh_every)
+                flush_records = capture(backend, timer, 0, start, hold, refresh_every)[0]
             flush_names = {n for _, _, n, _ in flush_records}
-        records, launches, windows = capture(backend, timer, calls, start, hold, refresh_every)
+        records, launches, windows, *rest = capture(backend, timer, calls, start, hold, refresh_every)
     except Exception as exc:  # the profiler failed: the event timing stands alone
         return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
     if not records:
@@ -344,6 +385,9 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         segments = call_segments([(a, b, n) for a, b, n, _ in records], flush_names, per_flush)
         split = "names"
     spans = [max(e for _, e, _ in seg) - min(s for s, _, _ in seg) for seg in segments if seg]
+    call_windows = rest[0] if rest else []
+    idle = idle_in_calls(records, segments, call_windows) \
+        if split == "launch" and len(call_windows) == len(segments) else None
     sets: dict[tuple[str, ...], int] = {}
     for seg in segments:
         if seg:
@@ -352,16 +396,22 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     base: dict[str, Any] = {**info, "calls": len(spans), "empty_calls": sum(1 for seg in segments if not seg),
                             "split": split, "flush_names": sorted(flush_names), "spans_us": spans,
                             "launch_sets": [{"kernels": list(k), "calls": n} for k, n in sets.items()]}
+    if idle is not None:
+        base["idle_us"] = idle
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
+    if idle:
+        base["idle_median_us"] = median(idle)
     return {**base, "median_us": median(spans), "p10_us": quantile(spans, 0.1), "p90_us": quantile(spans, 0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
             "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
 
 
 #: What one profiled batch hands back: (device records (start µs, end µs, name, correlation id), sorted; correlation
-#: id -> host µs of the call that launched it; (host start, host end) µs of each flush's window, in order)
-Capture = tuple[list[tuple[float, float, str, int]], dict[int, float], list[tuple[float, float]]]
+#: id -> host µs of the call that launched it; (host start, host end) µs of each flush's window, in order; (host
+#: start, host end) µs of each call, in order)
+Capture = tuple[list[tuple[float, float, str, int]], dict[int, float], list[tuple[float, float]],
+                list[tuple[float, float]]]
 
 
 def _flush_window(timer: Timer, k: int, hold: float, refresh_every: bool) -> None:
@@ -388,6 +438,7 @@ def _capture_cupti(backend: dict[str, Any], timer: Timer, calls: int, start: int
     act: CuptiActivity = backend["activity"]
     torch = timer.torch
     windows: list[tuple[float, float]] = []
+    calls_at: list[tuple[float, float]] = []
     act.start()
     try:
         if not calls:
@@ -398,12 +449,14 @@ def _capture_cupti(backend: dict[str, Any], timer: Timer, calls: int, start: int
             t0 = act.now_us()
             _flush_window(timer, k, hold, refresh_every)
             windows.append((t0, act.now_us()))
+            c0 = act.now_us()
             timer.launch(timer.sets[k % len(timer.sets)])
+            calls_at.append((c0, act.now_us()))
             torch.cuda.synchronize()  # the next window is queued once this call has ended (:func:`_flush_window`)
         torch.cuda.synchronize()  # CUPTI delivers only finished work: with calls=0, the flush alone
     finally:
         act.stop()
-    return sorted(act.device), dict(act.launches), windows
+    return sorted(act.device), dict(act.launches), windows, calls_at
 
 
 def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int, hold: float,
@@ -423,29 +476,34 @@ def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int
             k = start + i
             with record_function(FLUSH_RANGE):
                 _flush_window(timer, k, hold, refresh_every)
-            timer.launch(timer.sets[k % len(timer.sets)])
+            with record_function(CALL_RANGE):
+                timer.launch(timer.sets[k % len(timer.sets)])
             torch.cuda.synchronize()  # the next window is queued once this call has ended (:func:`_flush_window`)
         torch.cuda.synchronize()  # with calls=0, the flush alone
     records = sorted((float(e.time_range.start), float(e.time_range.end), str(e.name), int(e.id))
                      for e in prof.events()
                      if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start
-                     and not getattr(e, "is_user_annotation", False) and str(e.name) != FLUSH_RANGE)
+                     and not getattr(e, "is_user_annotation", False)
+                     and str(e.name) not in (FLUSH_RANGE, CALL_RANGE))
     host = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CPU]
     windows = sorted((float(e.time_range.start), float(e.time_range.end)) for e in host if str(e.name) == FLUSH_RANGE)
+    calls_at = sorted((float(e.time_range.start), float(e.time_range.end)) for e in host if str(e.name) == CALL_RANGE)
     # the runtime and driver calls that launch device work (cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch,
     # cudaMemcpyAsync...), by the correlation id CUPTI gives both them and their device records
     launches = {int(e.id): float(e.time_range.start) for e in host if str(e.name).startswith("cu")}
-    return records, launches, windows
+    return records, launches, windows, calls_at
 
 
-def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
+def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> dict[str, Any]:
     """Kernel-only samples (:func:`kernel_times`) in batches until :func:`cupti_stop` stops them: the first batch
     :func:`cupti_calls` calls behind a 1 ms spin each; when every call of it launched one kernel (whose span no
-    launch gap can lengthen), later batches spin only the event timer's hold. Returns :func:`kernel_times`'s
-    fields over all batches, plus ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error``
-    (when the first batch fails; a later batch's failure ends the sampling with ``batch_error``)."""
+    launch gap can lengthen), later batches spin only the event timer's hold. A later batch is no longer than the
+    profiling budget left allows at the wall time a call took so far, so a call whose inputs are slow to refresh
+    cannot run far past :data:`CUPTI`'s budget. Returns :func:`kernel_times`'s fields over all batches, plus
+    ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error`` (when the first batch fails; a
+    later batch's failure ends the sampling with ``batch_error``)."""
     t0 = time.perf_counter()
-    first = kernel_times(timer, cupti_calls(median_ms))
+    first = kernel_times(timer, cupti_calls(median_ms, call_wall_ms))
     if "error" in first:
         return {**first, "profile_s": time.perf_counter() - t0}
     out = dict(first)
@@ -457,6 +515,9 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
         if reason is not None:
             break
         n = min(CUPTI["batch_max"], CUPTI["max_samples"] - len(out["spans_us"]), max(20, len(out["spans_us"])))
+        elapsed = time.perf_counter() - t0
+        per_call_s = elapsed / max(1, out["calls"] + out["empty_calls"])
+        n = max(5, min(n, int((CUPTI["budget_s"] - elapsed) / max(per_call_s, 1e-6))))
         nxt = kernel_times(timer, n, hold_us=timer.hold_us if single else None,
                            flush_names=set(out["flush_names"]), start=out["calls"] + out["empty_calls"])
         if "error" in nxt and not nxt.get("spans_us"):
@@ -467,6 +528,8 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
         out["spans_us"] = out["spans_us"] + nxt["spans_us"]
         out["calls"] += nxt["calls"]
         out["empty_calls"] += nxt["empty_calls"]
+        # the GPU's idle time inside the calls, while every batch has it (one split by names has none)
+        out["idle_us"] = out["idle_us"] + nxt["idle_us"] if "idle_us" in out and "idle_us" in nxt else None
         out["kernels_per_call"] = sorted(set(out["kernels_per_call"]) | set(nxt.get("kernels_per_call") or []))
         merged = {tuple(d["kernels"]): d["calls"] for d in out["launch_sets"]}
         for d in nxt["launch_sets"]:
@@ -475,6 +538,11 @@ def cupti_samples(timer: Timer, median_ms: float) -> dict[str, Any]:
         if nxt["split"] != "launch":
             out["split"] = nxt["split"]
     spans = out["spans_us"]
+    if out.get("idle_us"):
+        out["idle_median_us"] = median(out["idle_us"])
+    else:
+        out.pop("idle_us", None)
+        out.pop("idle_median_us", None)
     out.update(median_us=median(spans), p10_us=quantile(spans, 0.1), p90_us=quantile(spans, 0.9), stop_reason=reason,
                profile_s=time.perf_counter() - t0)
     return out

@@ -18,6 +18,7 @@ from .sentinels import Guard, Sentinels
 from .tree import kill_tree
 from .candidate import mode_candidate
 from .correctness import mode_check_timed, mode_judge
+from .interpreter import interpreter_gap, interpreting
 from .plan import mode_plan_candidate, mode_plan_reference
 from .profile import mode_profile
 from .timing import mode_peaks, mode_time_reference, mode_timing
@@ -80,8 +81,10 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
                   "traceback": traceback.format_exc()}
         code = 1
     except Exception as exc:  # the candidate's own Python (Triton) raised
-        result = {"ok": False, "category": "runtime", "message": f"{type(exc).__name__}: {exc}", "fix": None,
-                  "traceback": traceback.format_exc()}
+        gap = interpreter_gap(exc) if interpreting() else None
+        # a gap of Triton's interpreter is no error of the kernel's: the parent skips it, for a GPU to check
+        result = {"ok": False, "category": "interpreter_gap" if gap else "runtime",
+                  "message": gap or f"{type(exc).__name__}: {exc}", "fix": None, "traceback": traceback.format_exc()}
         code = 1
     tampered = guard.changed()
     if tampered:  # a kernel replaced what the harness measures or judges with: nothing it reported can stand

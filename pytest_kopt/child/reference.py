@@ -14,8 +14,8 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from . import HarnessError
-from .formats import GpuModeReference
-from .inputs import Inputs, aliases, check_spec, poison, returned_outputs
+from .formats import GpuModeReference, KernelBenchReference
+from .inputs import Inputs, aliases, check_spec, poison, returned_outputs, same_values
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
 DEFAULT_ATOL = 1e-3
@@ -157,10 +157,11 @@ def _tolerance_warnings(torch: Any, names: list[str], arrays: dict[str, Any],
 
 def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEntry, bool]:
     """The reference's outputs for the request's case, from this process's cache (``req["ref_key"]``) or computed:
-    the same inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A and set B, and on
-    set A with float inputs rounded to bf16 and fp16 for the tolerance sanity check (whose warnings are computed
-    here, then those outputs dropped). Returns (entry, True when it came from the cache). Raises
-    HarnessError('contract') when the reference writes a buffer the candidate lists as an input."""
+    the same inputs as the candidate (same spec, plan, seeds), ``reference(**kwargs)`` on set A, on set A again
+    (:func:`unrepeatable`), on set B, and on set A with float inputs rounded to bf16 and fp16 for the tolerance
+    sanity check (whose warnings are computed here, then those outputs dropped). Returns (entry, True when it came
+    from the cache). Raises HarnessError('contract') when the reference writes a buffer the candidate lists as an
+    input, or gives other outputs on the same inputs (dropout in train mode)."""
     key = req.get("ref_key")
     if key and key in _REFS:
         _REFS.move_to_end(key)
@@ -189,13 +190,26 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
     before = {s["name"]: inp.tensors[s["name"]].clone() for s in inp.spec if s["role"] == "input"}
     call("ref")
     # an "input" the reference writes is an output the candidate's setup() did not list (so it was never compared)
-    written = [n for n, t in before.items() if not torch.equal(t, inp.tensors[n])
+    # NaN equal to NaN in the same place: an input made with NaN in it (make_inputs) is unchanged when it still
+    # holds those NaNs (torch.equal reads every NaN as changed)
+    written = [n for n, t in before.items() if not same_values(torch, t, inp.tensors[n])
                and inp.tensors[n].data_ptr() not in written_ok]
     if written:
         raise HarnessError("contract", f"reference() wrote {', '.join(map(repr, written))}, which the candidate "
                            "lists as input(s): every buffer the reference writes must be among setup()'s outputs",
                            fix="list it among the outputs; if it is an input the operation changes in place (as "
                                "x.clamp_() does), name it in ref.py: inplace = [" + repr(written[0]) + "]")
+    # the reference again on the same inputs, before any kernel is judged against it (a dropout left in train mode
+    # would otherwise read as the kernel's NONDETERMINISTIC)
+    inp.fill(req["plan"], int(req["seed"]), ref, dims, given)
+    unlike = unrepeatable(torch, ref, req, arrays, reference_results(torch, ref, inp, req))
+    if unlike:
+        raise HarnessError("contract", f"{req['ref']}: {reference_label(ref)} gave other outputs when called again "
+                           f"on the same inputs ({'; '.join(unlike)}): the reference itself is not deterministic, so "
+                           "no kernel can be judged against it",
+                           fix="make the reference repeatable: put the model in eval mode (model.eval(): dropout "
+                               "off, batch norm on its running statistics), or draw its randomness from a fixed "
+                               "seed inside the reference (torch.manual_seed(0) before the random op)")
     low = [s for s in inp.spec if s["role"] in ("input", "inout") and s["dtype"] in ("float32", "float64")]
     if low and req.get("low_precision", True):
         for dtype in ("bfloat16", "float16"):
@@ -204,7 +218,7 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
             for s in low:
                 t = inp.tensors[s["name"]]
                 rounded = t.to(getattr(torch, dtype)).to(t.dtype)
-                changed = changed or not torch.equal(t, rounded)
+                changed = changed or not same_values(torch, t, rounded)
                 t.copy_(rounded)
             if not changed:
                 continue  # e.g. small integers: exact in this precision, so the check says nothing
@@ -234,6 +248,41 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
         if entry.nbytes <= budget:
             _REFS[key] = entry
     return entry, False
+
+
+def reference_label(ref: Any) -> str:
+    """How messages name the reference's entry point: ``Model.forward`` (KernelBench), ``ref_kernel(data)`` (GPU
+    MODE), ``reference()`` (kopt's format)."""
+    if isinstance(ref, KernelBenchReference):
+        return "Model.forward"
+    if isinstance(ref, GpuModeReference):
+        return "ref_kernel(data)"
+    return "reference()"
+
+
+def unrepeatable(torch: Any, ref: Any, req: dict[str, Any], arrays: dict[str, Any], again: dict[str, Any]) -> list[str]:
+    """The outputs of a second reference call on the same inputs (``again``, by name) that differ from the first
+    (``arrays``' ``ref__<name>``) beyond the output's own tolerance (NaN equal to NaN in the same place): ``name:
+    how``. Within the tolerance is repeatable: float atomics (a GPU ``index_add_``) order their sums differently
+    from call to call, and a kernel is held to no more (FIELD.md §4)."""
+    from .judge import HostArrays
+    from .verdict import compare
+
+    out = []
+    for name, b in again.items():
+        a = arrays.get(f"ref__{name}")
+        if a is None or a.shape != b.shape or a.dtype != b.dtype:
+            out.append(f"{name}: {'absent' if a is None else f'{a.dtype} {list(a.shape)}'} then {b.dtype} "
+                       f"{list(b.shape)}")
+            continue
+        if same_values(torch, a, b):
+            continue
+        t = tolerances(ref, name, req.get("atol"), req.get("rtol"))
+        host = HostArrays(torch, {"a": a, "b": b})
+        c = compare(name, host["b"], host["a"], t["atol"], t["rtol"])
+        if not c.ok:
+            out.append(c.describe(t["atol"], t["rtol"]))
+    return out
 
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:

@@ -68,6 +68,11 @@ def timed(req: dict[str, Any], prepare: Callable[[], tuple[Timer, Callable[[dict
     return finish(timer.result(reason or "rounds"))
 
 
+def call_wall_ms(timer: Timer) -> float:
+    """The wall ms one event sample took (its refresh, flush, hold, call and synchronisation), 0 before any."""
+    return 1e3 * timer.elapsed_s / len(timer.event_ms) if timer.event_ms else 0.0
+
+
 def _scalars(inp: Inputs) -> dict[str, Any]:
     return {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))}
 
@@ -100,7 +105,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
             # kernel-only time from the GPU's own records, beside the events
             t0 = time.perf_counter()
             med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
-            cupti = cupti_samples(timer, med_ms) if req.get("mode") == "timing" else None
+            cupti = cupti_samples(timer, med_ms, call_wall_ms(timer)) if req.get("mode") == "timing" else None
             timer.phase_s["cupti"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             last = sets[(len(result["event_ms"]) - 1) % len(sets)]
@@ -170,7 +175,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
             # the reference's kernel-only time too, so a speedup compares like with like
             t0 = time.perf_counter()
             med_ms = statistics.median(result["event_ms"]) if result.get("event_ms") else 1.0
-            cupti = cupti_samples(timer, med_ms)
+            cupti = cupti_samples(timer, med_ms, call_wall_ms(timer))
             timer.phase_s["cupti"] = time.perf_counter() - t0
             return {**result, "cupti": cupti}
 

@@ -23,9 +23,9 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     intercepted to read the kernel's arguments, and ``triton.compile`` builds it ahead of time for
     ``GPUTarget("cuda", cc, 32)``, which needs no GPU. An ``@triton.autotune`` kernel is tuned by Triton on a GPU
     (:mod:`~pytest_kopt.child.autotune`, mode ``tune``), and has every config compiled without one (mode ``each``;
-    its first config is the stated one). One cubin per kernel, the chosen config's, goes to ``req["pinned_dir"]``
+    its first config is the stated one, and correctness runs each in turn). One cubin per kernel, the chosen config's, goes to ``req["pinned_dir"]``
     (for the SASS gate). Returns the mode, the kernel names, ``autotune`` (per autotuned kernel: ``config``,
-    ``configs``, ``compiled``) and ``pinned`` (the cubin paths)."""
+    ``configs``, ``all``, ``compiled``) and ``pinned`` (the cubin paths)."""
     import torch
     import triton
     from triton.runtime.jit import JITFunction

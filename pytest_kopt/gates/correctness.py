@@ -97,8 +97,10 @@ def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> st
 
 def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
     """Run the judge in the reference's warm judge process (``mode`` ``judge``, or ``check_timed`` for a timed call's
-    outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock. Returns the judge's
-    result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors."""
+    outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock and ``--kopt-timeout``.
+    Returns the judge's result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors, and
+    ContractError (REFERENCE_TIMEOUT, exit 4, naming the reference) when the judge runs past the timeout: only the
+    reference's code and kopt's run in that process, so a hang there is never the kernel's TIMEOUT."""
     table = req.get("poisons") or {}
     poisons = {b["name"]: table.get(b["dtype"], SECOND_POISON.get(b["dtype"])) for b in cand["spec"]
                if b["role"] == "output"}
@@ -110,9 +112,21 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
             "dtypes": cand.get("dtypes") or {},
             "cand": {"transport": cand.get("transport"), "arrays": cand.get("arrays") or {}, "npz": cand.get("npz"),
                      "same_as": cand.get("same_as") or {}}}
-    return ctx.pool.run(jreq, gate="correctness" if mode == "judge" else "timing",
-                        timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
-                        lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
+    gate = "correctness" if mode == "judge" else "timing"
+    timeout_s = ctx.settings.gate_timeout_s
+    try:
+        return ctx.pool.run(jreq, gate=gate, timeout_s=timeout_s, path=str(ctx.ref), workdir=ctx.work,
+                            lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
+    except KernelRuntimeError as exc:
+        if exc.status != "TIMEOUT":
+            raise
+        # the judge's process runs the reference's code and kopt's, never the kernel's: what hung is the reference
+        raise ContractError(f"the reference did not give its outputs within --kopt-timeout {timeout_s:g} s in the "
+                            f"judge's process (seed={req['seed']}; it is called up to five times per case: set A "
+                            "twice, set A rounded to bf16 and to fp16, set B), so the kernel was not judged",
+                            gate=gate, path=str(ctx.ref), status="REFERENCE_TIMEOUT", details=exc.details,
+                            fix="look for an infinite loop, a deadlock or a wait on something that never comes in "
+                                "the reference; raise --kopt-timeout if it is simply slow at these dims") from None
 
 
 def check_report(ctx: Context, cand: Any, req: dict[str, Any], gate: str, replay: str = "") -> None:
@@ -194,12 +208,50 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
                                 mac=ctx.trust.mac(record["fingerprint"], record["passed"]))
 
 
+def config_pins(res: BuildResult, device: str) -> list[dict[str, Any] | None]:
+    """The ``@triton.autotune`` configs a correctness case runs, as ``autotune_pin`` values (kernel name -> config
+    kwargs), or [None] for the build's own pin alone. On a GPU that is the config Triton tuned, which every later
+    gate runs. Without one nothing was tuned: the build compiled every config ahead of time and states the first,
+    so each config is checked in turn (run ``i`` pins config ``i`` of each kernel, modulo its count: every config of
+    every kernel runs in as many runs as the longest list has), and a broken second config fails. A build recorded
+    before the configs were listed (no ``all``) checks its pin alone."""
+    every = {name: list(t.get("all") or [t["config"]]) for name, t in res.autotune.items()}
+    if device != "cpu" or not every or max(len(v) for v in every.values()) < 2:
+        return [None]
+    runs = max(len(v) for v in every.values())
+    return [{name: configs[i % len(configs)] for name, configs in every.items()} for i in range(runs)]
+
+
 def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
                 record: dict[str, Any]) -> Outcome:
+    """One case, once per config :func:`config_pins` lists; a failure names the config it failed with."""
+    pins = config_pins(res, device)
+    outcomes: list[Outcome] = []
+    for i, pin in enumerate(pins):
+        try:
+            outcomes.append(_check_config(ctx, res, case, device, record, pin))
+        except KoptError as exc:
+            if pin is not None:  # which config of several failed
+                exc.message = (f"with config {i + 1} of {len(pins)} ("
+                               + "; ".join(f"{k}: {describe(c)}" for k, c in pin.items()) + f"): {exc.message}")
+            raise
+    first = outcomes[0]
+    if len(pins) < 2:
+        return first
+    every = "; ".join(f"{name}: {len(t.get('all') or [])}" for name, t in sorted(res.autotune.items()))
+    return Outcome({**first.figures, "configs_checked": len(pins)},
+                   f"{first.summary}; every config checked in turn ({every})", first.artifacts)
+
+
+def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: str, record: dict[str, Any],
+                  pin: dict[str, Any] | None) -> Outcome:
+    """One case with the build's ``autotune_pin``, or ``pin`` instead (:func:`config_pins`)."""
     seed = int(case["seed"])
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
     req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
+    if pin is not None:
+        req["autotune_pin"] = pin
     ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
     hint = ctx.kind.timeout_hint(device)
@@ -280,7 +332,8 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
                              figures={**figures, "record": str(CorrectnessRecord.path(ctx.outdir, case_label(case)))})
     how = ctx.kind.cpu_runner(device) or device
     if req.get("autotune_pin"):
-        how += " with the pinned config " + "; ".join(f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())
+        how += (" with the pinned config " if pin is None else " with the config ") + "; ".join(
+            f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())
     return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
                             f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
                             f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")

@@ -20,7 +20,7 @@ from .build import ensure_built
 from .context import Context
 from .correctness import check_report, judge_request, verdict_from
 from .request import harness_request
-from .suspects import unstable_causes
+from .suspects import host_work, idle_ms, unstable_causes
 from .trust import digest, local_sources
 
 #: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
@@ -32,6 +32,20 @@ TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 
 GRAPH_CALLS = 20
 #: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
 ROUND_S = 0.05
+#: Wall seconds the alternating rounds of one measurement may run before the parties still sampling are ended
+#: (``stop_reason`` ``capped``): for a kernel of one benchmark shape 4x the timing budget + 30 s; a kernel of n
+#: shapes shares that among them, each shape at least :data:`SHAPE_ROUNDS_MIN_S` (each party's own stopping rule
+#: needs at most its 2 s budget of samples, so a shape whose rounds run longer spends the rest on round trips and
+#: slow refreshes: a GPU MODE problem with 5 benchmark shapes had not finished its timing items after 230 s on the
+#: H200, issue #41).
+ROUNDS_CAP_S = 4 * TIMING["budget_s"] + 30.0
+SHAPE_ROUNDS_MIN_S = 6.0
+
+
+def rounds_cap_s(shapes: int) -> float:
+    """The wall seconds one shape's alternating rounds may run (:data:`ROUNDS_CAP_S`) when the kernel has
+    ``shapes`` benchmark shapes: 38 s for one, 7.6 s each for five, never under 6 s."""
+    return max(SHAPE_ROUNDS_MIN_S, ROUNDS_CAP_S / max(1, shapes))
 #: ms per µs: CUPTI spans come in µs.
 MS_PER_US = 1e-3
 
@@ -55,12 +69,14 @@ def timing_request(ctx: Context, device: str) -> dict[str, Any]:
 
 class Rounds:
     """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
-    rounds of about :data:`ROUND_S` per party until every party's stopping rule is met (or 4x the timing budget +
-    30 s), then each party's final result. The caller holds the GPU lock around all of it."""
+    rounds of about :data:`ROUND_S` per party until every party's stopping rule is met or ``cap_s`` wall seconds
+    have passed (:data:`ROUNDS_CAP_S`; a party still sampling then is ``capped``), then each party's final result.
+    The caller holds the GPU lock around all of it."""
 
-    def __init__(self, ctx: Context, parties: list[Party]) -> None:
+    def __init__(self, ctx: Context, parties: list[Party], cap_s: float = ROUNDS_CAP_S) -> None:
         self.ctx, self.parties = ctx, parties
         self.key = uuid.uuid4().hex
+        self.cap_s = cap_s
         self.timeout = max(ctx.settings.gate_timeout_s, 120.0)
         self.last: list[dict[str, Any]] = []
         #: per party, this process's own account of its rounds: samples asked for, and the wall seconds of the
@@ -94,15 +110,20 @@ class Rounds:
         return self.last[-1]
 
     def finish(self) -> list[dict[str, Any]]:
-        """Rounds until every party has stopped, then each party's final result, in party order."""
+        """Rounds until every party has stopped or :attr:`cap_s` has passed, then each party's final result, in
+        party order; a party the cap ended reports ``stop_reason`` ``capped`` and ``rounds_cap_s``."""
         t0 = time.monotonic()
-        cap = 4 * TIMING["budget_s"] + 30.0
-        while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < cap:
+        while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < self.cap_s:
             for i in range(len(self.parties)):
                 if self.last[i]["stop_reason"] is None:
                     per = max(self.last[i]["sample_wall_s"], 1e-6)
                     self.last[i] = self.run(i, int(min(500, max(1, ROUND_S / per))))
-        return [self.run(i, 0, final=True) for i in range(len(self.parties))]
+        capped = [r["stop_reason"] is None for r in self.last]
+        finals = [self.run(i, 0, final=True) for i in range(len(self.parties))]
+        for final, cut in zip(finals, capped):
+            if cut:  # its own rule had not stopped it: the samples are what the cap left, said as such
+                final.update(stop_reason="capped", rounds_cap_s=self.cap_s)
+        return finals
 
 
 def ready_for_timing(ctx: Context, parties: list[Party]) -> None:
@@ -129,7 +150,7 @@ def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict
     parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
     ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display),
                            ({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))])
-    rounds = Rounds(ctx, parties)
+    rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)))
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
     with ctx.device_lock(req["device"]):
@@ -314,8 +335,11 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
     the kernel-only spans from CUPTI (:func:`pytest_kopt.child.cupti.cupti_samples`) of the kernel, its reference
     and a PR gate's baseline alike, so no ratio mixes two clocks; CUDA events for all of them when the profiler
     gave any party none (``note`` says why). ``events``/``graph``: those samples. Returns ``{"basis", "kernel",
-    "reference", "baseline" (ms lists; baseline None without one), "note"}``. A candidate whose profiled calls
-    launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught, never timed by events instead."""
+    "reference", "baseline" (ms lists; baseline None without one), "note"}`` (and ``host_work_ms``, below). A
+    candidate whose profiled calls launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught,
+    never timed by events instead. A candidate whose calls do host work inside them (events beyond the kernels'
+    span, accounted for by the GPU idling inside its profiled calls: :func:`~pytest_kopt.gates.suspects.host_work`)
+    is timed by CUDA events, every party alike, and ``host_work_ms`` says how much (ms per call)."""
     events = {"basis": result.get("method", "events"),
               "kernel": result["event_ms"], "reference": ref_result["event_ms"],
               "baseline": base_result["event_ms"] if base_result else None, "note": None}
@@ -331,6 +355,17 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
         return {**events, "note": "timed by CUDA events: CUPTI gave no kernel-only samples for the " + "; ".join(
             f"{who} ({why[:120]})" for who, why in missing)}
     spans = {who: [x * MS_PER_US for x in p["cupti"]["spans_us"]] for who, p in parties}
+    events_ms = stats.median(result["event_ms"]) if result["event_ms"] else 0.0
+    kernel_ms = stats.median(spans["kernel"])
+    work = host_work(events_ms, kernel_ms, idle_ms(cupti))
+    if work is not None:
+        # the kernels' span leaves the host work out; what a call costs its user is the events' time, and a call
+        # that only imitates host work while profiled hides nothing there (suspects.host_work)
+        return {**events, "note": f"timed by CUDA events: the call does host work inside it ({stats.fmt_ms(work)} "
+                                  f"per call: CUDA events {stats.fmt_ms(events_ms)}, the kernels' own records "
+                                  f"{stats.fmt_ms(kernel_ms)}; the GPU idled {stats.fmt_ms(idle_ms(cupti) or 0.0)} "
+                                  "per profiled call while the host worked inside it)",
+                "host_work_ms": work}
     return {"basis": "cupti", "kernel": spans["kernel"], "reference": spans["reference"],
             "baseline": spans.get("baseline"), "note": None}
 
@@ -370,13 +405,20 @@ def measure_shape(ctx: Context, req: dict[str, Any]) -> Measured:
     """Measure ``ctx``'s kernel with the timing request ``req``. When the kernel's samples are unstable (not graph
     samples, whose spread is the flush's), first find out why (:func:`~pytest_kopt.gates.suspects.unstable_causes`);
     where a cause can be taken out of the measurement (a longer stream hold, a wait for other processes), measure
-    once more with it taken out. Raises the harness's errors."""
+    once more with it taken out, unless this shape's measurement already took its share of the rounds' cap
+    (:func:`rounds_cap_s`: a kernel of several benchmark shapes is not measured twice per shape past it). Raises the
+    harness's errors."""
+    t0 = time.monotonic()
     result, ref_result, base_result, verdict, basis = _measure_once(ctx, req)
     first_attempt: FirstAttempt | None = None
     k0 = stats.describe(basis["kernel"]) if verdict.ok and basis["kernel"] and \
         statistics.median(basis["kernel"]) > 0 else None
     if k0 is not None and k0.stability == "unstable" and result.get("method") != "graph":
         causes = unstable_causes(result)
+        spent, cap = time.monotonic() - t0, rounds_cap_s(len(ctx.benchmarks))
+        if causes["remedy"] and len(ctx.benchmarks) > 1 and spent >= cap:
+            causes = {**causes, "remedy": "", "causes": [*causes["causes"], f"not measured again: this shape's "
+                                                         f"measurement took {spent:.1f} s of its {cap:.1f} s"]}
         first_attempt = FirstAttempt(robust_cv=k0.robust_cv, median_ms=k0.median_ms, samples=k0.n,
                                      causes=causes["causes"], remeasured=causes["remedy"], basis=basis["basis"])
         if causes["remedy"]:

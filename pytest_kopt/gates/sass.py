@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from ..errors import EmptyKernelError, HardwareError
 from .build import built
 from .context import Context, Outcome
+from .kernel_names import qualified_name
 
 _FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 #: An instruction line: ``/*0040*/  @!P0 IMAD.WIDE R2, R3, R4, R2 ;`` -> opcode ``IMAD.WIDE``.
@@ -129,9 +130,11 @@ def _arch_guards(paths: list[Path]) -> list[str]:
 
 def gate_sass(ctx: Context, case: Any = None) -> Outcome:
     """``cuobjdump --dump-sass`` of the build (a Triton build: its cubins), one ``sass/<function>.sass`` per kernel
-    function. Fails as EMPTY_KERNEL when a function writes no global memory (its work was compiled out, e.g. under
-    an ``#if __CUDA_ARCH__`` guard the target does not meet). A build that holds no kernel function is the kind's to
-    judge (:meth:`~pytest_kopt.kinds.base.Kind.no_sass`: a ``.cu`` whose ``solve()`` only copies or calls a library
+    function. Fails as EMPTY_KERNEL when a function of the candidate's own writes no global memory (its work was
+    compiled out, e.g. under an ``#if __CUDA_ARCH__`` guard the target does not meet); a library header's kernels
+    (the kind's :meth:`~pytest_kopt.kinds.base.Kind.own_functions` leaves them out: CUB's never-launched
+    ``EmptyKernel<void>``) are listed in the summary, not judged. A build that holds no kernel function is the kind's
+    to judge (:meth:`~pytest_kopt.kinds.base.Kind.no_sass`: a ``.cu`` whose ``solve()`` only copies or calls a library
     is NotApplicable)."""
     sources = ctx.kind.sass_sources(ctx)
     res = built(ctx)
@@ -142,7 +145,12 @@ def gate_sass(ctx: Context, case: Any = None) -> Outcome:
     paths = save_sass(functions, ctx.outdir / "sass")
     total = sum(f.instructions for f in functions)
     figures = {"functions": len(functions), "instructions": total, "sass_arch": functions[0].arch}
-    idle = [f for f in functions if not writes_global(f)]
+    own = ctx.kind.own_functions(ctx, [f.name for f in functions])
+    library = [] if own is None else [f for f in functions if f.name not in set(own)]
+    if library:
+        figures["library_functions"] = len(library)
+    judged = [f for f in functions if f not in library]
+    idle = [f for f in judged if not writes_global(f)]
     if idle:
         shown = "; ".join(f"{f.name} ({f.instructions} insns: {', '.join(sorted(f.opcodes)[:6])})" for f in idle)
         guards = _arch_guards(sources)
@@ -152,8 +160,11 @@ def gate_sass(ctx: Context, case: Any = None) -> Outcome:
             details="arch guards in the source:\n" + "\n".join(guards) if guards else None,
             fix=f"give {functions[0].arch} a code path (the guard above excludes it), or build for the arch the "
                 "guard needs with --kopt-arch")
-    names = ", ".join(f"{f.name} ({f.instructions} insns)" for f in functions[:4])
-    return Outcome(figures, f"{functions[0].arch}: {names}", tuple(paths))
+    parts = [", ".join(f"{f.name} ({f.instructions} insns)" for f in judged[:4])] if judged else []
+    if library:
+        parts.append(f"{len(library)} library kernel(s) compiled in from included headers, not checked: "
+                     + ", ".join(qualified_name(f.name) for f in library[:3]))
+    return Outcome(figures, f"{functions[0].arch}: {'; '.join(parts)}", tuple(paths))
 
 
 #: A whole instruction line, from its offset comment on: ``/*0040*/  IMAD.WIDE R2, R3, R4, R2 ;  /* 0x... */``.

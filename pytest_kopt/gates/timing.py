@@ -175,6 +175,8 @@ def figures(m: Measured, j: Judged) -> dict[str, Any]:
         out["throttled_samples"] = sum(run.throttled)
     if run.cupti.get("median_us") is not None:
         out["cupti_median_ms"] = run.cupti["median_us"] * MS_PER_US
+    if m.basis.host_work_ms is not None:
+        out["host_work_ms"] = m.basis.host_work_ms
     if j.gflops is not None:
         out["gflops"] = j.gflops
     if j.gbytes_per_s is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ContractError, HardwareError, NotApplicable
 from ..gates import contract
+from ..gates.kernel_names import own_kernels, qualified_name
 from .base import Kind
 from .nvcc import build_cuda
 
@@ -114,6 +115,13 @@ class CudaKind(Kind):
         """The ``.cu`` and every local header it includes."""
         return [ctx.kernel, *contract.local_headers(ctx.kernel)]
 
+    def own_functions(self, ctx: Context, names: list[str]) -> list[str] | None:
+        """The functions whose demangled name is a ``__global__`` function of the ``.cu`` or a local header it
+        includes (:func:`~pytest_kopt.gates.kernel_names.own_kernels`); a kernel compiled in from a system header
+        (CUB's ``EmptyKernel<void>``, which every file that includes CUB holds and none launches) is not. None (all
+        of them) when the source declares no ``__global__`` function kopt can read."""
+        return own_kernels(self.sass_sources(ctx), names)
+
     def no_sass(self, ctx: Context, artifacts: list[str]) -> Exception:
         """NotApplicable: ``solve()`` launches no kernel of its own (copies or a library call only)."""
         return NotApplicable("the build holds no kernel function: solve() launches no kernel of its own (copies "
@@ -131,3 +139,12 @@ class CutlassKind(CudaKind):
     def detect(self, path: Path) -> bool:
         """A ``.cu`` that includes CUTLASS or CuTe headers."""
         return path.suffix == ".cu" and contract.uses_cutlass(path)
+
+    def own_functions(self, ctx: Context, names: list[str]) -> list[str] | None:
+        """As a CUDA ``.cu``'s, plus CUTLASS's and CuTe's kernel templates (``cutlass::device_kernel<...>``): the
+        source instantiates them with its own kernel, so one compiled out by CUTLASS's arch guards (an SM90 kernel
+        built for ``sm_90`` rather than ``sm_90a``) is the candidate's work lost, not a library's idle kernel."""
+        own = super().own_functions(ctx, names)
+        if own is None:
+            return None
+        return [n for n in names if n in own or qualified_name(n).startswith(("cutlass::", "cute::"))]

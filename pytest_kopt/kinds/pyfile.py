@@ -78,8 +78,8 @@ class PyFileKind(Kind):
             if "autotune" in decorators:
                 note += (f"; @triton.autotune {fn}: " + (
                     "tuned once by Triton in the compile gate, that config pinned for every later gate"
-                    if ctx.gpu else "every config compiled ahead of time, correctness on the first (no GPU to tune "
-                                    "on)"))
+                    if ctx.gpu else "every config compiled ahead of time, correctness on each in turn (no GPU to "
+                                    "tune on)"))
             else:
                 note += f"; @triton.heuristics {fn}: its values computed at each launch, as Triton does"
         return figures, f"{self.name}: setup/run_kernel found ({self.what}); ref.reference found{note}"

@@ -228,6 +228,8 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
                           fix=fix or "restore the file and run the session again")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
         raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
+    if category == "interpreter_gap":  # Triton's interpreter cannot run what the kernel calls: no verdict on it here
+        raise Blocked("hardware", f"{message}; checked on a GPU", NO_GPU_FIX)
     if category == "compile":
         raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, details=details,
