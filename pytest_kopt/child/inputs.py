@@ -105,6 +105,18 @@ def fill_drawn(torch: Any, t: Any, plan: dict[str, Any], gen: Any) -> None:
         t.copy_(torch.randint(0, 16, shape, generator=gen, device=dev))
 
 
+def keep_structure(torch: Any, t: Any, like: Any) -> None:
+    """Give ``t`` (values just drawn) the structure of ``like`` (the problem's own values at the same shape) that a
+    kernel may rely on without computing anything else: symmetric over the last two dims where ``like`` is (a
+    matrix for eigh or Cholesky), and exactly zero where ``like`` is (a triangle, a band, a mask, a zeroed output
+    buffer that the kernel writes only in part)."""
+    if t.dim() >= 2 and t.shape[-1] == t.shape[-2] > 1 and torch.equal(like, like.transpose(-1, -2)):
+        t.copy_((t + t.transpose(-1, -2)) / 2)
+    zero = like == 0
+    if bool(zero.any()):
+        t.masked_fill_(zero, 0)
+
+
 class Inputs:
     """The buffers of one problem instance, owned by the harness: every tensor is a fresh plain ``torch.Tensor``
     allocated here (so a candidate's ``setup`` cannot hand in subclasses, proxies or aliased views).
@@ -132,18 +144,27 @@ class Inputs:
         return [s["name"] for s in self.spec if s["role"] in ("output", "inout")]
 
     def fill(self, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any], given: dict[str, Any]) -> None:
-        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs."""
+        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs. A field
+        problem's adapter that allows kopt's value regimes (``draws_regimes``) has the floating-point tensors its
+        generator made redrawn in the plan's regime (but ``problem``: its own values), at their shapes and dtypes,
+        keeping their exact zeros and their symmetry (:func:`keep_structure`); integer tensors stay as made."""
         torch = self.torch
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         made: dict[str, Any] = {}
         if callable(getattr(ref, "make_inputs", None)):
             made = dict(ref.make_inputs(seed=int(seed), **dims))
+        redraw = getattr(ref, "draws_regimes", False) and plan.get("regime") not in (None, "problem")
         for s in self.spec:
             t = self.tensors[s["name"]]
             if s["role"] == "output":
                 poison(torch, t)
             elif s["name"] in made:
-                t.copy_(torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape))
+                value = torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape)
+                if redraw and t.dtype.is_floating_point:
+                    fill_drawn(torch, t, plan, gen)
+                    keep_structure(torch, t, value)
+                else:
+                    t.copy_(value)
             elif s["source"] == "setup":
                 t.copy_(given[s["name"]])
             else:
