@@ -207,13 +207,15 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
 def _attempt(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
              timeout_s: float) -> tuple[str, str, str, str]:
     """One shrinking attempt (:mod:`pytest_kopt.gates.shrink`): the case run as a correctness item is, but under
-    ``timeout_s``, with no record, warning or ncu start; (status, message, details, the regime its inputs were
-    drawn in), PASSED when it passes."""
+    ``timeout_s``, with no record, warning or ncu start, and in the kernel's timing process (``candidate``), which
+    a kernel that failed correctness is never timed in: the state a kernel keeps between calls (a cache by pointer)
+    in the process that judges its other seeds is left as those seeds alone made it. Returns (status, message,
+    details, the regime its inputs were drawn in), PASSED when it passes."""
     ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, gate_timeout_s=max(1.0, timeout_s)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            out = _check_case(ctx, res, case, device, {})
+            out = _check_case(ctx, res, case, device, {}, role="candidate")
         except KoptError as exc:
             return exc.status, exc.message, exc.details or "", str(exc.figures.get("regime") or "")
     return "PASSED", "", "", str(out.figures.get("regime") or "")
@@ -228,8 +230,8 @@ def regime_label(ctx: Context, regime: str) -> str:
     return "ref.make_inputs()" if regime == "make_inputs" else regime
 
 
-def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
-                record: dict[str, Any]) -> Outcome:
+def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str, record: dict[str, Any],
+                role: str = "check") -> Outcome:
     seed = int(case["seed"])
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
@@ -239,7 +241,7 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
     clock = time.perf_counter()
     hint = ctx.kind.timeout_hint(device)
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("check"),
+                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server(role),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
     record["call_ms"] = cand.get("call_ms")

@@ -9,6 +9,8 @@ harness, a candidate's four calls and the judge, so the search is kopt's own: gr
   stops there.
 - **Values**: small integers, simplest first: all ones, then {0, 1}, then {-1, 0, 1} (kopt's ``small_int`` regime
   with a narrower range), where the problem allows kopt's regimes and the judge confirms they were used.
+- **Where**: in the kernel's timing process, never the one that judges its seeds (a kernel that keeps state
+  between calls would see other seeds' verdicts change with the attempts); a kernel that failed is never timed.
 - **Bounds**: :data:`MAX_ATTEMPTS` cases and :data:`BUDGET_S` seconds per shrink, each attempt under the rest of
   that budget; one shrink per status, kernel and session (``correctness/shrunk-<status>.json``): a later seed
   failing alike is pointed at it.
@@ -26,9 +28,11 @@ from ..settings import dims_label
 from .context import Context
 from .inputs import draw_plan
 
-#: The failures a shrink looks for a smaller case of: wrong values, and a kernel that crashes on some sizes.
+#: The failures a shrink looks for a smaller case of: the judge's verdicts on values. Not a crash (RUNTIME_ERROR,
+#: TIMEOUT): after one the harness process is replaced (a CUDA error can leave its context unusable), so each
+#: attempt would pay a process start, a few seconds, and the budget would buy three or four sizes.
 SHRINKABLE = frozenset({"INCORRECT_NUMERICAL", "INCORRECT_SHAPE", "CONSTANT_OUTPUT", "NONDETERMINISTIC", "UNWRITTEN",
-                        "STALE_OUTPUT", "INPUT_INDEPENDENT", "INPUT_MUTATED", "RUNTIME_ERROR"})
+                        "STALE_OUTPUT", "INPUT_INDEPENDENT", "INPUT_MUTATED"})
 #: Cases one shrink may run: about log2 of each size, plus the three value plans.
 MAX_ATTEMPTS = 24
 #: Seconds one shrink may take, so a failing session ends soon after its failure (a case of a few hundred elements
@@ -115,37 +119,46 @@ def smallest_failure(ctx: Context, case: dict[str, Any], exc: Any, key: str, att
     dims = dict(case.get("dims") or ctx.settings.dims)
     plan = dict(case.get("plan") or draw_plan(int(case["seed"]), int(case["index"]), ctx.regimes))
     sizes = free_sizes(ctx, dims)
-    simple = "small_int" in ctx.regimes
+    # simpler values where the problem allows kopt's regimes and the failure came from the judge's verdict (which
+    # says what regime it ran: a guard of the candidate's own process does not)
+    simple = "small_int" in ctx.regimes and bool(getattr(exc, "figures", {}).get("regime"))
     if not sizes and not simple:
         return None
     start, tries = time.monotonic(), 0
     best: dict[str, Any] = {"dims": {}, "plan": None, "status": status, "message": exc.message,
                             "details": str(exc.details or "").splitlines()[:6]}
 
-    def fails(changed: dict[str, Any], trial_plan: dict[str, Any], want_regime: str | None = None) -> bool:
+    def fails(changed: dict[str, Any], trial_plan: dict[str, Any]) -> str | None:
+        """The regime the attempt ran when it fails alike, else None."""
         nonlocal tries
         left = BUDGET_S - (time.monotonic() - start)
         if tries >= MAX_ATTEMPTS or left < 1.0:
-            return False
+            return None
         tries += 1
         got, message, details, regime = attempt({**case, "dims": {**dims, **changed}, "plan": trial_plan,
                                                  "shape": True}, min(left, ctx.settings.gate_timeout_s))
-        if got != status or (want_regime is not None and regime != want_regime):
-            return False
-        best.update(dims=dict(changed), plan=trial_plan if want_regime else best["plan"], message=message,
-                    details=details.splitlines()[:6])
-        return True
+        if got != status:
+            return None
+        best.update(dims=dict(changed), message=message, details=details.splitlines()[:6])
+        return regime or "?"
 
     changed: dict[str, Any] = {}
     for name, value in sizes.items():
         while _weight(value) > 1:
             smaller = _halved(value)
-            if not fails({**changed, name: smaller}, dict(best["plan"] or plan)):
+            if not fails({**changed, name: smaller}, plan):
                 break
             changed[name], value = smaller, smaller
     if simple:
+        kept = dict(best)
         for lo, hi in SIMPLE_VALUES:
-            if fails(dict(changed), {**plan, "regime": "small_int", "int_lo": lo, "int_hi": hi}, "small_int"):
+            trial = {**plan, "regime": "small_int", "int_lo": lo, "int_hi": hi}
+            ran = fails(dict(changed), trial)
+            if ran == "small_int":
+                best["plan"] = trial
+                break
+            best.update(kept)  # failed alike on values of its own (a problem that keeps them): not simpler ones
+            if ran is not None:
                 break
     order = list(dims) + [k for k in best["dims"] if k not in dims]  # the case's own order of its dims
     shown = {k: best["dims"][k] for k in order if k in best["dims"]}
