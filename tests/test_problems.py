@@ -592,3 +592,18 @@ def test_the_bundled_gpu_mode_example_is_one_clear_skip_without_a_gpu(pytester: 
     plan = items["submission.py::plan"]
     assert (plan["outcome"], plan["blocked_by"]) == ("skipped", "hardware") and "asks for CUDA" in plan["message"]
     assert not [i for i in items.values() if i["outcome"] == "failed"] and result.ret == 0
+
+
+def test_a_report_that_reshapes_a_field_problems_data_is_refused(tmp_path: Path) -> None:
+    """The judge holds a candidate's reported buffers to what the problem's own generator makes (the adapters'
+    shapes()): a spec that turns generate_input's [4, 16] into [16, 4] (same elements, another problem for the
+    reference and the problem's check) is a contract error; the true one passes."""
+    from pytest_kopt.child.inputs import check_spec
+
+    ref = load_reference(str(_write(tmp_path / "u" / "reference.py", UNIT)))
+    assert ref.shapes(rows=4, cols=16) == {"data": ([4, 16], "float32")}
+    good = [{"name": "data", "role": "input", "shape": [4, 16], "stride": [16, 1], "dtype": "float32"}]
+    check_spec(ref, good, {"rows": 4, "cols": 16}, "reference.py")
+    with pytest.raises(HarnessError, match=r"'data' is float32\[16, 4\] but reference.py's shapes\(\) says "
+                                           r"float32\[4, 16\]"):
+        check_spec(ref, [{**good[0], "shape": [16, 4], "stride": [4, 1]}], {"rows": 4, "cols": 16}, "reference.py")

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from . import HarnessError
 from .gpuonly import gpu_only
+from .inputs import made_shapes
 
 
 def task_files(ref_path: str | Path) -> dict[str, Path]:
@@ -203,6 +204,11 @@ class GpuModeReference:
             raise gpu_only(exc, f"{self.path}: generate_input({', '.join(f'{k}={v!r}' for k, v in dims.items())}, "
                                 f"seed={seed})") from exc
         return split(data, torch)
+
+    def shapes(self, **dims: Any) -> dict[str, tuple[list[int], str]]:
+        """The buffers the problem's generator makes at ``dims``, as (shape, dtype): what a candidate's reported
+        buffers are held to (:func:`~pytest_kopt.child.inputs.made_shapes`)."""
+        return made_shapes(self.make_inputs(seed=0, **dims))
 
     def reference(self, **kw: Any) -> Any:
         return self.module.ref_kernel(join(kw))

@@ -42,6 +42,8 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
         return {}
     try:
         given = dict(ref.shapes(**dims))
+    except HarnessError:  # a field format's adapter words its own (its generator needs a GPU)
+        raise
     except Exception as exc:
         raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
     out: dict[str, tuple[list[int], str | None, list[int] | None]] = {}
@@ -60,6 +62,14 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
                                f"{len(dims_list)} dims")
         out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""), strides)
     return out
+
+
+def made_shapes(made: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
+    """``shapes()`` of a field problem's adapter: each tensor its generator made, as (shape, dtype), so the judge
+    holds a candidate's reported buffers to the problem's own (:func:`pytest_kopt.child.inputs.check_spec`): a
+    report that reshaped ``data`` would have the reference and the problem's check run on another problem."""
+    return {k: (list(v.shape), str(v.dtype).replace("torch.", "")) for k, v in made.items()
+            if hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (int, float))}
 
 
 def overlapping(shape: list[int], stride: list[int]) -> bool:

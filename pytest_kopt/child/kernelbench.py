@@ -18,6 +18,7 @@ from typing import Any
 
 from . import HarnessError
 from .gpuonly import gpu_only
+from .inputs import made_shapes
 
 #: KernelBench's tolerance per precision, used as both atol and rtol (``get_tolerance_for_precision`` in its eval,
 #: which takes them from torchbench: 1e-4 for fp32; 1e-3 for fp16/bf16 there, loosened to 1e-2 in KernelBench).
@@ -196,6 +197,11 @@ class KernelBenchReference:
         except Exception as exc:
             raise gpu_only(exc, f"{self.path}: get_inputs()") from exc
         return {f"in{i}": self._cast(v) for i, v in enumerate(values)}
+
+    def shapes(self, **dims: Any) -> dict[str, tuple[list[int], str]]:
+        """The buffers the problem's generator makes at ``dims``, as (shape, dtype): what a candidate's reported
+        buffers are held to (:func:`~pytest_kopt.child.inputs.made_shapes`)."""
+        return made_shapes(self.make_inputs(seed=0, **dims))
 
     def reference(self, **kw: Any) -> Any:
         """``Model(*inputs)`` under ``torch.no_grad()`` (KernelBench's correctness runs without autograd)."""
