@@ -196,8 +196,9 @@ def test_task_files_make_the_listed_modules_importable(tmp_path: Path) -> None:
     problem imports as the runner's copy would let it."""
     ref = _gpumode_tree(tmp_path / "problems")
     files = task_files(ref)
-    assert files == {"task": (ref.parent / "task.py").resolve(), "utils": (tmp_path / "problems/common/utils.py").resolve(),
-                     "eval": (tmp_path / "problems/common/eval.py").resolve()}
+    common = (tmp_path / "problems" / "common").resolve()
+    assert files == {"task": (ref.parent / "task.py").resolve(), "utils": common / "utils.py",
+                     "eval": common / "eval.py"}
     assert "json" not in TaskFiles({"json": ref}).files
     for name in ("utils", "task"):
         sys.modules.pop(name, None)
@@ -521,7 +522,8 @@ def test_entry_points_of_another_name_get_advice_in_their_formats_terms(pytester
     assert pre["message"].endswith("solution.py defines kernel(data), but no custom_kernel(data): a GPU MODE problem "
                                    "(reference.py) calls custom_kernel with the data generate_input() made and "
                                    "checks what it returns"), pre["message"]
-    pytester.makepyfile(reference=UNIT.split("def generate_input")[0] + "def ref_kernel" + UNIT.split("def ref_kernel")[1])
+    no_generator = UNIT.split("def generate_input")[0] + "def ref_kernel" + UNIT.split("def ref_kernel")[1]
+    pytester.makepyfile(reference=no_generator)
     result, items = session(pytester, "--kopt-baseline", "solution.py", "--kopt-ref", "reference.py", "-k",
                             "preflight")
     pre = items["solution.py::preflight"]
@@ -559,9 +561,10 @@ def test_the_timed_check_call_of_a_problem_with_its_own_check(tmp_path: Path, sc
 
 
 def test_the_bundled_kernelbench_example_with_its_documented_cpu_command(pytester: pytest.Pytester) -> None:
-    """examples/kernelbench_linear as docs/examples.md runs it without a GPU (dims named like its globals): every
-    gate the CPU runs passes, five seeds through Triton's interpreter at KernelBench's fp32 tolerance, the problem's
-    own inputs first and last, kopt's regimes between."""
+    """examples/kernelbench_linear as docs/examples.md runs it without a GPU (dims named like its globals; the GPU
+    gates, which time a 64 x 64 problem on a GPU, left out): every other gate passes, five seeds through Triton's
+    interpreter (on a GPU, through Triton) at KernelBench's fp32 tolerance, the problem's own inputs first and last,
+    kopt's regimes between."""
     pytest.importorskip("triton")
     import shutil
 
@@ -569,7 +572,7 @@ def test_the_bundled_kernelbench_example_with_its_documented_cpu_command(pyteste
                     pytester.path / "kernelbench_linear")
     result, items = session(pytester, "--kopt-baseline", "kernelbench_linear/model_new.py", "--kopt-ref",
                             "kernelbench_linear/problem.py", "--kopt-dims", "batch_size=64,in_features=64,"
-                            "out_features=128", "--kopt-seed", "1")
+                            "out_features=128", "--kopt-seed", "1", "-k", "not timing and not ncu and not roofline")
     seeds = [i for k, i in items.items() if "::correctness[" in k]
     assert [i["figures"]["regime"] for i in seeds] == ["problem", "normal", "uniform", "small_int", "problem"]
     assert all(i["status"] == "PASSED" and i["figures"]["atol"] == 1e-4 for i in seeds), seeds
@@ -586,7 +589,8 @@ def test_the_bundled_gpu_mode_example_is_one_clear_skip_without_a_gpu(pytester: 
 
     if hardware.probe_gpus()["gpus"]:
         pytest.skip("a GPU is here: the example runs (the H200 commands in the report)")
-    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "gpumode_tril", pytester.path / "gpumode_tril")
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "gpumode_tril",
+                    pytester.path / "gpumode_tril")
     result, items = session(pytester, "--kopt-baseline", "gpumode_tril/submission.py", "--kopt-ref",
                             "gpumode_tril/reference.py")
     plan = items["submission.py::plan"]
@@ -607,3 +611,26 @@ def test_a_report_that_reshapes_a_field_problems_data_is_refused(tmp_path: Path)
     with pytest.raises(HarnessError, match=r"'data' is float32\[16, 4\] but reference.py's shapes\(\) says "
                                            r"float32\[4, 16\]"):
         check_spec(ref, [{**good[0], "shape": [16, 4], "stride": [4, 1]}], {"rows": 4, "cols": 16}, "reference.py")
+
+
+@pytest.mark.gpu
+def test_a_property_checked_problem_is_timed_and_its_timed_call_checked_by_its_own_check(
+        pytester: pytest.Pytester) -> None:
+    """On a GPU: the unit-vector problem with its inputs made on the GPU, the other-sign submission: every seed
+    passes the problem's own check, and the timing gate's check of a timed call (drawn by the judge) is the
+    problem's check too (an element-wise one against ref_kernel fails it: the other sign)."""
+    pytester.makepyfile(reference=UNIT.replace("torch.randn(rows, cols, generator=torch.Generator()",
+                                               "torch.randn(rows, cols, device='cuda', generator=torch.Generator("
+                                               "device='cuda')"),
+                        flipped="def custom_kernel(data):\n    return -data / data.norm(dim=1, keepdim=True)\n")
+    (pytester.path / "task.yml").write_text("tests:\n  - {rows: 64, cols: 256, seed: 1}\nbenchmarks:\n"
+                                            "  - {rows: 8192, cols: 1024, seed: 2}\n"
+                                            "  - {rows: 4096, cols: 4096, seed: 3}\n")
+    result, items = session(pytester, "--kopt-baseline", "flipped.py", "--kopt-ref", "reference.py", "--kopt-seeds",
+                            "1,2", "-k", "correctness or timing")
+    for seed in (1, 2):
+        assert items[f"flipped.py::correctness[seed={seed}]"]["status"] == "PASSED", items
+    for shape in ("rows=8192,cols=1024", "rows=4096,cols=4096"):
+        timing = items[f"flipped.py::timing[{shape}]"]
+        assert timing["status"] == "PASSED", timing
+    assert result.ret == 0
