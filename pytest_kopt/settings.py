@@ -28,6 +28,8 @@ SEED_COUNT = 5
 TIMING_METHODS = ("cupti", "events", "graph")
 NUMERICS_MODES = defaults.NUMERICS_MODES
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+#: KernelBench's precisions (``--kopt-precision``; :data:`pytest_kopt.child.kernelbench.TOLERANCE` their tolerances)
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
 KNOWN_SM = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121}
@@ -97,6 +99,9 @@ class Settings:
     ncu_set: str | None = None
     noise_pct: float = defaults.NOISE_PCT
     numerics_mode: str = defaults.NUMERICS_MODE
+    #: ``--kopt-precision``: a KernelBench problem's precision (``fp32``, ``fp16``, ``bf16``: its inputs and both
+    #: models cast, KernelBench's tolerance for it); None: fp32, as KernelBench's default
+    precision: str | None = None
 
     @property
     def pr_gate(self) -> bool:
@@ -141,16 +146,20 @@ class Settings:
         return self.baseline is not None
 
 
-def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, int | float]:
-    """Parse ``M=4096,N=4096`` or a JSON object ``{"M": 4096}`` into ``{name: int | float}``.
+def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, Any]:
+    """Parse ``M=4096,N=4096`` or a JSON object ``{"M": 4096}`` into ``{name: value}``: an int or float; a list of
+    ints for a tuple size (``input_shape=3x64x64``, or a JSON list); a string, quoted (``case="dense"``) or a JSON
+    string.
 
-    Raises ConfigError (naming ``source``) on an empty name, a duplicate, a non-numeric value or bad JSON.
+    Raises ConfigError (naming ``source``) on an empty name, a duplicate, a value of none of these kinds or bad
+    JSON.
     """
     text = text.strip()
     if not text:
         return {}
     raw: dict[str, Any]
-    if text.startswith("{"):
+    from_json = text.startswith("{")
+    if from_json:
         def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             # json.loads keeps the last of a repeated key silently; a dim given twice is a mistake
             obj: dict[str, Any] = {}
@@ -179,12 +188,36 @@ def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, int | float]
             if name in raw:
                 raise ConfigError(f"{source}: dim {name!r} given twice", fix="give each dim once")
             raw[name] = value.strip()
-    dims: dict[str, int | float] = {}
+    dims: dict[str, Any] = {}
     for name, value in raw.items():
         if not _NAME_RE.match(str(name)):
             raise ConfigError(f"{source}: {name!r} is not a valid dim name", fix="use the C identifier of solve()'s parameter")
-        dims[str(name)] = _number(value, f"{source}: dim {name}")
+        dims[str(name)] = _dim(value, f"{source}: dim {name}", from_json)
     return dims
+
+
+_TUPLE_RE = re.compile(r"^[1-9][0-9]*(?:x[1-9][0-9]*)+$")  # sizes >= 1, so 0x10 stays hex
+_QUOTED_RE = re.compile(r"""^(["'])([^"']*)\1$""")
+
+
+def _dim(value: Any, what: str, from_json: bool) -> Any:
+    """A dim's value: a number (:func:`_number`); a tuple of sizes, written ``3x224x224`` or as a JSON list (a
+    KernelBench size such as ``input_shape``); a string, quoted in the text form (``case="dense"``) or a JSON
+    string (a GPU MODE argument). Raises ConfigError naming ``what``."""
+    if isinstance(value, list):
+        return [_number(v, what) for v in value]
+    if isinstance(value, str) and _TUPLE_RE.match(value.strip()):
+        return [int(v) for v in value.strip().split("x")]
+    quoted = _QUOTED_RE.match(value.strip()) if isinstance(value, str) and not from_json else None
+    if quoted:
+        return quoted.group(2)
+    try:
+        return _number(value, what)
+    except ConfigError as exc:
+        if isinstance(value, str) and from_json:  # a JSON string that is not a number is a string dim
+            return value
+        raise ConfigError(exc.message, fix="give a number (4096, 1e-5), a tuple of sizes (3x64x64) or a quoted "
+                                           "string (case=\"dense\")") from None
 
 
 _DECIMAL_RE = re.compile(r"^[+-]?[0-9](?:_?[0-9])*$")
@@ -236,6 +269,19 @@ def ref_shapes(ref: Path, name: str) -> list[dict[str, Any]]:
                           fix=f'write {name} = [{{"M": 1024, "N": 1024}}, {{"M": 4096, "N": 512}}] (a dict of dims '
                               "per shape: numbers, booleans, strings or tuples of numbers)")
     return [{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()} for d in value]
+
+
+def _task_rows(ref: Path) -> bool:
+    """True when ``ref``'s test shapes are a GPU MODE ``task.yml``'s rows (a GPU MODE problem without a ``dims``
+    list of its own)."""
+    from .errors import ContractError
+    from .gates.contract import read_python
+
+    try:
+        c = read_python(ref)
+    except ContractError:
+        return False
+    return c.problem_format == "gpumode" and "dims" not in c.constants
 
 
 def task_shapes(path: Path, key: str) -> list[dict[str, Any]]:
@@ -385,9 +431,12 @@ def build_settings(get: Callable[[str], Any], base: Path,
     else:
         shapes = ref_shapes(ref_path, "dims")
     shapes = [d for i, d in enumerate(shapes) if d not in shapes[:i]]
-    if len({tuple(sorted(d)) for d in shapes}) > 1:
+    # a GPU MODE task.yml's rows are generate_input's arguments, and an optional one (linalg's case) may be left out
+    # of some; a shape given otherwise is one set of values for the same dims
+    if len({tuple(sorted(d)) for d in shapes}) > 1 and (texts or not _task_rows(ref_path)):
         names = sorted({tuple(sorted(d)) for d in shapes})
-        raise ConfigError(f"--kopt-dims: the shapes name different dims ({' vs '.join(','.join(n) for n in names)})",
+        where = "--kopt-dims" if texts else f"{ref_path.name}'s dims = [...]"
+        raise ConfigError(f"{where}: the shapes name different dims ({' vs '.join(','.join(n) for n in names)})",
                           fix="give every shape the same dim names (a shape is one set of values for them)")
     dims = shapes[0] if shapes else {}
     session_seed: int | None = None
@@ -453,6 +502,10 @@ def build_settings(get: Callable[[str], Any], base: Path,
     mode = str(opt("numerics_mode") or defaults.NUMERICS_MODE)
     if mode not in NUMERICS_MODES:
         raise ConfigError(f"--kopt-numerics-mode: {mode!r}", fix=f"choose {', '.join(NUMERICS_MODES)}")
+    precision = str(opt("precision")) if opt("precision") is not None else None
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"--kopt-precision: {precision!r} is not one of KernelBench's precisions",
+                          fix=f"choose {', '.join(PRECISIONS)}")
     storage = Path(str(opt("storage") or ".benchmarks"))
     return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims,
                     shapes=tuple(shapes) or (dims,), seeds=seeds,
@@ -470,4 +523,4 @@ def build_settings(get: Callable[[str], Any], base: Path,
                               if opt("branches") else defaults.BRANCHES),
                     ncu_num=(_count(str(opt("ncu_num")), "--kopt-ncu-num", defaults.NCU_NUM)
                              if opt("ncu_num") else defaults.NCU_NUM),
-                    noise_pct=noise, numerics_mode=mode)
+                    noise_pct=noise, numerics_mode=mode, precision=precision)

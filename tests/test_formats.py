@@ -336,9 +336,10 @@ class ModelNew(nn.Module):
 
 def test_a_kernelbench_problem_runs_as_is(pytester: pytest.Pytester) -> None:
     """A KernelBench-format problem (Model with an nn.Linear, get_inputs, get_init_inputs) and three ModelNew
-    candidates, no --kopt-dims: the right one PASSES on both seeds (its weights are Model's, loaded from the same
-    seed), one with the bias dropped is INCORRECT_NUMERICAL, one whose layer has another shape is a
-    CONTRACT_ERROR naming the parameter and both shapes."""
+    candidates, no --kopt-dims: the right one PASSES on both seeds (its weights are Model's, drawn from the same
+    seed), one with the bias dropped is INCORRECT_NUMERICAL, one whose layer has another shape is judged as
+    KernelBench judges it (INCORRECT_SHAPE: its output has another shape), its details naming the parameters it was
+    not given and both shapes (before: a CONTRACT_ERROR, exit 4, for what KernelBench runs)."""
     pytester.makepyfile(problem=KB_PROBLEM,
                         new=KB_NEW.format(width="features_out",
                                           body="torch.clamp_min(x @ self.fc.weight.t() + self.fc.bias, 0)"),
@@ -351,10 +352,11 @@ def test_a_kernelbench_problem_runs_as_is(pytester: pytest.Pytester) -> None:
         assert items[f"new.py::correctness[seed={seed}]"]["status"] == "PASSED", items[f"new.py::correctness[seed={seed}]"]
     assert items["nobias.py::correctness[seed=1]"]["status"] == "INCORRECT_NUMERICAL"
     wide = items["wide.py::correctness[seed=1]"]
-    assert wide["status"] == "CONTRACT_ERROR", wide
-    assert wide["message"].endswith("wide.py: ModelNew's parameters differ from Model's; shapes: fc.weight [16, 32] "
-                                    "vs [8, 32], fc.bias [16] vs [8]"), wide["message"]
-    assert "same weights" in wide["fix"]
+    assert wide["status"] == "INCORRECT_SHAPE", wide
+    assert wide["message"].startswith("seed=1 (the problem's get_inputs()): output out has shape [16, 16], the "
+                                      "reference [16, 8]"), wide["message"]
+    assert ("0 of its 2 parameters and buffers were copied from Model by name; its own: fc.weight [16, 32] (Model's "
+            "is [8, 32]), fc.bias [16] (Model's is [8])") in wide["details"], wide["details"]
     assert result.ret == 2  # both fail at correctness: the first failing item of the earliest gate decides
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pytest_kopt.gates.inputs import DEFAULT_REGIMES, REGIMES, derive_seeds, draw_plan, fresh_session_seed
+from pytest_kopt.gates.inputs import (DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES, derive_seeds, draw_plan,
+                                      fresh_session_seed)
 
 PARAMS = ("scale", "int_lo", "int_hi", "decades")
 
@@ -16,8 +17,11 @@ def params(plan: dict) -> tuple:
 
 
 def test_regime_tables():
-    assert REGIMES == ("normal", "uniform", "small_int", "wide")
+    assert REGIMES == ("normal", "uniform", "small_int", "wide", "problem")
     assert DEFAULT_REGIMES == ("normal", "uniform", "small_int")
+    # a KernelBench or GPU MODE problem: its own inputs first (seeds 1 and 5 of five), then kopt's at their shapes
+    assert FORMAT_REGIMES == ("problem", "normal", "uniform", "small_int")
+    assert [draw_plan(7, i, FORMAT_REGIMES)["regime"] for i in range(5)] == [*FORMAT_REGIMES, "problem"]
 
 
 # -- draw_plan -----------------------------------------------------------------------------------------------------

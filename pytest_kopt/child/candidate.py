@@ -208,4 +208,6 @@ def mode_candidate(req: dict[str, Any]) -> dict[str, Any]:
             "setup_sha": setup_digest(cand.kept),
             "scalars": {k: v for k, v in inp.scalars.items() if isinstance(v, (int, float, str))},
             "guards": found, "outputs": inp.outputs + names, "returned": names, "dtypes": dtypes,
-            "mutated": mutated, "aliases": alias, "first_call_ms": first_ms, "call_ms": call_ms}
+            "mutated": mutated, "aliases": alias, "first_call_ms": first_ms, "call_ms": call_ms,
+            # a field format's word beside a failure (the state a KernelBench ModelNew was not given)
+            "note": str(getattr(cand.kernel, "note", "") or "")}

@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from . import HarnessError
-from .formats import load_reference
+from .formats import load_reference, regime_used
+from .gpumode import join, problem_verdict
 from .inputs import Inputs, check_spec
 from .inputs import changed_elements, same_values, setup_digest
 from .reference import (RefEntry, _fp64_unmet, _setup_arrays, reference_outputs, reference_results, tolerances,
@@ -166,6 +167,16 @@ def dtype_findings(torch: Any, outputs: list[str], cand: dict[str, Any], entry: 
     return out
 
 
+def _data(torch: Any, ref: Any, req: dict[str, Any], which: str) -> Any:
+    """A GPU MODE ``data`` as ``generate_input`` made it for input set ``which`` (``A``: the case's seed, ``B``: its
+    second seed, ``check``: the timed check call's), drawn here afresh from the plan, as the problem's own
+    ``check_implementation`` is given it."""
+    seed = {"A": req["seed"], "B": req["seed_b"], "check": req.get("check_seed")}[which]
+    inp = Inputs(torch, req["spec"], trusted_scalars(ref, req), req["device"])
+    inp.fill(req["plan"], int(seed), ref, req["dims"], _setup_arrays(torch, req, req["device"]))
+    return join(inp.kwargs())
+
+
 def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
     """Correctness, the judge, in the reference's process (the candidate can neither see nor patch it): the
     reference's outputs for the case (:func:`~pytest_kopt.child.reference.reference_outputs`, kept in this process,
@@ -183,7 +194,7 @@ def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
     if bad:
         return {"outputs": [], "tolerances": {}, "tolerance_warnings": [], "reference_cached": False,
                 "verdict": None, "unmet": None, "missing": [], "unreadable": bad, "guards": {}, "phase_s": {}}
-    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
+    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")
     phase: dict[str, float] = {}
@@ -194,7 +205,7 @@ def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
     tols = {n: (t["atol"], t["rtol"]) for n, t in entry.tolerances.items()}
     base = {"outputs": outputs, "tolerances": entry.tolerances, "tolerance_warnings": entry.warnings,
             "reference_cached": cached, "verdict": None, "unmet": None, "missing": [], "unreadable": None,
-            "guards": {}, "phase_s": phase}
+            "guards": {}, "phase_s": phase, "regime": regime_used(ref, req["spec"], req["plan"])}
     t0 = time.perf_counter()
     cand, unreadable = candidate_arrays(torch, req, req["device"], prefixes=("cand", "inA__", "inC__"))
     phase["import"] = time.perf_counter() - t0
@@ -210,11 +221,15 @@ def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
     if missing or not outputs:
         return {**base, "missing": missing}
     t0 = time.perf_counter()
-    v = verdict_of(torch, outputs, {k: a for k, a in cand.items() if k.startswith("cand")}, entry.arrays, tols,
-                   req.get("poisons"))
+    if getattr(ref, "checker", None) is not None:  # a GPU MODE problem that checks its outputs its own way
+        v = problem_verdict(torch, ref.checker, outputs, cand, lambda which: _data(torch, ref, req, which),
+                            req["device"], req.get("dtypes"))
+    else:
+        v = verdict_of(torch, outputs, {k: a for k, a in cand.items() if k.startswith("cand")}, entry.arrays, tols,
+                       req.get("poisons"))
     phase["judge"] = time.perf_counter() - t0
     unmet = None
-    if v["status"] == "INCORRECT_NUMERICAL":
+    if v["status"] == "INCORRECT_NUMERICAL" and v.get("path") != "problem":
         t0 = time.perf_counter()
         unmet = _fp64_unmet(torch, ref, req, entry, tols)
         phase["self_check"] = time.perf_counter() - t0
@@ -233,7 +248,7 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     bad = check_candidate_report(torch, req)
     if bad:
         return {**none, "unreadable": bad}
-    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
+    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
     given, unreadable = candidate_arrays(torch, req, device, prefixes=("in__", "cand1__"))
@@ -262,6 +277,10 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
             "guards": {"input_mutated": changed} if changed else {}}
     if missing or not outputs:
         return base
-    v = verdict_of(torch, outputs, cand, {f"ref__{n}": t for n, t in outs.items()},
-                   {n: (t["atol"], t["rtol"]) for n, t in tol.items()}, None)
+    if getattr(ref, "checker", None) is not None:  # the problem's own check, on the inputs drawn here
+        v = problem_verdict(torch, ref.checker, outputs, cand, lambda _: _data(torch, ref, req, "check"), device,
+                            req.get("dtypes"), calls=(("cand1", "check"),))
+    else:
+        v = verdict_of(torch, outputs, cand, {f"ref__{n}": t for n, t in outs.items()},
+                       {n: (t["atol"], t["rtol"]) for n, t in tol.items()}, None)
     return {**base, "verdict": v}

@@ -42,6 +42,8 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
         return {}
     try:
         given = dict(ref.shapes(**dims))
+    except HarnessError:  # a field format's adapter words its own (its generator needs a GPU)
+        raise
     except Exception as exc:
         raise HarnessError("contract", f"{ref_path}: shapes(**dims) raised {type(exc).__name__}: {exc}") from exc
     out: dict[str, tuple[list[int], str | None, list[int] | None]] = {}
@@ -60,6 +62,14 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
                                f"{len(dims_list)} dims")
         out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""), strides)
     return out
+
+
+def made_shapes(made: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
+    """``shapes()`` of a field problem's adapter: each tensor its generator made, as (shape, dtype), so the judge
+    holds a candidate's reported buffers to the problem's own (:func:`pytest_kopt.child.inputs.check_spec`): a
+    report that reshaped ``data`` would have the reference and the problem's check run on another problem."""
+    return {k: (list(v.shape), str(v.dtype).replace("torch.", "")) for k, v in made.items()
+            if hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (int, float))}
 
 
 def overlapping(shape: list[int], stride: list[int]) -> bool:
@@ -105,6 +115,18 @@ def fill_drawn(torch: Any, t: Any, plan: dict[str, Any], gen: Any) -> None:
         t.copy_(torch.randint(0, 16, shape, generator=gen, device=dev))
 
 
+def keep_structure(torch: Any, t: Any, like: Any) -> None:
+    """Give ``t`` (values just drawn) the structure of ``like`` (the problem's own values at the same shape) that a
+    kernel may rely on without computing anything else: symmetric over the last two dims where ``like`` is (a
+    matrix for eigh or Cholesky), and exactly zero where ``like`` is (a triangle, a band, a mask, a zeroed output
+    buffer that the kernel writes only in part)."""
+    if t.dim() >= 2 and t.shape[-1] == t.shape[-2] > 1 and torch.equal(like, like.transpose(-1, -2)):
+        t.copy_((t + t.transpose(-1, -2)) / 2)
+    zero = like == 0
+    if bool(zero.any()):
+        t.masked_fill_(zero, 0)
+
+
 class Inputs:
     """The buffers of one problem instance, owned by the harness: every tensor is a fresh plain ``torch.Tensor``
     allocated here (so a candidate's ``setup`` cannot hand in subclasses, proxies or aliased views).
@@ -132,18 +154,27 @@ class Inputs:
         return [s["name"] for s in self.spec if s["role"] in ("output", "inout")]
 
     def fill(self, plan: dict[str, Any], seed: int, ref: Any, dims: dict[str, Any], given: dict[str, Any]) -> None:
-        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs."""
+        """Fill inputs for ``seed`` (drawn, make_inputs or given setup values); poison the outputs. A field
+        problem's adapter that allows kopt's value regimes (``draws_regimes``) has the floating-point tensors its
+        generator made redrawn in the plan's regime (but ``problem``: its own values), at their shapes and dtypes,
+        keeping their exact zeros and their symmetry (:func:`keep_structure`); integer tensors stay as made."""
         torch = self.torch
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         made: dict[str, Any] = {}
         if callable(getattr(ref, "make_inputs", None)):
             made = dict(ref.make_inputs(seed=int(seed), **dims))
+        redraw = getattr(ref, "draws_regimes", False) and plan.get("regime") not in (None, "problem")
         for s in self.spec:
             t = self.tensors[s["name"]]
             if s["role"] == "output":
                 poison(torch, t)
             elif s["name"] in made:
-                t.copy_(torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape))
+                value = torch.as_tensor(made[s["name"]]).to(device=self.device, dtype=t.dtype).reshape(t.shape)
+                if redraw and t.dtype.is_floating_point:
+                    fill_drawn(torch, t, plan, gen)
+                    keep_structure(torch, t, value)
+                else:
+                    t.copy_(value)
             elif s["source"] == "setup":
                 t.copy_(given[s["name"]])
             else:

@@ -54,13 +54,15 @@ class Candidate:
         self.req = req
         self.device = req["device"]
         self.dims = req["dims"]
-        self.ref = load_reference(req["ref"], req.get("seed"))
+        self.ref = load_reference(req["ref"], req.get("seed"), precision=req.get("precision"))
         self.kept: dict[str, Any] = {}
         seed = int(req["seed"])
         made: dict[str, Any] = {}
         if callable(getattr(self.ref, "make_inputs", None)):
             try:
                 made = dict(self.ref.make_inputs(seed=seed, **self.dims))
+            except HarnessError:  # a field format's adapter words its own (a size of the wrong kind, no GPU)
+                raise
             except Exception as exc:
                 raise HarnessError("contract", f"{req['ref']}: make_inputs() raised {type(exc).__name__}: "
                                    f"{exc}") from exc

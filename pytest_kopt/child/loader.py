@@ -50,5 +50,8 @@ def load_module(path: str, name: str, sha: str | None = None) -> Any:
         exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
     except Exception as exc:  # the user's module failed at import
         raise HarnessError("contract", f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
+    # the bytes it was run from, for whoever re-reads its module-level statements (a KernelBench problem's sizes
+    # derived from other sizes, :func:`pytest_kopt.child.kernelbench.set_sizes`)
+    module.__kopt_source__ = source
     _MODULES[key] = module
     return module

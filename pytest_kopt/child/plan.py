@@ -26,7 +26,8 @@ def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     setup() builds a buffer that overlaps itself or has no elements."""
     import torch
 
-    kernel = load_candidate(req["kernel"], load_reference(req["ref"], req.get("seed")))
+    kernel = load_candidate(req["kernel"], load_reference(req["ref"], req.get("seed"),
+                                                          precision=req.get("precision")))
     kwargs: dict[str, Any] = {**req["dims"], "seed": int(req["seed"])}
     sig = inspect.signature(kernel.setup)
     if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
@@ -54,7 +55,7 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
     candidate's (``req["spec"]``) checked against ``shapes()``; then the reference's parameters against the
     buffers and dims it will be given. Returns the spec. Raises HarnessError('contract') naming the buffer or
     parameter and the fix."""
-    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
+    ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
     dims = req["dims"]
     if not callable(getattr(ref, "reference", None)):
         raise HarnessError("contract", f"{req['ref']}: reference is not a function")

@@ -14,8 +14,9 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from . import HarnessError
-from .formats import GpuModeReference, KernelBenchReference
+from .gpumode import GpuModeReference
 from .inputs import Inputs, aliases, check_spec, poison, returned_outputs, same_values
+from .kernelbench import KernelBenchReference
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
 DEFAULT_ATOL = 1e-3
@@ -287,7 +288,9 @@ def unrepeatable(torch: Any, ref: Any, req: dict[str, Any], arrays: dict[str, An
 
 def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
     """(atol, rtol) of output ``name``: the command line, else the reference's (a number, or a dict keyed by output
-    name), else 1e-3 / 1e-3 (upstream's defaults); with where each came from. Raises HarnessError('contract') when
+    name; a field format's adapter gives the problem's own: KernelBench's per precision, a GPU MODE problem's
+    ``atol``/``rtol`` or ``make_match_reference`` arguments), else 1e-3 / 1e-3 (upstream's defaults); with where each
+    came from. Raises HarnessError('contract') when
     the reference gives per-output tolerances and none for ``name`` (an output named otherwise would escape them)."""
     out: dict[str, Any] = {}
     for key, cli in (("atol", atol_cli), ("rtol", rtol_cli)):
@@ -316,7 +319,8 @@ def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | No
             raise HarnessError("contract", f"{where}: {key} for output {name!r} is {v!r}; a tolerance must be "
                                "a finite number >= 0", fix=f"set {key} in ref.py to a finite non-negative number "
                                "(e.g. 1e-3), or give --kopt-" + key)
-        out[key], out[f"{key}_source"] = value, f"ref.{key}"
+        # a field format's adapter names where its tolerance comes from (KernelBench's table, a GPU MODE checker)
+        out[key], out[f"{key}_source"] = value, getattr(ref, "tolerance_source", None) or f"ref.{key}"
     return out
 
 

@@ -155,7 +155,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
-        ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"))
+        ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])
         first = Inputs(torch, req["spec"], trusted_scalars(ref, req), "cuda")

@@ -15,7 +15,7 @@ from ..errors import NO_GPU_FIX, Blocked, ContractError
 from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
 from .contract import read_python
-from .inputs import DEFAULT_REGIMES, REGIMES
+from .inputs import DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES
 from .pins import Pins
 from .trust import Trust
 
@@ -107,7 +107,9 @@ class Context:
 
     @property
     def benchmarks(self) -> tuple[dict[str, Any], ...]:
-        """The timed shapes: ref.py's ``benchmarks`` list (each over the session's dims), else the test shapes."""
+        """The timed shapes: ref.py's ``benchmarks`` list (each over the session's dims), else the test shapes; a
+        GPU MODE ``task.yml``'s benchmark rows as they are (a row without an optional column takes
+        ``generate_input``'s default, never a test row's value)."""
         from ..errors import ConfigError
         from ..settings import ref_shapes
 
@@ -115,6 +117,8 @@ class Context:
             listed = ref_shapes(self.ref, "benchmarks")
         except ConfigError:
             listed = []  # preflight reports it
+        if self.problem_format == "gpumode" and "benchmarks" not in read_python(self.ref).constants:
+            return tuple(dict(b) for b in listed) or self.shapes
         return tuple({**self.settings.dims, **b} for b in listed) or self.shapes
 
     @property
@@ -144,12 +148,22 @@ class Context:
             return None
 
     @property
+    def problem_format(self) -> str:
+        """The reference's format (:attr:`pytest_kopt.gates.contract.PyContract.problem_format`): ``kopt``,
+        ``kernelbench`` or ``gpumode``; ``kopt`` when it does not parse (preflight reports that)."""
+        try:
+            return read_python(self.ref).problem_format
+        except ContractError:
+            return "kopt"
+
+    @property
     def regimes(self) -> tuple[str, ...]:
-        """Value regimes for drawn inputs: the reference's ``regimes`` list, else the defaults."""
+        """Value regimes for drawn inputs: the reference's ``regimes`` list, else the defaults (a KernelBench or
+        GPU MODE problem's: its own inputs, then kopt's regimes at their shapes and dtypes)."""
         value = self.ref_constant("regimes")
         if isinstance(value, (list, tuple)) and value and all(r in REGIMES for r in value):
             return tuple(value)
-        return DEFAULT_REGIMES
+        return DEFAULT_REGIMES if self.problem_format == "kopt" else FORMAT_REGIMES
 
     @property
     def extra_dims(self) -> list[dict[str, Any]]:

@@ -558,10 +558,11 @@ def check_dims(params: list[Param], dims: dict[str, int | float], path: str) -> 
     for p in params:
         if p.is_pointer:
             continue
-        if not p.dtype.startswith("float") and not isinstance(dims[p.name], int):
-            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` is an integer but --kopt-dims gives "
-                                f"{dims[p.name]!r}", gate="preflight", path=path, line=p.line,
-                                fix=f"give an integer value for {p.name}")
+        number = p.dtype.startswith("float")  # a float scalar takes an int too; neither takes a string or a tuple
+        if not isinstance(dims[p.name], (int, float) if number else int) or isinstance(dims[p.name], bool):
+            raise ContractError(f"solve() scalar `{p.ctype} {p.name}` is {'a number' if number else 'an integer'} but "
+                                f"--kopt-dims gives {dims[p.name]!r}", gate="preflight", path=path, line=p.line,
+                                fix=f"give {'a number' if number else 'an integer'} value for {p.name}")
 
 
 def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contracts: PyContract) -> list[str]:

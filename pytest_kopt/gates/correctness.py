@@ -20,6 +20,7 @@ from ..settings import dims_label
 from .build import BuildResult, built
 from .context import Context, Outcome
 from .request import harness_request
+from .shrink import SHRINKABLE, smallest_failure
 from .trust import digest, local_sources
 
 
@@ -82,7 +83,7 @@ def fingerprint(ctx: Context, res: BuildResult, case: Mapping[str, Any], device:
     """What a case's verdict depends on: the build, the reference and the kernel's neighbours, the dims, the case,
     the device, the tolerance overrides and the value regimes."""
     return digest(res.key, local_sources(ctx.ref), local_sources(ctx.kernel), ctx.settings.dims, case, device,
-                  ctx.settings.atol, ctx.settings.rtol, ctx.regimes)
+                  ctx.settings.atol, ctx.settings.rtol, ctx.regimes, ctx.settings.precision)
 
 
 def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> str:
@@ -92,7 +93,7 @@ def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> st
     (:func:`pytest_kopt.child.correctness.reference_outputs`), so the branches of an iteration reuse them."""
     return digest(local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
                   req["seed_b"], req["dims"], req["device"], req["atol"], req["rtol"], cand.get("setup_sha"),
-                  cand.get("returned"))
+                  cand.get("returned"), req.get("precision"))
 
 
 def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
@@ -199,13 +200,48 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
         record["passed"] = True
         return outcome
     except KoptError as exc:
-        record["status"], record["message"] = exc.status, exc.message
         if device == "cuda":
             ctx.ahead.abandon_profiles(ctx)  # the ncu item is blocked now: its profile must not wait for it
+        if exc.status in SHRINKABLE:
+            found = smallest_failure(ctx, case, exc, digest(fingerprint(ctx, res, {}, device), ctx.settings.seeds),
+                                     lambda c, timeout_s: _attempt(ctx, res, c, device, timeout_s))
+            if found:
+                exc.message += f"; {found['summary']}"
+                exc.figures.update(shrunk=found["label"], shrunk_status=found["status"])
+                exc.details = f"{exc.details or ''}\nsmallest failing case found ({found['label']}): " \
+                              f"{found['message']}\n" + "\n".join(found["details"])
+                record["shrunk"] = found
+        record["status"], record["message"] = exc.status, exc.message
         raise
     finally:
         CorrectnessRecord.write(ctx.outdir, case_label(case), record,
                                 mac=ctx.trust.mac(record["fingerprint"], record["passed"]))
+
+
+def _attempt(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
+             timeout_s: float) -> tuple[str, str, str, str]:
+    """One shrinking attempt (:mod:`pytest_kopt.gates.shrink`): the case run as a correctness item is, but under
+    ``timeout_s``, with no record, warning or ncu start, and in the kernel's timing process (``candidate``), which
+    a kernel that failed correctness is never timed in: the state a kernel keeps between calls (a cache by pointer)
+    in the process that judges its other seeds is left as those seeds alone made it. Returns (status, message,
+    details, the regime its inputs were drawn in), PASSED when it passes."""
+    ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, gate_timeout_s=max(1.0, timeout_s)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = _check_case(ctx, res, case, device, {}, role="candidate")
+        except KoptError as exc:
+            return exc.status, exc.message, exc.details or "", str(exc.figures.get("regime") or "")
+    return "PASSED", "", "", str(out.figures.get("regime") or "")
+
+
+def regime_label(ctx: Context, regime: str) -> str:
+    """How a summary names the inputs' regime: ``normal`` (kopt's), ``the problem's get_inputs()`` (a field
+    problem's own generator), ``ref.make_inputs()``."""
+    if regime == "problem":
+        return {"kernelbench": "the problem's get_inputs()",
+                "gpumode": "the problem's generate_input()"}.get(ctx.problem_format, "the problem's inputs")
+    return "ref.make_inputs()" if regime == "make_inputs" else regime
 
 
 def config_pins(res: BuildResult, device: str) -> list[dict[str, Any] | None]:
@@ -222,14 +258,15 @@ def config_pins(res: BuildResult, device: str) -> list[dict[str, Any] | None]:
     return [{name: configs[i % len(configs)] for name, configs in every.items()} for i in range(runs)]
 
 
-def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
-                record: dict[str, Any]) -> Outcome:
-    """One case, once per config :func:`config_pins` lists; a failure names the config it failed with."""
+def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: str, record: dict[str, Any],
+                role: str = "check") -> Outcome:
+    """One case in the harness process of ``role``, once per config :func:`config_pins` lists; a failure names the
+    config it failed with."""
     pins = config_pins(res, device)
     outcomes: list[Outcome] = []
     for i, pin in enumerate(pins):
         try:
-            outcomes.append(_check_config(ctx, res, case, device, record, pin))
+            outcomes.append(_check_config(ctx, res, case, device, record, pin, role))
         except KoptError as exc:
             if pin is not None:  # which config of several failed
                 exc.message = (f"with config {i + 1} of {len(pins)} ("
@@ -244,19 +281,20 @@ def _check_case(ctx: Context, res: BuildResult, case: dict[str, Any], device: st
 
 
 def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: str, record: dict[str, Any],
-                  pin: dict[str, Any] | None) -> Outcome:
+                  pin: dict[str, Any] | None, role: str = "check") -> Outcome:
     """One case with the build's ``autotune_pin``, or ``pin`` instead (:func:`config_pins`)."""
     seed = int(case["seed"])
     replay = f"replay: --kopt-seed {ctx.settings.session_seed}" if ctx.settings.session_seed is not None \
         else f"replay: --kopt-seeds {seed}"
-    req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]))
+    req = harness_request(ctx, "candidate", device, seed, res, dims=case.get("dims"), index=int(case["index"]),
+                          plan=case.get("plan"))
     if pin is not None:
         req["autotune_pin"] = pin
     ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
     hint = ctx.kind.timeout_hint(device)
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server("check"),
+                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server(role),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
     record["call_ms"] = cand.get("call_ms")
@@ -301,6 +339,10 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
                                  f"reference {outputs}; {replay}",
                                  fix="the kernel must not touch the harness (its modules, files or pipes)")
     v = verdict_from(judged["verdict"])
+    regime = str(judged.get("regime") or req["plan"]["regime"])
+    label = regime_label(ctx, regime)
+    if cand.get("note") and not v.ok:  # a field format's word beside it: the state a ModelNew was not given
+        v = dataclasses.replace(v, details=(*v.details, str(cand["note"])[:600]))
     tolerances = judged["tolerances"]
     first = next(iter(tolerances.values()))
     if v.status == "INCORRECT_NUMERICAL" and judged.get("unmet"):
@@ -319,22 +361,27 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
                   reference_cache_hit=judged.get("reference_cached"), judged_on=judged["verdict"].get("path"),
                   transport=cand.get("transport"), transport_note=cand.get("transport_note"),
                   phase_s={k: round(x, 3) for k, x in phase_s.items() if x is not None})
-    figures = {"seed": seed, "regime": req["plan"]["regime"], "device": device, "atol": atol, "rtol": rtol,
-               **v.figures}
+    figures = {"seed": seed, "regime": regime, "device": device, "atol": atol, "rtol": rtol, **v.figures}
     if v.warnings:
         figures["tolerance_warning"] = v.warnings[0]
     if not v.ok:
-        raise IncorrectError(f"seed={seed} ({req['plan']['regime']} inputs): {v.message}", gate="correctness",
+        sources = dict.fromkeys((first["atol_source"], first["rtol_source"]))
+        how = "checked by the problem's check_implementation" if v.figures.get("checked_by") else \
+            f"tolerances from {'/'.join(sources)}"
+        inputs = label if regime in ("problem", "make_inputs") else f"{label} inputs"
+        raise IncorrectError(f"seed={seed} ({inputs}): {v.message}", gate="correctness",
                              path=ctx.display, status=v.status,
-                             details="\n".join(v.details) + f"\n(tolerances from {first['atol_source']}/"
-                             f"{first['rtol_source']}; {replay})",
+                             details="\n".join(v.details) + f"\n({how}; {replay})",
                              fix="fix the kernel; details shows where it is wrong (the outputs and first bad indices)",
                              figures={**figures, "record": str(CorrectnessRecord.path(ctx.outdir, case_label(case)))})
     how = ctx.kind.cpu_runner(device) or device
     if req.get("autotune_pin"):
         how += (" with the pinned config " if pin is None else " with the config ") + "; ".join(
             f"{k}: {describe(c)}" for k, c in req["autotune_pin"].items())
-    return Outcome(figures, f"{case_label(case)} ({req['plan']['regime']}) on {how}: max abs err "
+    if v.figures.get("checked_by"):  # a problem with a check of its own: its verdict on every call
+        return Outcome(figures, f"{case_label(case)} ({label}) on {how}: the problem's check_implementation passed "
+                                f"{v.figures.get('calls')} calls")
+    return Outcome(figures, f"{case_label(case)} ({label}) on {how}: max abs err "
                             f"{v.figures['max_abs_err']:.3g}, max rel err {v.figures['max_rel_err']:.3g} "
                             f"(atol={atol:g}, rtol={rtol:g}){'; tolerance warning' if v.warnings else ''}")
 

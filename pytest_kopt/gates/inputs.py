@@ -12,9 +12,13 @@ import os
 from typing import Any
 
 #: Value regimes (FIELD.md §2 defences). ``wide`` spans several decades of magnitude and suits scale-invariant
-#: problems only, so a reference opts into it with ``regimes = [...]``.
-REGIMES = ("normal", "uniform", "small_int", "wide")
+#: problems only, so a reference opts into it with ``regimes = [...]``. ``problem``: a KernelBench or GPU MODE
+#: problem's own generator (``get_inputs``, ``generate_input``) as it is.
+REGIMES = ("normal", "uniform", "small_int", "wide", "problem")
 DEFAULT_REGIMES = ("normal", "uniform", "small_int")
+#: A field problem's: its own inputs first (and for the fifth seed), then kopt's regimes at the same shapes and
+#: dtypes, so a kernel that is right only on the values the problem draws (``torch.rand``'s, all >= 0) is caught.
+FORMAT_REGIMES = ("problem", "normal", "uniform", "small_int")
 
 
 def import_hypothesis() -> None:

@@ -28,11 +28,17 @@ def file_sha256(path: Path) -> str | None:
 
 
 def neighbours(path: Path) -> list[Path]:
-    """The ``.py`` files beside ``path`` (a reference or a Python kernel may import them), ``path`` excluded."""
+    """The ``.py`` files beside ``path`` (a reference or a Python kernel may import them), ``path`` excluded; and
+    a GPU MODE ``task.yml`` beside it with the files it lists (``../utils.py``), which the problem imports."""
+    from ..child.gpumode import task_files
+
     try:
-        return sorted(p for p in Path(path).parent.glob("*.py") if p.resolve() != Path(path).resolve())
+        here = sorted(p for p in Path(path).parent.glob("*.py") if p.resolve() != Path(path).resolve())
     except OSError:
         return []
+    task = Path(path).parent / "task.yml"
+    listed = sorted(set(task_files(path).values()) - {p.resolve() for p in here})
+    return here + ([task] if task.is_file() else []) + listed
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ def make_plan(ctx: Context) -> dict[str, Any]:
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
     base = {**ctx.kind.request_fields(ctx), "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
-            "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)}
+            "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "precision": ctx.settings.precision}
     ctx.ahead.prestart_harness(ctx)
     try:
         scalars: dict[str, Any] = {}

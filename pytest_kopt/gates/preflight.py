@@ -22,12 +22,23 @@ def preflight(ctx: Context) -> list[contract.Param]:
     ``dims``, ``benchmarks``, ``inplace``, ``extra_dims``), then the kernel's, which its kind checks
     (:meth:`~pytest_kopt.kinds.base.Kind.preflight`). Returns ``solve``'s parameters ([] for a kind without them).
     Raises ContractError (exit 4) naming the file, the line and the fix."""
+    reference_advice(ctx, contract.read_python(ctx.ref))
     c = contract.check_reference(ctx.ref)
     regimes = c.constants.get("regimes")
     if "regimes" in c.constants and (not isinstance(regimes, (list, tuple)) or not regimes
                                      or any(r not in REGIMES for r in regimes)):
         raise ContractError(f"regimes = {regimes!r} is not a list of {', '.join(REGIMES)}", gate="preflight",
                             path=str(ctx.ref), fix='e.g. regimes = ["normal", "uniform", "small_int", "wide"]')
+    if isinstance(regimes, (list, tuple)) and "problem" in regimes and c.problem_format == "kopt":
+        raise ContractError("regimes lists 'problem', a KernelBench or GPU MODE problem's own generator; a kopt "
+                            "reference's own inputs come from make_inputs() whatever the regime", gate="preflight",
+                            path=str(ctx.ref), line=c.constant_lines.get("regimes"),
+                            fix="leave 'problem' out (define make_inputs(seed, **dims) for inputs with structure)")
+    if ctx.settings.precision and c.problem_format != "kernelbench":
+        raise ContractError(f"--kopt-precision {ctx.settings.precision} casts a KernelBench problem's inputs and "
+                            f"models, and {ctx.ref.name} is not a KernelBench problem", gate="preflight",
+                            path=str(ctx.ref), fix="leave --kopt-precision out: the reference's own dtypes (setup(), "
+                                                   "shapes(), generate_input()) are the task's")
     for listed in ("dims", "benchmarks"):
         try:
             ref_shapes(ctx.ref, listed)
@@ -46,6 +57,36 @@ def preflight(ctx: Context) -> list[contract.Param]:
         raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
                             path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
     return ctx.kind.preflight(ctx)
+
+
+def reference_advice(ctx: Context, c: contract.PyContract) -> None:
+    """A reference with neither kopt's ``reference`` nor a field format's whole entry points, told in the terms
+    of the format it looks like: a GPU MODE ``reference.py`` (``generate_input(**args, seed)`` and
+    ``ref_kernel(data)``), a KernelBench problem (``class Model``, ``get_inputs()``), or a candidate given as the
+    reference. Raises ContractError (exit 4); returns for every other file (:func:`contract.check_reference`
+    words kopt's own contract)."""
+    if c.problem_format != "kopt" or "reference" in c.functions:
+        return
+    defs = set(c.functions) | set(c.classes)
+    if defs & {"ModelNew", "custom_kernel"}:
+        raise ContractError(f"{ctx.ref.name} defines {'class ModelNew' if 'ModelNew' in defs else 'custom_kernel'}: "
+                            "a candidate, given as the reference", gate="preflight", path=str(ctx.ref),
+                            fix="give the problem as --kopt-ref (KernelBench: the file with class Model and "
+                                "get_inputs(); GPU MODE: reference.py) and the candidate as --kopt-baseline")
+    gpumode = {"generate_input", "ref_kernel", "check_implementation"} & defs
+    kernelbench = {"Model", "get_inputs", "get_init_inputs"} & defs
+    if gpumode:
+        missing = [n for n in ("generate_input(**args, seed)", "ref_kernel(data)") if n.split("(")[0] not in defs]
+        raise ContractError(f"{ctx.ref.name} defines {', '.join(sorted(gpumode))} but no {' or '.join(missing)}: "
+                            "a GPU MODE problem needs both (the inputs of each task.yml row, and the output they "
+                            "are checked against)", gate="preflight", path=str(ctx.ref),
+                            fix="define " + " and ".join(f"def {n}" for n in missing) + " in reference.py")
+    if kernelbench:
+        missing = [n for n in ("class Model(nn.Module)", "get_inputs()") if n.split("(")[0].split()[-1] not in defs]
+        raise ContractError(f"{ctx.ref.name} defines {', '.join(sorted(kernelbench))} but no {' or '.join(missing)}: "
+                            "a KernelBench problem needs both (the model whose forward is the task, and its "
+                            "inputs)", gate="preflight", path=str(ctx.ref),
+                            fix="define " + " and ".join(missing) + " in the problem file")
 
 
 def gate_preflight(ctx: Context, case: Any = None) -> Outcome:

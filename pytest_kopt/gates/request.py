@@ -18,7 +18,7 @@ def inplace_outputs(ctx: Context) -> list[str]:
 
 def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildResult,
                     dims: dict[str, Any] | None = None, index: int = 0,
-                    timing: dict[str, Any] | None = None) -> dict[str, Any]:
+                    timing: dict[str, Any] | None = None, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """A request of ``mode`` for ``ctx``'s kernel built as ``res``, on ``device`` (``cuda`` or ``cpu``), with the
     inputs of validation seed number ``index`` (value ``seed``) at ``dims`` (None: the session's). ``timing``: the
     timing policy, for the timing modes. Triton and Python candidates get their build's ``TRITON_CACHE_DIR``, and
@@ -28,7 +28,8 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     ``ref_sha``: the reference's content pinned at the session's start (the reference's process loads nothing
     else); ``poisons``: the second call's poison per float dtype, drawn from the second seed
     (:func:`~pytest_kopt.gates.inputs.second_poisons`); ``check_seed``: the seed of the inputs of a timed process's
-    check call, which the judge draws again itself."""
+    check call, which the judge draws again itself. ``plan``: the input plan, instead of the seed's (a shrunk
+    case's, :mod:`pytest_kopt.gates.shrink`); ``precision``: a KernelBench problem's (``--kopt-precision``)."""
     dims = ctx.settings.dims if dims is None else dims
     params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
     env = ctx.kind.candidate_env(ctx, device)
@@ -36,7 +37,8 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     return {**ctx.kind.request_fields(ctx), "mode": mode, "kernel": str(ctx.kernel), "library": res.artifact,
             "params": params, "ref": str(ctx.ref), "ref_sha": ctx.ref_sha, "dims": dims, "seed": seed, "seed_b": seed_b,
             "check_seed": check_seed, "poisons": second_poisons(seed_b), "device": device,
-            "plan": draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
+            "plan": plan or draw_plan(seed, index, ctx.regimes), "atol": ctx.settings.atol, "rtol": ctx.settings.rtol,
+            "precision": ctx.settings.precision,
             "arch": ctx.arch, "env": env, "timing": timing, "inplace": inplace_outputs(ctx),
             "autotune_pin": {name: c["config"] for name, c in res.autotune.items()},
             # a fresh process ends with its request, and its exported allocations with it: the judge, which runs

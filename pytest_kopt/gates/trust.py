@@ -109,10 +109,13 @@ def digest(*parts: Any) -> str:
 
 
 def local_sources(path: Path) -> bytes:
-    """The bytes of every ``.py`` file beside ``path`` (a reference or kernel may import its neighbours), so a
-    cache key changes when a helper module does."""
+    """The bytes of every ``.py`` file beside ``path`` (a reference or kernel may import its neighbours), and of the
+    files a GPU MODE ``task.yml`` beside it lists (``../utils.py``), so a cache key changes when a helper module
+    does."""
+    from ..child.gpumode import task_files
+
     h = hashlib.sha256()
-    for f in sorted(path.parent.glob("*.py")):
+    for f in sorted(path.parent.glob("*.py")) + sorted(task_files(path).values()):
         try:
             h.update(f.name.encode() + f.read_bytes())
         except OSError:

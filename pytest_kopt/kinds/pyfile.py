@@ -18,6 +18,32 @@ FORMAT_NAMES = {"kopt": "kopt (setup/run_kernel, reference)", "kernelbench": "Ke
                 "gpumode": "GPU MODE (generate_input/ref_kernel/custom_kernel)"}
 
 
+def entry_point_advice(ctx: Context, problem: str) -> None:
+    """A candidate without the entry point of its problem's format (``custom_kernel(data)`` for GPU MODE, ``class
+    ModelNew`` for KernelBench), told in that format's terms: what it defines instead, and which of its functions or
+    classes to rename (kopt's ``setup``/``run_kernel`` do not run against a field problem, which makes the inputs
+    itself). Raises ContractError (exit 4)."""
+    k = contract.read_python(ctx.kernel)
+    found = [f"{n}({', '.join(k.functions[n][0])})" for n in k.functions if not n.startswith("_")][:6]
+    found += [f"class {n}" for n in k.classes][:6]
+    defines = f"defines {', '.join(found)}" if found else "defines no function or class"
+    if problem == "gpumode":
+        one = [n for n, (params, _, _) in k.functions.items() if params == ["data"]]
+        fix = (f"rename {one[0]}(data) to custom_kernel(data)" if one else
+               "rename run_kernel to custom_kernel(data): it is given generate_input()'s data whole and returns "
+               "the output" if "run_kernel" in k.functions else "define def custom_kernel(data): returns the output")
+        raise ContractError(f"{ctx.display} {defines}, but no custom_kernel(data): a GPU MODE problem "
+                            f"({ctx.ref.name}) calls custom_kernel with the data generate_input() made and checks what "
+                            "it returns", gate="preflight", path=ctx.display, fix=fix)
+    fix = ("rename class Model to ModelNew (KernelBench's name for the candidate; same __init__ and forward "
+           "arguments)" if "Model" in k.classes else
+           f"name your nn.Module class ModelNew (found {', '.join(k.classes[:3])})" if k.classes else
+           "define class ModelNew(nn.Module) with Model's __init__ and forward arguments")
+    raise ContractError(f"{ctx.display} {defines}, but no class ModelNew: a KernelBench problem ({ctx.ref.name}) "
+                        "builds ModelNew(*get_init_inputs()) as it builds Model and calls it on get_inputs()",
+                        gate="preflight", path=ctx.display, fix=fix)
+
+
 class PyFileKind(Kind):
     """A kernel written as a Python file: ``setup``/``run_kernel`` (kopt's contract), or a KernelBench ``ModelNew``
     or GPU MODE ``custom_kernel`` beside a problem of the same format. ``requires_jit``: a ``@triton.jit`` kernel
@@ -33,6 +59,8 @@ class PyFileKind(Kind):
         ``run_kernel``), or ``ModelNew``/``custom_kernel`` beside a problem of the same format; and, for kopt's
         contract with a literal ``setup()``, the reference's parameters named by the buffers or dims. Returns []."""
         c = contract.read_python(ctx.ref)
+        if c.problem_format != "kopt" and contract.read_python(ctx.kernel).candidate_format == "kopt":
+            entry_point_advice(ctx, c.problem_format)
         k = contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=self.requires_jit)
         fmt = FORMAT_NAMES[k.candidate_format]
         if k.candidate_format != "kopt" and k.candidate_format != c.problem_format:
@@ -40,14 +68,6 @@ class PyFileKind(Kind):
                                 f"{FORMAT_NAMES[c.problem_format]} reference", gate="preflight", path=str(ctx.ref),
                                 fix="give the problem of the candidate's format as --kopt-ref (KernelBench: class "
                                     "Model, get_inputs(); GPU MODE: generate_input(), ref_kernel())")
-        if k.candidate_format == "kopt" and c.problem_format != "kopt":
-            raise ContractError(f"{ctx.ref.name} is a {FORMAT_NAMES[c.problem_format]} problem, but {ctx.display} "
-                                "defines neither " + ("class ModelNew" if c.problem_format == "kernelbench"
-                                                      else "custom_kernel(data)") + " nor setup()/run_kernel()",
-                                gate="preflight", path=ctx.display,
-                                fix="define " + ("class ModelNew(nn.Module) with Model's __init__ and forward"
-                                                 if c.problem_format == "kernelbench" else
-                                                 "def custom_kernel(data): returns the output"))
         if k.setup_literal is not None and c.problem_format == "kopt":
             given = set(k.setup_literal[0]) | set(ctx.settings.dims)
             unknown = [n for n in c.required.get("reference", []) if n not in given]

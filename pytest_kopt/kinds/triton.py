@@ -116,7 +116,8 @@ class TritonKind(PyFileKind):
         device = "cuda" if ctx.gpu else "cpu"
 
         def run_child(req: dict[str, Any]) -> dict[str, Any]:
-            req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "env": self.compile_env(ctx)}
+            req = {**req, "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "env": self.compile_env(ctx),
+                   "precision": ctx.settings.precision}
             return ctx.pool.run(req, gate="compile", timeout_s=ctx.settings.gate_timeout_s + 120.0, path=ctx.display,
                                 workdir=ctx.work, server=ctx.server("check"))
 

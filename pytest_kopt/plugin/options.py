@@ -45,6 +45,8 @@ OPTIONS = (
              "as 0,1, or UUIDs or their prefixes; each xdist worker is pinned to the one with the fewest workers "
              "through CUDA_VISIBLE_DEVICES (ignored without a GPU)", "LIST"),
     ("ncu-num", f"Top ncu metrics kept per axis in ncu_top.json (default {defaults.NCU_NUM})", "N"),
+    ("precision", "KernelBench problems: fp32 (default), fp16 or bf16, as KernelBench's precision argument (inputs "
+                  "and both models cast, its tolerance 1e-4, 1e-2, 1e-2)", "PRECISION"),
 )
 #: (flag, help): boolean options every session reads, each with an ini twin.
 FLAGS = (
