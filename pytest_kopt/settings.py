@@ -97,6 +97,9 @@ class Settings:
     ncu_set: str | None = None
     noise_pct: float = defaults.NOISE_PCT
     numerics_mode: str = defaults.NUMERICS_MODE
+    #: ``--kopt-compile-jobs``: ``auto`` (SKILL.md's default) or the most nvcc builds at once
+    #: (:mod:`pytest_kopt.compile_jobs`)
+    compile_jobs: str | int = defaults.COMPILE_JOBS
 
     @property
     def pr_gate(self) -> bool:
@@ -454,6 +457,7 @@ def build_settings(get: Callable[[str], Any], base: Path,
     if mode not in NUMERICS_MODES:
         raise ConfigError(f"--kopt-numerics-mode: {mode!r}", fix=f"choose {', '.join(NUMERICS_MODES)}")
     storage = Path(str(opt("storage") or ".benchmarks"))
+    compile_jobs = parse_compile_jobs(opt("compile_jobs"))
     return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims,
                     shapes=tuple(shapes) or (dims,), seeds=seeds,
                     atol=atol, rtol=rtol, arch=arch,
@@ -470,4 +474,15 @@ def build_settings(get: Callable[[str], Any], base: Path,
                               if opt("branches") else defaults.BRANCHES),
                     ncu_num=(_count(str(opt("ncu_num")), "--kopt-ncu-num", defaults.NCU_NUM)
                              if opt("ncu_num") else defaults.NCU_NUM),
-                    noise_pct=noise, numerics_mode=mode)
+                    noise_pct=noise, numerics_mode=mode, compile_jobs=compile_jobs)
+
+
+def parse_compile_jobs(value: Any, source: str = "--kopt-compile-jobs") -> str | int:
+    """``auto`` (None or empty too) or a positive integer; raises ConfigError naming ``source``."""
+    if value is None or str(value).strip().lower() in ("", "auto"):
+        return "auto"
+    text = str(value).strip()
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{source}: {value!r} is neither auto nor a positive integer",
+                          fix=f"{source} auto (SKILL.md's default) or {source} 4")
+    return int(text)
