@@ -3,7 +3,8 @@ generated from what this leaves: ``benchmarks/walkthrough.py``).
 
     python3 benchmarks/drive_loop.py WORKDIR --plan benchmarks/drive_plans/softmax_standin.py [--standin]
 
-The plan (a Python file) is the agent's head: ``SETUP`` (the first command's inputs: ``baseline``, ``ref``, ``dims``,
+The plan (a Python file) is the agent's head: ``prepare(workdir)`` (puts the baseline and the reference there),
+``SETUP`` (the first command's inputs: ``baseline``, ``ref``, ``dims``,
 ``iterations``, ``branches``, optional ``seeds`` and ``extra`` arguments) and ``decide(loop, run_dir, workdir)``, which
 gets the report's ``loop`` section and returns what to write:
 
@@ -16,7 +17,7 @@ ablation, the report's ``ablation_pattern``) and run only ``next.command``, with
 plus ``-p kopt_standin`` with ``--standin`` (the CPU stand-ins for the GPU gates: ``benchmarks/kopt_standin.py``).
 The first command is the only one built here (the set-up: there is no report before it).
 
-Each step is appended to ``WORKDIR/steps.jsonl``: its label, the command, its exit code and wall seconds, and the
+The drive's own command is kept in ``WORKDIR/drive.json``; each step is appended to ``WORKDIR/steps.jsonl``: its label, the command, its exit code and wall seconds, and the
 report's status, stage, action and message. The drive stops at ``done``, at ``start_over`` and at a
 ``fix_and_rerun`` (the plan must think there: it is printed), or after ``--max-steps``.
 """
@@ -107,18 +108,34 @@ def main() -> int:
     ap.add_argument("--plan", type=Path, required=True)
     ap.add_argument("--standin", action="store_true", help="the CPU stand-ins for the GPU gates (-p kopt_standin)")
     ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--resume", action="store_true", help="go on from the last step in WORKDIR/steps.jsonl")
     args = ap.parse_args()
     workdir = args.workdir.resolve()
     plan = load_plan(args.plan.resolve())
     extra = ["-p", "kopt_standin"] if args.standin else []
+    if args.resume:
+        rows = [json.loads(ln) for ln in (workdir / "steps.jsonl").read_text().splitlines() if ln.strip()]
+        loop = (json.loads(Path(rows[-1]["report"]).read_text()).get("loop") or {})
+        return drive(loop, plan, workdir, extra, len(rows), args.max_steps)
+    if hasattr(plan, "prepare"):  # the baseline and the reference, as the plan wants them
+        plan.prepare(workdir)
     (workdir / "steps.jsonl").unlink(missing_ok=True)
+    rel = [os.path.relpath(a, HERE.parent) if os.path.isabs(a) and a.startswith(str(HERE.parent)) else a
+           for a in sys.argv[1:]]
+    (workdir / "drive.json").write_text(json.dumps({"argv": ["python3", "benchmarks/drive_loop.py", *rel],
+                                                    "started": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
     s = plan.SETUP
     init = [sys.executable, "-m", "pytest", "--kopt-init", f"--kopt-baseline={s['baseline']}",
             f"--kopt-ref={s['ref']}", f"--kopt-dims={s['dims']}", f"--kopt-iterations={s['iterations']}",
             f"--kopt-branches={s['branches']}", *([f"--kopt-seeds={s['seeds']}"] if s.get("seeds") else []),
             *s.get("extra", [])]
     loop = run_step(workdir, "init", init, workdir / "init.json", extra)
-    for n in range(1, args.max_steps + 1):
+    return drive(loop, plan, workdir, extra, 1, args.max_steps)
+
+
+def drive(loop: dict[str, Any], plan: Any, workdir: Path, extra: list[str], first: int, max_steps: int) -> int:
+    """Act on each report and run its next command, step ``first`` on, until there is nothing to do."""
+    for n in range(first, first + max_steps):
         nxt = loop.get("next") or {}
         if not act(loop, plan, workdir):
             break

@@ -5,9 +5,9 @@ third is ended with ``finish``.
 
     python3 benchmarks/drive_loop.py WORKDIR --plan benchmarks/drive_plans/softmax_standin.py --standin
 
-Every decision reads the report only: the budget (``next.budget``), the evidence file it names (``next.read``'s
-``ncu_top.json``), the methods tried (``selected_methods``), the numerics mode, the best so far (``best_ms``) and, for
-ablations, the champion (``next.champion``, its kernel ``next.champion_kernel``).
+Every decision reads the report only: the budget (``next.budget``), the evidence files it names (``next.files``),
+the methods tried (``selected_methods``), the best so far (``best_ms``) and, for ablations, the champion's kernel
+(``next.champion_kernel``).
 """
 
 from __future__ import annotations
@@ -56,16 +56,15 @@ def prepare(workdir: Path) -> None:
 
 
 def _read(loop: dict[str, Any], name: str) -> dict[str, Any]:
-    path = next(p for p in loop["next"]["read"] if p.endswith(name))
-    return json.loads(Path(path).read_text())
+    return json.loads(Path(loop["next"]["files"][name]).read_text())
 
 
 def choose(loop: dict[str, Any]) -> list[tuple[str, str, float]]:
     """SKILL.md 3c's scan over what this agent can write: per budgeted axis, untried methods whose registry
     trigger the evidence supports, up to the axis budget."""
     budget = loop["next"]["budget"]
-    metrics = _read(loop, "ncu_top.json").get("metrics") or {}
-    registry = {m["id"]: m for m in _read(loop, "method_registry.json")["methods"]}
+    metrics = _read(loop, "ncu_top").get("metrics") or {}
+    registry = {m["id"]: m for m in _read(loop, "method_registry")["methods"]}
     tried = set(loop.get("selected_methods") or [])
     out = []
     for axis, options in KNOWN.items():

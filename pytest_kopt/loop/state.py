@@ -69,7 +69,8 @@ def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any]
                branches: int, ncu_num: int, noise_pct: float, numerics_mode: str, seeds: list[int],
                env: Mapping[str, Any]) -> dict[str, Any]:
     """Seed the run: copy the baseline into ``baseline/`` and the reference (with the modules beside it that it
-    imports) into ``reference/`` (read-only; :mod:`pytest_kopt.loop.pins`), write ``env.json`` and SKILL.md's
+    imports) into ``reference/`` (read-only; :mod:`pytest_kopt.loop.pins`), write ``env.json`` (and
+    ``baseline/env.json``: the set-up's machine, which later steps' refreshes leave as it was) and SKILL.md's
     state (schema v5) with ``ref_file`` the reference's copy, ``ref_source`` the reference given, and the SHA-256
     of every copy and of the registries. Returns the state's JSON object. Raises OSError when a file cannot be
     copied."""
@@ -79,6 +80,7 @@ def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any]
     pinned = pin_file(layout, baseline, copy)
     ref_copy, ref_pins = pin_reference(layout, ref)
     write_json(layout.env, dict(env))
+    write_json(layout.baseline_dir / "env.json", dict(env))  # the set-up's machine, kept when later steps refresh
     state = State(run_dir=str(run_dir), baseline_file=str(baseline), ref_file=str(ref_copy), ref_source=str(ref),
                   best_file=str(copy), env=dict(env), validation_seeds=list(seeds), dims=dict(dims),
                   iterations_total=iterations, ncu_num=ncu_num, branches=branches, noise_threshold_pct=noise_pct,

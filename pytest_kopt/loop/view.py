@@ -132,6 +132,11 @@ def next_step(run_dir: Path) -> dict[str, Any]:
             # the registries the methods come from, where this install keeps them (site-packages for a wheel)
             "read": [str(it.roofline), str(it.ncu_top), str(it.analysis), str(layout.state)]
             + [str(registry.path(n)) for n in (registry.METHODS, "optimization_catalog.md", "ncu_metrics_guide.md")],
+            # the same files by what they are
+            "files": {"roofline": str(it.roofline), "ncu_top": str(it.ncu_top), "analysis": str(it.analysis),
+                      "state": str(layout.state), "method_registry": str(registry.path(registry.METHODS)),
+                      "optimization_catalog": str(registry.path("optimization_catalog.md")),
+                      "ncu_metrics_guide": str(registry.path("ncu_metrics_guide.md"))},
             "write": [str(it.methods), *(str(it.branch_dir(b) / f"kernel{ext}") for b in range(1, state.branches + 1))],
             # the same paths by what they are, so an agent never takes a path apart
             "methods_file": str(it.methods),
