@@ -112,8 +112,9 @@ class Scheduler:
         """The builds' shared jobs and memory (:class:`~pytest_kopt.compile_jobs.BuildSlots`), planned once from
         ``ctx``'s ``--kopt-compile-jobs``."""
         with self._lock:
-            if self._slots is None:
-                self._slots = BuildSlots(plan_jobs(ctx.settings.compile_jobs))
+            if self._slots is None:  # a context without settings (a test's stand-in) gets SKILL.md's default
+                spec = getattr(getattr(ctx, "settings", None), "compile_jobs", "auto")
+                self._slots = BuildSlots(plan_jobs(spec))
             return self._slots
 
     def build_within_budget(self, ctx: Context) -> BuildResult:

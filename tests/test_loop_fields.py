@@ -240,3 +240,19 @@ def test_the_cutlass_headers_are_in_the_build_key(tmp_path: Path) -> None:
     assert before["include_dirs"] == after["include_dirs"]
     assert before["cutlass_headers"]["header"] != after["cutlass_headers"]["header"]
     assert "cutlass_headers" not in nvcc.build_parts("13.0", "sm_90a", False, ())  # plain CUDA keys unchanged
+
+
+def test_a_close_given_another_ncu_num_is_refused_with_the_report_written(pytester: pytest.Pytester) -> None:
+    """Before, --kopt-ncu-num on a close silently replaced the run's; now the close uses the state's, and a
+    different value is a usage error (exit 4) whose report names the run's value; the same value is accepted."""
+    from test_loop_files import cpu_run
+
+    run, _ = cpu_run(pytester.path)
+    bad = pytester.runpytest_subprocess("--kopt-run", str(run), "--kopt-ncu-num", "7", "-p", "no:cacheprovider",
+                                        "--kopt-json", "r.json", "--co")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert bad.ret == 4 and doc["exit_code"] == 4
+    assert doc["error"]["problems"] == ["--kopt-ncu-num 7: this run's ncu_num is 5 (state.json, fixed by "
+                                        "--kopt-init); leave the option out, or start a new run with --kopt-init"]
+    ok = pytester.runpytest_subprocess("--kopt-run", str(run), "--kopt-ncu-num=5", "-p", "no:cacheprovider", "--co")
+    assert ok.ret == 0, ok.stderr.str()[-1500:]

@@ -57,17 +57,22 @@ class LoopPlugin:
     def __init__(self, config: pytest.Config, state: SessionState) -> None:
         self.config = config
         self.state = state
-        settings = state.settings
         #: a --kopt-run whose methods.json only finishes the run: nothing is judged (pytest_kopt.loop.finish)
         self.finishing = False
-        if settings.loop_mode == "run" and settings.run_dir is not None:
-            given = {name: raw(config, name) for name in loop_session.RUN_FIXED}
-            found = loop_session.fixed_option_problems(settings.run_dir, given)
-            if found:
-                raise usage_error(loop_error(f"--kopt-run {settings.run_dir}: an option differs from the run's", found,
-                                             path=settings.run_dir / "state.json", fix="leave the option out: a close "
-                                             "uses the values --kopt-init fixed for the run"), config)
-            self.finishing = loop_session.finishing(settings.run_dir)
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """A close refuses an option --kopt-init fixed for the run, given with another value (a usage error, exit
+        4), and learns whether it finishes the run. (Registered during kopt's configure, this runs at once.)"""
+        settings = self.state.settings
+        if settings.loop_mode != "run" or settings.run_dir is None:
+            return
+        given = {name: raw(config, name) for name in loop_session.RUN_FIXED}
+        found = loop_session.fixed_option_problems(settings.run_dir, given)
+        if found:
+            raise usage_error(loop_error(f"--kopt-run {settings.run_dir}: an option differs from the run's", found,
+                                         path=settings.run_dir / "state.json", fix="leave the option out: a close "
+                                         "uses the values --kopt-init fixed for the run"), config)
+        self.finishing = loop_session.finishing(settings.run_dir)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
