@@ -25,3 +25,11 @@ SEEDS = (7, 19, 41, 73, 101)
 #: xdist workers of the ``--kopt-run`` command the loop hands the agent (``next.command``): a close judges the
 #: branches side by side, one GPU lock between them.
 CLOSE_WORKERS = 4
+#: SKILL.md's ``--compile-jobs``: ``auto`` caps nvcc builds at half the CPUs and :data:`COMPILE_JOBS_MAX`, within the
+#: available memory less :data:`COMPILE_MEMORY_KEPT_GIB`, at :data:`COMPILE_GIB_CUDA` a CUDA build and
+#: :data:`COMPILE_GIB_CUTLASS` a CUTLASS one (SKILL.md's compilation policy).
+COMPILE_JOBS = "auto"
+COMPILE_JOBS_MAX = 4
+COMPILE_GIB_CUDA = 2.0
+COMPILE_GIB_CUTLASS = 4.0
+COMPILE_MEMORY_KEPT_GIB = 2.0

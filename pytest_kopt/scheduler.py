@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from .compile_jobs import BuildSlots, build_gib, out_of_memory, plan_jobs
 from .errors import Blocked, HardwareError, KoptError
 from .gates import ncu as ncu_gate
 from .gates import sass as sass_gate
@@ -39,8 +40,9 @@ DumpKey = tuple[str, str, int, int]
 class Scheduler:
     """Work started ahead in one pytest process, and its state.
 
-    Builds: :meth:`start_builds` starts nvcc for ``.cu`` kernels in threads (at most one per CPU) while the
-    hardware, preflight and plan items run; each compile item waits for its own (:meth:`wait_build`), never racing
+    Builds: :meth:`start_builds` starts nvcc for ``.cu`` kernels in threads while the hardware, preflight and plan
+    items run, as many at once as ``--kopt-compile-jobs`` and the memory budget allow (:mod:`pytest_kopt.compile_jobs`;
+    a build killed for want of memory is retried once, alone); each compile item waits for its own (:meth:`wait_build`), never racing
     it to the build folder's lock; under xdist a build another worker started is waited for through the
     content-addressed cache's lock, never run twice. A build may be followed, in its thread, by the kernel's ncu
     profile (both sets: no seed has run) and its SASS dump.
@@ -72,6 +74,8 @@ class Scheduler:
         self._plotting: threading.Thread | None = None
         self._branches = BranchProfiles(self)
         self._atexit = False
+        #: the jobs and memory the builds share, made at the first build from the session's --kopt-compile-jobs
+        self._slots: BuildSlots | None = None
 
     # builds -----------------------------------------------------------------------------------------------------
 
@@ -104,11 +108,35 @@ class Scheduler:
             self._threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="kopt-build")
         return self._threads
 
-    def _build_quietly(self, ctx: Context, sass: bool = False, profile: bool = False) -> None:
-        """:func:`~pytest_kopt.gates.build.ensure_built` ahead of the compile item: a failure is remembered in
-        ``compile_error.json`` as usual, and the compile item reports it when it runs."""
+    def slots(self, ctx: Context) -> BuildSlots:
+        """The builds' shared jobs and memory (:class:`~pytest_kopt.compile_jobs.BuildSlots`), planned once from
+        ``ctx``'s ``--kopt-compile-jobs``."""
+        with self._lock:
+            if self._slots is None:  # a context without settings (a test's stand-in) gets SKILL.md's default
+                spec = getattr(getattr(ctx, "settings", None), "compile_jobs", "auto")
+                self._slots = BuildSlots(plan_jobs(spec))
+            return self._slots
+
+    def build_within_budget(self, ctx: Context) -> BuildResult:
+        """:func:`~pytest_kopt.gates.build.ensure_built` holding a job and the build's memory estimate; a build the
+        machine killed for want of memory (:func:`~pytest_kopt.compile_jobs.out_of_memory`) is tried once more with
+        no other build running, its remembered failure forgotten first. Raises what the build raises."""
+        slots = self.slots(ctx)
         try:
-            res = ensure_built(ctx)
+            with slots.take(build_gib(bool(getattr(ctx.kind, "cutlass", False)))):
+                return ensure_built(ctx)
+        except KoptError as exc:
+            if not out_of_memory(exc.message, exc.details):
+                raise
+        (ctx.outdir / "compile_error.json").unlink(missing_ok=True)  # memory, not the sources: never remembered
+        with slots.alone():
+            return ensure_built(ctx)
+
+    def _build_quietly(self, ctx: Context, sass: bool = False, profile: bool = False) -> None:
+        """:meth:`build_within_budget` ahead of the compile item: a failure is remembered in ``compile_error.json``
+        as usual, and the compile item reports it when it runs."""
+        try:
+            res = self.build_within_budget(ctx)
         except (KoptError, Blocked, OSError):
             return
         if not res.cache_hit:

@@ -102,6 +102,9 @@ class Settings:
     #: ``--kopt-precision``: a KernelBench problem's precision (``fp32``, ``fp16``, ``bf16``: its inputs and both
     #: models cast, KernelBench's tolerance for it); None: fp32, as KernelBench's default
     precision: str | None = None
+    #: ``--kopt-compile-jobs``: ``auto`` (SKILL.md's default) or the most nvcc builds at once
+    #: (:mod:`pytest_kopt.compile_jobs`)
+    compile_jobs: str | int = defaults.COMPILE_JOBS
 
     @property
     def pr_gate(self) -> bool:
@@ -507,6 +510,7 @@ def build_settings(get: Callable[[str], Any], base: Path,
         raise ConfigError(f"--kopt-precision: {precision!r} is not one of KernelBench's precisions",
                           fix=f"choose {', '.join(PRECISIONS)}")
     storage = Path(str(opt("storage") or ".benchmarks"))
+    compile_jobs = parse_compile_jobs(opt("compile_jobs"))
     return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims,
                     shapes=tuple(shapes) or (dims,), seeds=seeds,
                     atol=atol, rtol=rtol, arch=arch,
@@ -523,4 +527,15 @@ def build_settings(get: Callable[[str], Any], base: Path,
                               if opt("branches") else defaults.BRANCHES),
                     ncu_num=(_count(str(opt("ncu_num")), "--kopt-ncu-num", defaults.NCU_NUM)
                              if opt("ncu_num") else defaults.NCU_NUM),
-                    noise_pct=noise, numerics_mode=mode, precision=precision)
+                    noise_pct=noise, numerics_mode=mode, precision=precision, compile_jobs=compile_jobs)
+
+
+def parse_compile_jobs(value: Any, source: str = "--kopt-compile-jobs") -> str | int:
+    """``auto`` (None or empty too) or a positive integer; raises ConfigError naming ``source``."""
+    if value is None or str(value).strip().lower() in ("", "auto"):
+        return "auto"
+    text = str(value).strip()
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{source}: {value!r} is neither auto nor a positive integer",
+                          fix=f"{source} auto (SKILL.md's default) or {source} 4")
+    return int(text)

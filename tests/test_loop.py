@@ -24,7 +24,10 @@ SIGS = registry.load(registry.SASS)
 BUDGET = {"compute": 1, "memory": 1, "latency": 1}
 #: a reference for runs made here (--kopt-init copies it into the run: it must exist)
 REF = "def reference(x, y, **_):\n    y.copy_(x)\n"
-STATE = {"ineffective_methods": ["memory.coalescing"], "implementation_failed_methods": ["compute.tensor_core"]}
+#: approximate: these rows are about the registry rules, and admit tensor-core methods (reference mode refuses
+#: tolerance-changing ones: test_loop_fields.py)
+STATE = {"ineffective_methods": ["memory.coalescing"], "implementation_failed_methods": ["compute.tensor_core"],
+         "numerics_mode": "approximate"}
 
 
 def methods(*ids: str, **extra) -> dict:
@@ -48,7 +51,8 @@ def methods(*ids: str, **extra) -> dict:
     (methods("compute.magic"), BUDGET, "sm_90a", [f"compute.magic: not in {REGISTRY_DIR / 'method_registry.json'}"]),
     (methods("memory.tma", "memory.tma"), {"compute": 0, "memory": 2, "latency": 0}, "sm_90a",
      ["memory.tma: listed twice"]),
-    ({"methods": []}, BUDGET, "sm_90a", ["methods.json lists no method"]),
+    ({"methods": []}, BUDGET, "sm_90a",
+     ['methods.json lists no method; to end the run without another close, write {"finish": "<why>"} instead']),
     (methods("compute.register_tiling"), {"compute": 0, "memory": 2, "latency": 1}, "sm_90a",
      ["axis compute: 1 method slot(s), budget 0 (cap 2)"]),
 ])
@@ -281,40 +285,53 @@ def test_a_champion_with_the_best_kernels_sass_leaves_its_methods_unverified(tmp
     assert state["best_sass"] == results[1]["sass_digest"] and state["best_metric_ms"] == 3.0
 
 
-def test_run_session_on_cpu_leaves_the_iteration_open_when_no_branch_can_be_timed(pytester: pytest.Pytester) -> None:
-    """--kopt-run on a machine without GPU: branches are collected from the run folder and checked for
-    correctness (pure-Python candidates run on the CPU); b2 is wrong, b1 cannot be timed here. No champion can be
-    chosen, and that is the machine's doing: exit 3 (hardware), the run stays open (no stop.json), and the JSON's
-    loop section lists both branches with their stage and says what to run next, where a GPU is. Before, this
-    read as "every branch failed" (exit 2) and ended the run for good."""
-    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref.py")
-    base = pytester.path / "k.py"
+def _cpu_run(folder: Path) -> tuple[Path, Path]:
+    shutil.copy(REDTEAM / "ref_softmax.py", folder / "ref.py")
+    base = folder / "k.py"
     shutil.copy(REDTEAM / "honest_python.py", base)
     run = loop.new_run_dir(base)
-    loop.init_state(run, base, pytester.path / "ref.py", {"M": 4, "N": 16}, iterations=2, branches=2, ncu_num=5,
+    loop.init_state(run, base, folder / "ref.py", {"M": 4, "N": 16}, iterations=2, branches=2, ncu_num=5,
                     noise_pct=2.0, numerics_mode="reference", seeds=[3], env={"sm_arch": "sm_90a"})
     roof = {"axis_budget": {"compute": 1, "memory": 1, "latency": 1}, "near_peak": False}
     it = loop.open_iteration(run, 1, ncu_rep=None, roofline=roof, branches=2, ncu_top={})
     shutil.copy(REDTEAM / "honest_python.py", it / "branches" / "b1" / "kernel.py")
     shutil.copy(REDTEAM / "passthrough.py", it / "branches" / "b2" / "kernel.py")
     (it / "methods.json").write_text(json.dumps(methods("latency.occupancy_tuning")))
+    return run, it
+
+
+def test_run_session_on_cpu_stops_the_run_for_want_of_generation_and_keeps_what_was_written(
+        pytester: pytest.Pytester) -> None:
+    """--kopt-run on a machine without GPU: branches are collected from the run folder and checked for
+    correctness (pure-Python candidates run on the CPU); b2 is wrong, b1 cannot be timed here. The machine does not
+    allow generation (env.json's generation_allowed false), so SKILL.md step 0 stops the run: exit 3 (hardware, not
+    exit 2: no branch was found wanting), stop.json, and a start_over whose command seeds a new run from the best
+    kernel so far, names where it can run (requires) and lists the files written into the stopped iteration
+    (reuse). The JSON's loop section still lists both branches with their stage."""
+    run, it = _cpu_run(pytester.path)
     result = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "r.json")
     doc = json.loads((pytester.path / "r.json").read_text())
     status = {i["nodeid"]: i["status"] for i in doc["items"] if i["gate"] == "correctness"}
     assert set(status.values()) == {"PASSED", "INCORRECT_NUMERICAL"}, result.stdout.str()
     assert any("b2/kernel.py" in n and s == "INCORRECT_NUMERICAL" for n, s in status.items())
     assert result.ret == 3 and doc["exit_code"] == 3 and doc["loop"]["exit_code"] == 3
+    assert doc["status"] == "complete" and doc["loop"]["stage"] == "hardware"
     by = {b["branch"]: b for b in doc["loop"]["branches"]}
     assert (by["b1"]["stage"], by["b2"]["stage"], by["b2"]["status"]) == ("hardware", "correctness",
                                                                           "INCORRECT_NUMERICAL")
     nxt = doc["loop"]["next"]
-    assert nxt["action"] == "write_and_close" and nxt["iteration"] == 1
-    assert nxt["command"][:4] == [sys.executable, "-m", "pytest", f"--kopt-run={run}"]
-    assert str(it / "branches" / "b2" / "kernel.py") in nxt["write"]
-    # the registries the methods come from, by the path this install keeps them at (a wheel's site-packages)
-    listed = [Path(r) for r in nxt["read"] if r.endswith("method_registry.json")]
-    assert len(listed) == 1 and listed[0].is_absolute() and listed[0].is_file()
-    assert not (run / "stop.json").exists() and loop.load_state(run)["run_status"] == "iterating"
+    assert nxt["action"] == "start_over" and nxt["requires"].startswith("a machine with an NVIDIA GPU")
+    assert nxt["command"][:4] == [sys.executable, "-m", "pytest", "--kopt-init"]
+    assert nxt["seeds_from"] == str(pytester.path / "k.py")  # nothing improved on the baseline yet
+    assert set(nxt["reuse"]) == {str(it / "methods.json"), str(it / "branches" / "b1" / "kernel.py"),
+                                 str(it / "branches" / "b2" / "kernel.py")}
+    stop = json.loads((run / "stop.json").read_text())
+    assert (stop["exit_code"], stop["stop_stage"]) == (3, "hardware") and "SKILL.md step 0" in stop["stop_reason"]
+    assert json.loads((run / "env.json").read_text())["generation_allowed"] is False
+    assert loop.load_state(run)["run_status"] == "stopped"
+    # the same command on an open run, with methods.json spoiled: the files are checked before the machine is
+    (pytester.path / "again").mkdir()
+    run, it = _cpu_run(pytester.path / "again")
     # a bad methods.json is a usage error naming the file and the rule
     (it / "methods.json").write_text(json.dumps(methods("memory.shared_memory_tiling", "memory.vectorized_access")))
     bad = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "bad.json")

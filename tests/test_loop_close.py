@@ -220,7 +220,8 @@ def _init(tmp_path: Path, records: list[GateRecord], roof: dict[str, Any]) -> tu
     (tmp_path / "ref.py").write_text(REF)
     run = st.new_run_dir(base)
     st.init_state(run, base, tmp_path / "ref.py", {"M": 64}, iterations=3, branches=4, ncu_num=5, noise_pct=2.0,
-                  numerics_mode="reference", seeds=[1], env={"sm_arch": "sm_90a", "can_read_counters": None})
+                  numerics_mode="reference", seeds=[1], env={"sm_arch": "sm_90a", "can_read_counters": None,
+                                                             "generation_allowed": True})
     out = tmp_path / "out"
     out.mkdir()
     (out / "bench.json").write_text(json.dumps({"timing_valid": True, "median_ms": 3.0}))

@@ -239,13 +239,15 @@ def test_next_command_carries_no_value_that_could_be_read_as_an_option(pytester:
     # the commands of a sound run: the flags, then each value in one --kopt-x=VALUE element
     from pytest_kopt.loop import view
     from pytest_kopt.loop.layout import RunLayout
+    from pytest_kopt.loop.runstate import State
 
     edit_state(run, lambda s: s.update(baseline_file=str(pytester.path / "k.py")))
     (pytester.path / "open").mkdir()
     open_run, _ = cpu_run(pytester.path / "open")
     start_over, close = loop.next_step(run)["command"], loop.next_step(open_run)["command"]
     assert start_over[3] == "--kopt-init" and close[3] == f"--kopt-run={open_run}"
-    for cmd in (start_over, close, view.run_command(RunLayout(open_run), open_run / "r.json", finalize=True)):
+    state = State.load(open_run)
+    for cmd in (start_over, close, view.run_command(RunLayout(open_run), open_run / "r.json", state, finalize=True)):
         values = [a for a in cmd[3:] if a not in ("--kopt-init", "--kopt-finalize", "-n", "4")]
         assert values and all(a.startswith("--kopt-") and "=" in a for a in values), cmd
 

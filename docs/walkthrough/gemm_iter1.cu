@@ -1,4 +1,4 @@
-// Walkthrough, SGEMM iteration 1 (docs/loop-walkthrough.md): C[M,N] = A[M,K] @ B[K,N], fp32, row-major.
+// Walkthrough, SGEMM iteration 1 (docs/walkthrough/typed-2026-12-02.md): C[M,N] = A[M,K] @ B[K,N], fp32, row-major.
 // Methods: memory.shared_memory_tiling (USE_SMEM: BM x BK of A and BK x BN of B staged in shared memory per step of
 // K) and compute.register_tiling (each thread accumulates a TM x TN tile of C in registers). A branch is a choice
 // of tile sizes; an ablation turns one method off (USE_SMEM 0: the same register tile fed from global memory;

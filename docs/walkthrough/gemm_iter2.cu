@@ -1,4 +1,4 @@
-// Walkthrough, SGEMM iterations 2 and 3 (docs/loop-walkthrough.md): C[M,N] = A[M,K] @ B[K,N], fp32, row-major,
+// Walkthrough, SGEMM iterations 2 and 3 (docs/walkthrough/typed-2026-12-02.md): C[M,N] = A[M,K] @ B[K,N], fp32, row-major,
 // on iteration 1's shared-memory and register tiles. Methods, each a switch:
 //   VEC     memory.vectorized_access: tiles loaded from global memory as float4 (LDG.E.128), register fragments
 //           read from shared memory as float4 (LDS.128)

@@ -1,4 +1,4 @@
-// Walkthrough, layer norm iteration 1 (docs/loop-walkthrough.md): y = (x - mean) / sqrt(var + eps) * w + b per row
+// Walkthrough, layer norm iteration 1 (docs/walkthrough/typed-2026-12-02.md): y = (x - mean) / sqrt(var + eps) * w + b per row
 // of x[M, N], fp32. Methods: memory.coalescing (T threads share a row and step through it together, so a warp
 // reads 32 consecutive floats; COALESCED 0 gives each thread its own contiguous chunk of the row instead) and
 // latency.warp_shuffle (the row's sums reduced with __shfl_xor_sync inside each warp, then across warps through

@@ -1,4 +1,4 @@
-// Walkthrough, layer norm iterations 2 and 3 (docs/loop-walkthrough.md), on iteration 1's coalesced row split and
+// Walkthrough, layer norm iterations 2 and 3 (docs/walkthrough/typed-2026-12-02.md), on iteration 1's coalesced row split and
 // warp-shuffle reductions. Methods, each a switch:
 //   SMEM_ROW  memory.shared_memory_tiling: the row is read from global memory once, staged in shared memory, and the
 //             variance and output passes read it there (0: three passes over global memory)

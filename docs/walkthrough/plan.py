@@ -1,5 +1,5 @@
 """The walkthrough agent's branches and ablations, written from a template and per-branch macros
-(docs/loop-walkthrough.md). ``python3 docs/walkthrough/plan.py NAME ITER OUT [REPORT]`` writes ``OUT/iterv<ITER>/``
+(docs/walkthrough/typed-2026-12-02.md). ``python3 docs/walkthrough/plan.py NAME ITER OUT [REPORT]`` writes ``OUT/iterv<ITER>/``
 (iteration 1 as planned from the baseline; iterations 2 and 3 chosen by :func:`choose` from the last report):
 ``methods.json``, ``branches/b<k>/kernel.cu`` and, for every branch as possible champion,
 ``<branch>/<method>/kernel.cu`` (that branch without the method), which benchmarks/walk_agent.py copies to the

@@ -2,7 +2,8 @@
 include folders, nvcc's diagnostics as ``file:line`` and the content-addressed build of a shared library.
 
 The cache key covers the source, every local header it includes (recursively), nvcc and its version, the flags, the
-arch and (CUTLASS) the headers' version (SKILL.md's build manifest). A ``filelock`` per key lets parallel xdist
+arch and (CUTLASS) the headers' version: ``cutlass/version.h``'s hash and the wheel's version (SKILL.md's build
+manifest). A ``filelock`` per key lets parallel xdist
 workers share builds.
 """
 
@@ -92,6 +93,40 @@ def format_nvcc_errors(log: str, source: Path, display: str) -> str:
     return _NVCC_DIAG_RE.sub(repl, log)
 
 
+def cutlass_headers(include_dirs: tuple[Path, ...]) -> dict[str, str | None]:
+    """What identifies the CUTLASS headers a build includes (SKILL.md: the build manifest covers the include
+    inputs): the SHA-256 of ``cutlass/version.h`` (its ``CUTLASS_MAJOR/MINOR/PATCH``; ``cutlass/cutlass.h`` where
+    there is none) in the first include folder, and the ``nvidia-cutlass`` wheel's version when one is installed.
+    Two CUTLASS releases at one path (a checkout moved to another tag, a wheel upgraded in place) get different
+    keys; the folders' paths alone did not tell them apart."""
+    import hashlib
+    from importlib import metadata
+
+    digest = None
+    for name in ("version.h", "cutlass.h"):
+        f = include_dirs[0] / "cutlass" / name if include_dirs else None
+        if f is not None and f.is_file():
+            digest = f"{name}:{hashlib.sha256(f.read_bytes()).hexdigest()}"
+            break
+    try:
+        wheel: str | None = metadata.version("nvidia-cutlass")
+    except metadata.PackageNotFoundError:
+        wheel = None
+    return {"header": digest, "wheel": wheel}
+
+
+def build_parts(nvcc_version: str | None, arch: str, cutlass: bool, include_dirs: tuple[Path, ...]) -> dict:
+    """What a build's cache key covers besides the sources (:func:`pytest_kopt.gates.build.cache_key`): the build
+    schema, nvcc's version, the arch, the shim, the flags, and for CUTLASS the include folders and their headers'
+    identity (:func:`cutlass_headers`). A plain CUDA build's parts are unchanged, so its cached builds stay valid."""
+    parts = {"schema": BUILD_SCHEMA, "nvcc": nvcc_version, "arch": arch, "shim": SHIM, "cutlass": cutlass,
+             "include_dirs": [str(d) for d in include_dirs],
+             "flags": nvcc_command("nvcc", Path("s.cu"), Path("shim.cu"), Path("o.so"), arch, (), cutlass)}
+    if cutlass:
+        parts["cutlass_headers"] = cutlass_headers(include_dirs)
+    return parts
+
+
 def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc_version: str | None,
                cutlass: bool, timeout_s: float = 600.0, display: str | None = None) -> BuildResult:
     """Build ``source`` (+ the shim) into ``<cache_root>/<key>/kernel.so``, or reuse a matching build.
@@ -105,9 +140,7 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
                             fix="install the CUDA toolkit or put nvcc on PATH")
     include_dirs = cutlass_include_dirs() if cutlass else ()
     headers = local_headers(source, include_dirs=())
-    parts = {"schema": BUILD_SCHEMA, "nvcc": nvcc_version, "arch": arch, "shim": SHIM, "cutlass": cutlass,
-             "include_dirs": [str(d) for d in include_dirs],
-             "flags": nvcc_command("nvcc", Path("s.cu"), Path("shim.cu"), Path("o.so"), arch, (), cutlass)}
+    parts = build_parts(nvcc_version, arch, cutlass, include_dirs)
     key = cache_key(parts, [source, *headers])
     folder = cache_root / key
     folder.mkdir(parents=True, exist_ok=True)

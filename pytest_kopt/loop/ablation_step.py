@@ -21,12 +21,15 @@ from .written import Written
 
 
 def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Written, records: list[GateRecord],
-                  ctx_for: Callable[[Path], Context], finalize: bool) -> StepResult:
+                  ctx_for: Callable[[Path], Context], finalize: bool, finish: str | None = None,
+                  steps: list[dict[str, Any]] | None = None) -> StepResult:
     """Conclude the close on the claims its branch step judged (``pending.methods``;
     :func:`~pytest_kopt.loop.overrides.run_overrides` refuses a methods.json edited since). An ablation that could
     not run its GPU gates here leaves the step open (exit 3); a champion judged again (no ablation written) that
     now fails a strict gate stops the run (exit 2). ``state``, ``pending`` and ``found`` are
-    :func:`~pytest_kopt.loop.overrides.load_open_run`'s: the champion is the kernel the branch step judged."""
+    :func:`~pytest_kopt.loop.overrides.load_open_run`'s: the champion is the kernel the branch step judged.
+    ``finish`` (this step's methods.json) or the branch step's ends the run after the close; ``steps``: the machine
+    this step ran on, after the branch step's."""
     it = RunLayout.of(run_dir).iteration(pending.iter)
     champ = pending.champion
     methods = list(pending.methods)
@@ -37,7 +40,8 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
     if hw is not None:
         return StepResult(EXIT_HARDWARE, f"{it.name}: the ablation of {hw} could not run its GPU gates here "
                                          f"({fresh[hw]['message']}); the ablation step stays open: run the same "
-                                         "command where the GPU is", next_step(run_dir), ablations=fresh)
+                                         "command where the GPU is", next_step(run_dir), ablations=fresh,
+                          stage="hardware")
     crecs = for_kernel(records, Path(champion["kernel"]))
     table = ctx_for(Path(champion["kernel"])).gates
     block = blocker(crecs, table.branch_strict, table) if crecs else None
@@ -46,11 +50,12 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
         if where == "hardware":
             return StepResult(EXIT_HARDWARE, f"{it.name}: champion {champ} could not run its GPU gates here "
                                              f"({block.message}); run the same command where the GPU is",
-                              next_step(run_dir))
+                              next_step(run_dir), stage="hardware")
         st.stop_run(run_dir, f"champion {champ} failed {block.gate} when judged again in the ablation step: "
                     f"{block.message}", where, code)
         return StepResult(code, f"{it.name}: champion {champ} passed its gates in the branch step but failed "
-                                f"{block.gate} when judged again ({block.message}); run stopped", next_step(run_dir))
+                                f"{block.gate} when judged again ({block.message}); run stopped", next_step(run_dir),
+                          stage=where)
     judged = {**pending.ready, **fresh}
     why = {m: f"ablation built from {found.bases.get(m, 'b1')}, champion is {champ}"
            for m in methods if m not in judged and m in found.ablations}
@@ -60,7 +65,7 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
         decision = same_gpu_decision(it.decision_ablations, BestSoFar.of(state), cres, ab_kernels, ctx_for)
     except KoptError as exc:
         st.stop_run(run_dir, f"re-timing the ablations on one GPU failed: {exc.message}", "timing", exc.exit_code)
-        return StepResult(exc.exit_code, f"{it.name}: {exc.message}", next_step(run_dir))
+        return StepResult(exc.exit_code, f"{it.name}: {exc.message}", next_step(run_dir), stage="timing")
     if decision is not None:
         champion["median_ms"] = cres[0]["median_ms"]
     retimed: dict[str, Any] = (decision or {}).get("retimed_ms", {})
@@ -69,6 +74,7 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
                            methods=methods, ab_ms=ab_ms, judged=judged, champion_ctx=ctx_for(Path(champion["kernel"])),
                            why=why, decision=pending.decision, ablation_decision=decision,
                            best_ms_now=retimed.get("best", pending.best_ms_now), champion_bench=pending.champion_bench,
-                           finalize=finalize or pending.finalize, not_written=list(found.not_written)))
+                           finalize=finalize or pending.finalize, finish=finish or pending.finish,
+                           not_written=list(found.not_written), steps=[*pending.steps, *(steps or [])]))
     State.update(run_dir, ablation_step=None)
     return out

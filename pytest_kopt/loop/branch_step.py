@@ -166,13 +166,15 @@ def same_gpu_decision(record: Path, best: BestSoFar, results: list[dict[str, Any
 
 
 def branch_step(run_dir: Path, state: State, found: Written, methods: list[str], records: list[GateRecord],
-                ctx_for: Callable[[Path], Context], finalize: bool) -> StepResult | Closing:
+                ctx_for: Callable[[Path], Context], finalize: bool, finish: str | None = None,
+                steps: list[dict[str, Any]] | None = None) -> StepResult | Closing:
     """The close's first step: judge the branches and the ablations written with them, pick the champion (from
     times of one GPU where needed), profile it (:func:`pytest_kopt.loop.conclude.profile_champion`). Returns the
     :class:`Closing` to conclude on when every claimed method has an ablation of the champion, else the step's
-    result: exit 3 (a branch could not run its GPU gates here: the iteration stays open), 2 (every branch failed:
-    the run stops), or 0 with ``write_ablations`` (the champion's ablations are asked for, the state keeps the
-    step as ``ablation_step``)."""
+    result: exit 3 (a branch could not run its GPU gates here on a machine that allows generation, say its kind's
+    tool is missing: the iteration stays open), 2 (every branch failed: the run stops), or 0 with
+    ``write_ablations`` (the champion's ablations are asked for, the state keeps the step as ``ablation_step``).
+    ``finish``: the agent's reason to end the run after this close; ``steps``: the machine this step ran on."""
     from .conclude import profile_champion
 
     i = int(state.open_iter or 0)
@@ -187,21 +189,21 @@ def branch_step(run_dir: Path, state: State, found: Written, methods: list[str],
         return StepResult(EXIT_HARDWARE, f"{it.name}: {hw['branch']} could not run its GPU gates here "
                                          f"({hw['message']}); the iteration stays open: run --kopt-run again "
                                          "where the GPU is", next_step(run_dir), branches=results,
-                          not_written=not_written)
+                          not_written=not_written, stage="hardware")
     ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
     try:
         decision = same_gpu_decision(it.decision, BestSoFar.of(state), results, ab_kernels, ctx_for)
     except KoptError as exc:
         st.stop_run(run_dir, f"re-timing the finalists on one GPU failed: {exc.message}", "timing", exc.exit_code)
         return StepResult(exc.exit_code, f"{it.name}: the finalists could not be re-timed on one GPU: {exc.message}",
-                          next_step(run_dir))
+                          next_step(run_dir), stage="timing")
     ab_gate_ms = {m: judged[m]["median_ms"] if m in judged else None for m in methods}
     champion, ab_ms, best_ms_now = decisions.decided(results, ab_gate_ms, decision)
     if champion is None:
         BranchResults(iter=i, branches=results, champion=None, not_written=not_written).save(it.branch_results)
         st.stop_run(run_dir, "all branches failed a strict gate", "branch_explore", EXIT_KERNEL, results)
         return StepResult(EXIT_KERNEL, f"{it.name}: every branch failed a strict gate; run stopped",
-                          next_step(run_dir), branches=results, not_written=not_written)
+                          next_step(run_dir), branches=results, not_written=not_written, stage="branch_explore")
     cctx = ctx_for(Path(champion["kernel"]))
     failed = profile_champion(run_dir, it, cctx, state, champion["branch"])
     if failed is not None:
@@ -210,32 +212,30 @@ def branch_step(run_dir: Path, state: State, found: Written, methods: list[str],
     if not needed:
         return Closing(run_dir=run_dir, i=i, results=results, champion=champion, methods=methods, ab_ms=ab_ms,
                        judged=judged, champion_ctx=cctx, decision=decision, best_ms_now=best_ms_now,
-                       finalize=finalize, not_written=list(found.not_written))
-    return _ask_for_ablations(run_dir, it, results, champion, cctx, methods, judged, needed, decision,
-                              best_ms_now, finalize, not_written)
+                       finalize=finalize, finish=finish, not_written=list(found.not_written), steps=list(steps or []))
+    step = AblationStep(iter=it.index, champion=champion["branch"], champion_kernel=champion["kernel"],
+                        champion_sha256=str(file_sha256(Path(champion["kernel"]))), champion_ms=champion["median_ms"],
+                        champion_bench=read_dict(cctx.outdir / BENCH), methods=methods, needed=needed,
+                        ready={m: a for m, a in judged.items() if m not in needed}, best_ms_now=best_ms_now,
+                        results=results, decision=decision, finalize=finalize, finish=finish,
+                        steps=list(steps or []))
+    return _ask_for_ablations(run_dir, it, step, judged, not_written)
 
 
-def _ask_for_ablations(run_dir: Path, it: IterationLayout, results: list[dict[str, Any]],
-                       champion: Mapping[str, Any], cctx: Context, methods: list[str],
-                       judged: dict[str, dict[str, Any]], needed: list[str], decision: dict[str, Any] | None,
-                       best_ms_now: float | None, finalize: bool, not_written: list[str] | None) -> StepResult:
-    """Keep the branch step in the state (``ablation_step``: what the second step concludes on) and ask for the
-    champion's ablations of ``needed`` at named paths (their folders made, so they can be written as named)."""
-    for m in needed:
+def _ask_for_ablations(run_dir: Path, it: IterationLayout, step: AblationStep, judged: dict[str, dict[str, Any]],
+                       not_written: list[str] | None) -> StepResult:
+    """Keep the branch step in the state (``step``: what the second step concludes on) and ask for the champion's
+    ablations of ``step.needed`` at named paths (their folders made, so they can be written as named)."""
+    for m in step.needed:
         it.ablation_dir(m).mkdir(parents=True, exist_ok=True)
-    kernel = Path(champion["kernel"])
-    step = AblationStep(iter=it.index, champion=champion["branch"], champion_kernel=str(kernel),
-                        champion_sha256=str(file_sha256(kernel)), champion_ms=champion["median_ms"],
-                        champion_bench=read_dict(cctx.outdir / BENCH),
-                        methods=methods, needed=needed, ready={m: a for m, a in judged.items() if m not in needed},
-                        best_ms_now=best_ms_now, results=results, decision=decision, finalize=finalize)
     State.update(run_dir, ablation_step=step)
-    BranchResults(iter=it.index, branches=results, champion=champion["branch"], decision=decision,
-                  awaiting_ablations=needed, not_written=not_written).save(it.branch_results)
-    stale = {m: judged[m]["base"] for m in needed if m in judged}
-    return StepResult(EXIT_OK, f"{it.name}: champion {champion['branch']} {champion['median_ms']:.4f} ms; write its "
-                               f"ablation for {', '.join(needed)} (base {champion['branch']}) and run the same "
-                               "command again to conclude the iteration", next_step(run_dir), iteration=it.index,
-                      branches=results, champion=champion["branch"], champion_ms=champion["median_ms"],
-                      ablations=judged, ablations_needed=needed, stale_ablations=stale,
-                      failed_branches=[r["branch"] for r in results if not r["passed"]], not_written=not_written)
+    BranchResults(iter=it.index, branches=step.results, champion=step.champion, decision=step.decision,
+                  awaiting_ablations=step.needed, not_written=not_written).save(it.branch_results)
+    stale = {m: judged[m]["base"] for m in step.needed if m in judged}
+    return StepResult(EXIT_OK, f"{it.name}: champion {step.champion} {step.champion_ms:.4f} ms; write its ablation for "
+                               f"{', '.join(step.needed)} (base {step.champion}) and run the same command again to "
+                               "conclude the iteration", next_step(run_dir), stage="branch_explore",
+                      iteration=it.index, branches=step.results, champion=step.champion,
+                      champion_ms=step.champion_ms, ablations=judged, ablations_needed=step.needed,
+                      stale_ablations=stale, failed_branches=[r["branch"] for r in step.results if not r["passed"]],
+                      not_written=not_written)

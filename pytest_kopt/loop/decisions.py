@@ -160,3 +160,47 @@ def decided(results: list[dict[str, Any]], ab_gate_ms: Mapping[str, float | None
     retimed = (decision or {}).get("retimed_ms", {})
     ab_ms = {m: (retimed.get(f"ablations/{m}", ms) if ms is not None else None) for m, ms in ab_gate_ms.items()}
     return champion, ab_ms, retimed.get("best")
+
+
+#: The residual's label wherever it is shown (attribution.json, the report, summary.md): the part of an iteration's
+#: gain that no claimed method's ablation accounts for (an algorithm change, hyperparameters, interactions).
+RESIDUAL_LABEL = "not explained by any method"
+
+
+def residual(previous_best_ms: float | None, champion_ms: float,
+             attr: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What an iteration's ablations leave unexplained (SKILL.md 3h attributes each method alone; the rest of the
+    gain is here). ``gain_ms`` = ``previous_best_ms`` - ``champion_ms`` (ms; the best the improvement test compared
+    against, re-timed where the close re-timed it), ``explained_ms`` = the sum of the conclusive attributions
+    (``attribution_ms`` of each method whose ablation was judged, negative ones included), ``residual_ms`` = gain -
+    explained. Percentages: ``gain_pct`` of the previous best; ``explained_pct_of_gain`` and
+    ``residual_pct_of_gain`` of the gain (None when there is no gain to share out). ``inconclusive``: the methods
+    whose attribution is missing; what they did is inside the residual. None without a previous best."""
+    if previous_best_ms is None or not previous_best_ms > 0:
+        return None
+    gain = previous_best_ms - champion_ms
+    counted = {m: a["attribution_ms"] for m, a in attr.items() if a.get("attribution_ms") is not None}
+    explained = float(sum(counted.values()))
+    rest = gain - explained
+
+    def share(x: float) -> float | None:
+        return 100.0 * x / gain if gain > 0 else None
+
+    return {"previous_best_ms": previous_best_ms, "champion_ms": champion_ms, "gain_ms": gain,
+            "gain_pct": 100.0 * gain / previous_best_ms, "explained_ms": explained, "residual_ms": rest,
+            "explained_pct_of_gain": share(explained), "residual_pct_of_gain": share(rest),
+            "methods_counted": sorted(counted), "inconclusive": sorted(set(attr) - set(counted)),
+            "label": RESIDUAL_LABEL}
+
+
+#: The buckets whose verdict is conclusive: both the ablation and the SASS check said something (SKILL.md 3j).
+CONCLUSIVE = ("effective", "ineffective", "implementation_failed")
+
+
+def verified(verdicts: Mapping[str, str]) -> bool:
+    """SKILL.md's verified iteration: its close concluded (the champion passed every strict gate and was profiled
+    with the run's ncu bundle, or the close would have stopped the run) and at least one claimed method was
+    verified conclusively (effective, ineffective or implementation_failed). An iteration whose every method stayed
+    ``unverified`` (ablations inconclusive, no SASS signature, or the champion's SASS the best kernel's) verified
+    nothing, and "an unverified iteration never increments verified_iterations"."""
+    return any(v in CONCLUSIVE for v in verdicts.values())

@@ -114,6 +114,9 @@ class IterationLayout:
     decision_ablations = _At("decision_ablations.json")
     report = _At("report.json")
     report_ablations = _At("report_ablations.json")
+    # the machine each step of the close ran on (env.json of that step: pytest_kopt.loop.envs)
+    env = _At("env.json")
+    env_ablations = _At("env_ablations.json")
 
 
 @dataclass(frozen=True, slots=True)

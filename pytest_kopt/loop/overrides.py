@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import defaults, registry
+from .. import registry
 from ..artifacts import Roofline, read_dict
 from ..errors import ConfigError
 from . import pins, schema
@@ -52,9 +52,11 @@ def load_open_run(run_dir: Path) -> tuple[State, Written, dict[str, Any]]:
 
 def run_overrides(run_dir: Path) -> dict[str, Any]:
     """--kopt-run: the session's options from the run (the open iteration's branches and ablations as kernels,
-    the run's private copy of the reference, its dims, seeds and ncu set), as ``{"baseline", "candidate", "ref",
-    "dims", "seeds", "ncu_set", "_run_dir"}``. Raises ConfigError (exit 4) when the folder is not an open run or
-    any of its files is bad (see :func:`load_open_run`, :func:`check_methods`)."""
+    the run's private copy of the reference, its dims, seeds, ncu set and ``ncu_num``), as ``{"baseline",
+    "candidate", "ref", "dims", "seeds", "ncu_set", "ncu_num", "_run_dir"}``. A methods.json that only finishes the
+    run (:mod:`pytest_kopt.loop.finish`) names the best kernel so far as the session's kernel, which the loop's
+    plugin then leaves unjudged. Raises ConfigError (exit 4) when the folder is not an open run or any of its files
+    is bad (see :func:`load_open_run`, :func:`check_methods`)."""
     try:
         state, found, methods = load_open_run(run_dir)
     except (OSError, UnicodeError) as exc:  # a file that vanished or cannot be read between the checks
@@ -62,6 +64,11 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
                                 fix="check the run directory's files and permissions") from None
     i = int(state.open_iter or 0)
     it = RunLayout.of(run_dir).iteration(i)
+    common = {"ncu_set": state.ncu_set, "ncu_num": state.ncu_num, "ref": state.ref_file,
+              "dims": json.dumps(state.dims), "seeds": ",".join(str(int(s)) for s in state.validation_seeds),
+              "_run_dir": str(run_dir)}
+    if finishes_now(state, methods):
+        return {**common, "baseline": state.best_file, "candidate": []}
     if not found.branches:
         raise schema.loop_error(f"--kopt-run: {it.branches_dir}/b*/ hold no kernel.cu or kernel.py",
                                 [f"{it.branch_dir(b)}: no kernel.cu or kernel.py" for b in found.not_written],
@@ -76,21 +83,28 @@ def run_overrides(run_dir: Path) -> dict[str, Any]:
                                     [f"methods.json claims {now}; the branches were judged under {pending.methods}"],
                                     path=it.methods, gate="methods",
                                     fix="restore methods.json as it was: the ablation step concludes on the claims "
-                                        "the branches were judged under")
+                                        "the branches were judged under (to end the run after this close, keep "
+                                        'them and add "finish": "<why>")')
         # the second step of a close judges only the champion's ablations (the branches were judged in the first);
         # with none written, the champion itself, so that the session has a kernel and the step concludes
         ids = set(now)
         kernels = [k for m, k in found.ablations.items() if m in ids and m in pending.needed
                    and found.bases[m] == pending.champion] or [Path(pending.champion_kernel)]
-    return {"ncu_set": state.ncu_set, "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]],
-            "ref": state.ref_file, "dims": json.dumps(state.dims),
-            "seeds": ",".join(str(int(s)) for s in state.validation_seeds), "_run_dir": str(run_dir)}
+    return {**common, "baseline": str(kernels[0]), "candidate": [str(k) for k in kernels[1:]]}
 
 
-def check_methods(state: State, it: Path, methods: dict[str, Any]) -> None:
+def finishes_now(state: State, methods: dict[str, Any]) -> bool:
+    """True when methods.json ends the run now: ``finish`` with no method, and no close waiting for ablations
+    (:mod:`pytest_kopt.loop.finish`)."""
+    return bool(methods.get("finish")) and not methods.get("methods") and state.pending is None
+
+
+def check_methods(state: State, it: Path, methods: dict[str, Any], arch: str | None = None) -> None:
     """methods.json against the registry, the iteration's axis budget (``roofline.json``), the method history
-    (methods selected in earlier iterations) and the iteration's ncu evidence (SKILL.md 3c). Raises ConfigError
-    (gate ``methods``) listing each broken rule, with its fields in ``figures["problem_details"]``."""
+    (methods selected in earlier iterations), the iteration's ncu evidence (SKILL.md 3c) and, with ``arch``, the
+    target the step builds for (None at configure: the step's machine is not probed yet; the step's end checks it
+    with that machine's arch). Raises ConfigError (gate ``methods``) listing each broken rule, with its fields in
+    ``figures["problem_details"]``."""
     i = int(state.open_iter or 0)
     path = it / "methods.json"
     roof = Roofline.load(it)
@@ -102,7 +116,6 @@ def check_methods(state: State, it: Path, methods: dict[str, Any]) -> None:
         raise schema.loop_error(f"{it / 'roofline.json'} is not the iteration's evidence as pytest-kopt wrote it",
                                 bad, path=it / "roofline.json",
                                 fix="restore roofline.json (the iteration's evidence is not the agent's to edit)")
-    arch = str(state.env.get("sm_arch") or defaults.ARCH)
     top = read_dict(it / "ncu_top.json") or {}
     launches = top.get("launches") if isinstance(top.get("launches"), list) else []
     metrics = top.get("metrics") if isinstance(top.get("metrics"), dict) else {}
@@ -119,4 +132,4 @@ def check_methods(state: State, it: Path, methods: dict[str, Any]) -> None:
                           fix=f"follow the axis budget in roofline.json and {registry.path(registry.METHODS)}")
 
 
-__all__ = ["METHODS_FIX", "check_methods", "load_open_run", "run_overrides"]
+__all__ = ["METHODS_FIX", "check_methods", "finishes_now", "load_open_run", "run_overrides"]

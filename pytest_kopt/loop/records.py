@@ -94,8 +94,8 @@ _record = dataclasses.dataclass(frozen=True, slots=True)
 @_record
 class Stop(Record):
     """``stop.json`` (SKILL.md: every failure after the state exists writes it): ``stop_reason``, ``stop_stage``,
-    ``exit_code`` (2, 3 or 4), ``details`` (the branch results of a validation stop, or None), ``time`` (ISO
-    8601, seconds)."""
+    ``exit_code`` (2, 3 or 4; 0 for a run the agent finished on purpose, ``stop_stage`` ``finish``), ``details``
+    (the branch results of a validation stop, or None), ``time`` (ISO 8601, seconds)."""
 
     KIND: ClassVar[str] = "stop"
     stop_reason: str
@@ -112,13 +112,17 @@ class Stop(Record):
 
 @_record
 class Attribution(Record):
-    """``attribution.json`` (SKILL.md 3h): the champion's median (ms), the noise threshold (%), and per method
-    ``ms_without``, ``attribution_ms``, ``attribution_pct``, ``contributed`` (None: inconclusive) and ``reason``."""
+    """``attribution.json`` (SKILL.md 3h): the champion's median (ms), the noise threshold (%), per method
+    ``ms_without``, ``attribution_ms``, ``attribution_pct``, ``contributed`` (None: inconclusive) and ``reason``,
+    and the ``residual``: the iteration's gain that no method's ablation explains
+    (:func:`pytest_kopt.loop.decisions.residual`; None without a best to compare against)."""
 
     KIND: ClassVar[str] = "attribution"
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"residual"})
     champion_ms: float
     noise_threshold_pct: float
     methods: dict[str, dict[str, Any]]
+    residual: dict[str, Any] | None = None
 
 
 @_record

@@ -34,7 +34,8 @@ class AblationStep(Record):
     judged), ``champion_ms`` (ms), ``champion_bench`` (its bench.json then), ``methods`` (the claims the branches
     were judged under), ``needed`` (the methods whose ablation of the champion is asked for), ``ready`` (the
     ablations already usable), ``best_ms_now`` (the best so far, re-timed beside the champion, or None),
-    ``results`` (every branch), ``decision`` (the first step's same-GPU decision), ``finalize``."""
+    ``results`` (every branch), ``decision`` (the first step's same-GPU decision), ``finalize``, ``finish`` (the
+    agent's reason to end the run after the close, or None) and ``steps`` (the machine the branch step ran on)."""
 
     KIND: ClassVar[str] = "ablation_step"
     iter: int
@@ -50,6 +51,8 @@ class AblationStep(Record):
     champion_bench: dict[str, Any] | None = None
     best_ms_now: float | None = None
     decision: dict[str, Any] | None = None
+    finish: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
     def champion_problem(self) -> str | None:
         """None while the champion's kernel is the one the first step judged (its SHA-256), else why not."""

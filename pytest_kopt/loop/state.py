@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifacts import write_json, write_text
-from .decisions import classify, improved
-from .layout import RunLayout
+from . import analysis
+from .decisions import classify, improved, residual, verified
+from .layout import ITERATION_RE, RunLayout
 from .pins import pin_file, pin_reference, registry_hashes
 from .records import Attribution, BranchResults, SassCheck, Stop
 from .runstate import State
@@ -24,7 +25,7 @@ from .summary import render_summary
 from .view import PYTEST, next_step, run_view
 from .written import scan
 
-__all__ = ["PYTEST", "analysis_template", "close_iteration", "init_state", "iteration_kernels", "load_state",
+__all__ = ["PYTEST", "analysis_template", "run_home", "close_iteration", "init_state", "iteration_kernels", "load_state",
            "new_run_dir", "next_step", "open_iteration", "run_view", "save_state", "stop_run"]
 
 
@@ -40,13 +41,23 @@ def save_state(run_dir: Path, updates: Mapping[str, Any]) -> dict[str, Any]:
     return State.update(run_dir, **dict(updates)).to_json()
 
 
+def run_home(baseline: Path) -> Path:
+    """The folder a new run of ``baseline`` is made in: beside it, or, for a kernel of another run (its best kernel
+    ``iterv<i>/kernel.<ext>`` or its ``baseline/<name>`` copy, which ``start_over`` seeds from), beside that run,
+    never inside it."""
+    folder = baseline.parent
+    if (ITERATION_RE.match(folder.name) or folder.name == "baseline") and (folder.parent / "state.json").is_file():
+        return folder.parent.parent
+    return folder
+
+
 def new_run_dir(baseline: Path, now: _dt.datetime | None = None) -> Path:
-    """Create and return ``run_YYYYMMDD_HHMMSS/`` beside the baseline (a suffix ``_2``... when that name is
+    """Create and return ``run_YYYYMMDD_HHMMSS/`` in :func:`run_home` (a suffix ``_2``... when that name is
     taken: two set-ups in one second never share a folder, the folder is made atomically)."""
     stamp = (now or _dt.datetime.now()).strftime("run_%Y%m%d_%H%M%S")
     n = 1
     while True:
-        path = baseline.parent / (stamp if n == 1 else f"{stamp}_{n}")
+        path = run_home(baseline) / (stamp if n == 1 else f"{stamp}_{n}")
         try:
             path.mkdir()
             return path
@@ -58,7 +69,8 @@ def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any]
                branches: int, ncu_num: int, noise_pct: float, numerics_mode: str, seeds: list[int],
                env: Mapping[str, Any]) -> dict[str, Any]:
     """Seed the run: copy the baseline into ``baseline/`` and the reference (with the modules beside it that it
-    imports) into ``reference/`` (read-only; :mod:`pytest_kopt.loop.pins`), write ``env.json`` and SKILL.md's
+    imports) into ``reference/`` (read-only; :mod:`pytest_kopt.loop.pins`), write ``env.json`` (and
+    ``baseline/env.json``: the set-up's machine, which later steps' refreshes leave as it was) and SKILL.md's
     state (schema v5) with ``ref_file`` the reference's copy, ``ref_source`` the reference given, and the SHA-256
     of every copy and of the registries. Returns the state's JSON object. Raises OSError when a file cannot be
     copied."""
@@ -68,6 +80,7 @@ def init_state(run_dir: Path, baseline: Path, ref: Path, dims: Mapping[str, Any]
     pinned = pin_file(layout, baseline, copy)
     ref_copy, ref_pins = pin_reference(layout, ref)
     write_json(layout.env, dict(env))
+    write_json(layout.baseline_dir / "env.json", dict(env))  # the set-up's machine, kept when later steps refresh
     state = State(run_dir=str(run_dir), baseline_file=str(baseline), ref_file=str(ref_copy), ref_source=str(ref),
                   best_file=str(copy), env=dict(env), validation_seeds=list(seeds), dims=dict(dims),
                   iterations_total=iterations, ncu_num=ncu_num, branches=branches, noise_threshold_pct=noise_pct,
@@ -116,30 +129,32 @@ def open_iteration(run_dir: Path, i: int, *, ncu_rep: Path | None, roofline: Map
     if not it.analysis.exists():
         write_text(it.analysis, analysis_template(i, roofline, ncu_top, branches))
     state = State.load(run_dir)
-    kept = ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak", "axis_budget", "achieved_flops",
-            "arithmetic_intensity", "sol_pct_fp32")
-    state.replace({"open_iter": i, "run_status": "iterating",
-                   "roofline_history": [*state.roofline_history,
-                                        {"iter": i, **{k: roofline.get(k) for k in kept}}]}).save(run_dir)
+    history = list(state.roofline_history)
+    if not history:  # the run's first profile (the baseline's); every later one is a champion's, added at its close
+        history.append(roofline_entry(i, "best_input", roofline, layout.relative(evidence_of or state.best_file),
+                                      None))
+    state.replace({"open_iter": i, "run_status": "iterating", "roofline_history": history}).save(run_dir)
     return it.dir
 
 
+#: The roofline figures ``roofline_history`` keeps of each profile.
+ROOFLINE_KEPT = ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak", "axis_budget",
+                 "achieved_flops", "arithmetic_intensity", "sol_pct_fp32")
+
+
+def roofline_entry(i: int, profile: str, roofline: Mapping[str, Any], kernel: str,
+                   improved_best: bool | None) -> dict[str, Any]:
+    """One ``roofline_history`` entry: the gaps of ``kernel`` (a path in the run) as profiled for iteration ``i``:
+    ``profile`` ``best_input`` (the run's first profile, the baseline going into iteration 1) or ``champion`` (the
+    iteration's champion, at its close; ``improved`` says whether it became the best)."""
+    return {"iter": i, "profile": profile, "kernel": kernel, "improved": improved_best,
+            **{k: roofline.get(k) for k in ROOFLINE_KEPT}}
+
+
 def analysis_template(i: int, roofline: Mapping[str, Any], ncu_top: Mapping[str, Any], branches: int = 2) -> str:
-    """``iterv{i}/analysis.md`` as the agent finds it: the evidence (gaps, budget, top metrics) and the sections
-    to fill (SKILL.md 3c: selected methods with their evidence, skipped higher-priority methods and why)."""
-    b = roofline.get("axis_budget") or {}
-    lines = [f"# Iteration {i} analysis", "", "## Evidence (written by pytest-kopt)", "",
-             f"- gaps: Δc={roofline.get('delta_compute')}, Δm={roofline.get('delta_memory')}, "
-             f"Δl={roofline.get('delta_latency')} ({roofline.get('method')}); bound {roofline.get('bound')}",
-             f"- axis budget: compute {b.get('compute')}, memory {b.get('memory')}, latency {b.get('latency')}"]
-    for axis, rows in (ncu_top.get("top") or {}).items():
-        shown = ", ".join(f"{r['name']} {r['value']:.1f}{'%' if r['unit'].startswith('%') else ''}" for r in rows)
-        lines.append(f"- top {axis} metrics: {shown or '—'}")
-    lines += ["", "## Selected methods (ids from registries/method_registry.json; also in methods.json)", "",
-              "- ", "", "## Skipped higher-priority methods and why", "", "- ", "",
-              "## Branch plan (same methods, different hyperparameters)", "",
-              *(f"- b{k}: " for k in range(1, branches + 1)), ""]
-    return "\n".join(lines)
+    """``iterv{i}/analysis.md`` as the iteration opens (:func:`pytest_kopt.loop.analysis.template`; ``branches`` is
+    kept for callers of the older signature)."""
+    return analysis.template(i, roofline, ncu_top)
 
 
 def iteration_kernels(run_dir: Path, i: int) -> tuple[list[Path], dict[str, Path]]:
@@ -154,13 +169,17 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
                     champion_roofline: Mapping[str, Any] | None, champion_bench: Mapping[str, Any],
                     best_ms_now: float | None = None, decision: Mapping[str, Any] | None = None,
                     sass_detail: Mapping[str, Any] | None = None,
-                    not_written: list[str] | None = None) -> dict[str, Any]:
+                    not_written: list[str] | None = None,
+                    steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Write ``branch_results.json``, ``attribution.json``, ``sass_check.json``, ``bench.json`` and the champion's
     ``kernel.<ext>`` (pinned) into ``iterv{i}/``; update the method buckets, best, history and frontier (SKILL.md
     3j). ``best_ms_now`` (ms): the best kernel so far re-timed beside the champion on one GPU (a multi-GPU
     session's decision), used instead of the stored ``best_metric_ms`` for the improvement test; ``decision``:
     that re-timing's record, kept in ``branch_results.json`` and the history; ``not_written``: the branch folders
-    left empty. Returns the state's JSON object."""
+    left empty; ``steps``: the machine each step of the close ran on (:func:`pytest_kopt.loop.envs.step_record`).
+    ``attribution.json`` and the history carry the residual (:func:`~pytest_kopt.loop.decisions.residual`), the
+    history whether the iteration was verified (:func:`~pytest_kopt.loop.decisions.verified`) and the best it was
+    compared against; ``roofline_history`` gets the champion's gaps. Returns the state's JSON object."""
     layout = RunLayout.of(run_dir)
     it = layout.iteration(i)
     state = State.load(run_dir)
@@ -168,8 +187,6 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     BranchResults(iter=i, branches=list(results), champion=champion["branch"],
                   decision=dict(decision) if decision else None,
                   not_written=not_written or None).save(it.branch_results)
-    Attribution(champion_ms=champion["median_ms"], noise_threshold_pct=noise,
-                methods={m: dict(a) for m, a in attr.items()}).save(it.attribution)
     # status per method, and per method the opcodes looked for, found and missing (or why it cannot be shown)
     SassCheck(methods=dict(sass), evidence=dict(sass_detail or {})).save(it.sass_check)
     write_json(it.bench, dict(champion_bench))
@@ -190,6 +207,10 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
         buckets[bucket].append(m)
     best = state.best_metric_ms if best_ms_now is None else best_ms_now
     is_better = improved(champion["median_ms"], best, noise)
+    res = residual(best, champion["median_ms"], attr)
+    # the residual beside the methods' attributions, where an agent reads them
+    Attribution(champion_ms=champion["median_ms"], noise_threshold_pct=noise,
+                methods={m: dict(a) for m, a in attr.items()}, residual=res).save(it.attribution)
     updates: dict[str, Any] = {f"{b}_methods": v for b, v in buckets.items()}
     updates["selected_methods"] = list(dict.fromkeys([*state.selected_methods, *methods]))
     updates["pinned_sha256"] = {**state.pinned_sha256, **pinned}
@@ -202,12 +223,19 @@ def close_iteration(run_dir: Path, i: int, *, results: list[dict[str, Any]], cha
     frontier = [f for f in state.frontier if f.get("iter") != i]
     updates["frontier"] = [*frontier, *[{"iter": i, **r} for r in results
                                         if r["branch"] != champion["branch"] and r.get("passed")]]
-    updates["history"] = [*history, {
-        "iter": i, "champion": champion["branch"], "champion_ms": champion["median_ms"], "improved": is_better,
-        "previous_best_ms": best, "methods": methods, "verdicts": verdicts, "attribution": dict(attr),
-        "sass": dict(sass), "roofline": dict(champion_roofline or {}),
-        "same_sass_as_best": champion.get("same_sass_as_best"),
-        "decision_gpu": (decision or {}).get("gpu_uuid")}]
-    updates["verified_iterations"] = len(updates["history"])
-    updates["last_verified_iter"] = i
+    entry = {"iter": i, "champion": champion["branch"], "champion_ms": champion["median_ms"], "improved": is_better,
+             "previous_best_ms": best, "previous_best_source": "state" if best_ms_now is None else "re-timed",
+             "methods": methods, "verdicts": verdicts, "verified": verified(verdicts), "attribution": dict(attr),
+             "residual": res, "sass": dict(sass), "roofline": dict(champion_roofline or {}),
+             "same_sass_as_best": champion.get("same_sass_as_best"),
+             "decision_gpu": (decision or {}).get("gpu_uuid"), **({"steps": list(steps)} if steps else {})}
+    updates["history"] = [*history, entry]
+    # SKILL.md: an unverified iteration never increments verified_iterations
+    done = [h for h in updates["history"] if h.get("verified", True)]
+    updates["verified_iterations"] = len(done)
+    updates["last_verified_iter"] = max((int(h["iter"]) for h in done), default=0)
+    # the champion's own gaps (SKILL.md 3j appends the roofline at the update): the final champion's among them
+    kept_roof = [r for r in state.roofline_history if not (r.get("iter") == i and r.get("profile") == "champion")]
+    updates["roofline_history"] = [*kept_roof, roofline_entry(i, "champion", champion_roofline or {},
+                                                              layout.relative(it.kernel(src.suffix)), is_better)]
     return state.replace(updates).save(run_dir).to_json()

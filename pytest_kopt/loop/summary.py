@@ -25,7 +25,9 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
                      f"run {status}.")
     else:
         lines.append(f"**Run {status}.** Baseline {'%.4f ms' % base if base else 'not timed'}.")
-    if state.get("stop_reason"):
+    if state.get("completion") == "finished":
+        lines += ["", f"**Finished by the agent:** {state.get('stop_reason')}"]
+    elif state.get("stop_reason"):
         lines += ["", f"**Stopped** at `{state.get('stop_stage')}`: {state['stop_reason']}"]
     lines += ["", f"Dims: `{json.dumps(state.get('dims'))}`; seeds {state.get('validation_seeds')}; noise threshold "
                   f"{state.get('noise_threshold_pct')}%.", "", "## Roofline history", ""]
@@ -35,18 +37,22 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
 
     # a section with nothing yet (a run stopped at its set-up) says so in a sentence, not with an empty table
     if state.get("roofline_history"):
-        lines += ["| iter | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |", "|---|---|---|---|---|---|---|"]
+        lines += ["| iter | profile of | Δc | Δm | Δl | bound | budget c/m/l | % fp32 roofline |",
+                  "|---|---|---|---|---|---|---|---|"]
     else:
         lines.append("No iteration has been opened, so none has a roofline here (the baseline's, when it was "
                      "profiled, is `baseline/roofline.json`).")
     for r in state.get("roofline_history", []):
         b = r.get("axis_budget") or {}
-        lines.append(f"| {r['iter']} | {g(r.get('delta_compute'))} | {g(r.get('delta_memory'))} | "
+        what = ("the champion" if r.get("profile") == "champion" else "the best going in") + \
+            (f" `{r['kernel']}`" if r.get("kernel") else "")
+        lines.append(f"| {r['iter']} | {what} | {g(r.get('delta_compute'))} | {g(r.get('delta_memory'))} | "
                      f"{g(r.get('delta_latency'))} | {r.get('bound')} | {b.get('compute')}/{b.get('memory')}/"
                      f"{b.get('latency')} | {g(r.get('sol_pct_fp32'))} |")
     lines += ["", "## Iterations", ""]
     if state.get("history"):
-        lines += ["| iter | champion | ms | improved | methods (verdict, attribution %) |", "|---|---|---|---|---|"]
+        lines += ["| iter | champion | ms | against best ms | improved | verified | methods (verdict, attribution %) | "
+                  "residual: not explained by any method |", "|---|---|---|---|---|---|---|---|"]
     else:
         lines.append("No iteration has closed yet.")
     for h in state.get("history", []):
@@ -54,7 +60,8 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
                        for m in h["methods"])
         if h.get("same_sass_as_best"):
             ms += "; the champion's SASS is the best kernel's: no instruction changed"
-        lines.append(f"| {h['iter']} | {h['champion']} | {h['champion_ms']:.4f} | {h['improved']} | {ms} |")
+        lines.append(f"| {h['iter']} | {h['champion']} | {h['champion_ms']:.4f} | {g(h.get('previous_best_ms'))} | "
+                     f"{h['improved']} | {h.get('verified', '—')} | {ms} | {residual_text(h.get('residual'))} |")
     lines += ["", "## Methods", ""]
     buckets = ("effective", "ineffective", "implementation_failed", "unverified")
     if any(state.get(f"{b}_methods") for b in buckets):
@@ -72,6 +79,15 @@ def render_summary(state: Mapping[str, Any], run_dir: Path) -> str:
         if png.is_file():
             lines += ["", f"![{png.name}]({png.name})"]
     return "\n".join(lines) + "\n"
+
+
+def residual_text(res: Mapping[str, Any] | None) -> str:
+    """The residual of an iteration in a few words: ms of the gain and its share (—: none computed)."""
+    if not res:
+        return "—"
+    share = res.get("residual_pct_of_gain")
+    text = f"{res['residual_ms']:.4f} ms of a {res['gain_ms']:.4f} ms gain"
+    return text + (f" ({share:.1f}%)" if share is not None else "")
 
 
 def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
@@ -103,9 +119,11 @@ def plot_history(state: Mapping[str, Any], run_dir: Path) -> list[str]:
     rh = state.get("roofline_history", [])
     if rh:
         fig, ax = plt.subplots(figsize=(6, 3.5))
+        # the best going into iteration i is the state after i - 1 closes; a champion's, after its own close
+        xs = [r["iter"] if r.get("profile") == "champion" else r["iter"] - 1 for r in rh]
         for key, label in (("delta_compute", "Δc"), ("delta_memory", "Δm"), ("delta_latency", "Δl")):
-            ax.plot([r["iter"] for r in rh], [r.get(key) for r in rh], "o-", label=label)
-        ax.set_xlabel("iteration (profile of the best going in)")
+            ax.plot(xs, [r.get(key) for r in rh], "o-", label=label)
+        ax.set_xlabel("after iteration (0: the baseline)")
         ax.set_ylabel("gap")
         ax.set_ylim(0, 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

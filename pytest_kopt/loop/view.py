@@ -30,23 +30,34 @@ def option(flag: str, value: Any) -> str:
     return f"{flag}={value}"
 
 
-def run_command(layout: RunLayout, report: Path, *, finalize: bool = False) -> list[str]:
-    """The ``--kopt-run`` command of the run (``-n``: :data:`pytest_kopt.defaults.CLOSE_WORKERS`), its report at
-    ``report`` (last)."""
+def run_command(layout: RunLayout, report: Path, state: State, *, finalize: bool = False) -> list[str]:
+    """The ``--kopt-run`` command of the run (``-n``: :data:`pytest_kopt.defaults.CLOSE_WORKERS`) with the run's
+    ``ncu_num`` (the close uses the state's; a different ``--kopt-ncu-num`` is refused), its report at ``report``
+    (last)."""
     return [*PYTEST, option("--kopt-run", layout.root), "-n", str(defaults.CLOSE_WORKERS),
-            *(["--kopt-finalize"] if finalize else []), option("--kopt-json", report)]
+            option("--kopt-ncu-num", state.ncu_num), *(["--kopt-finalize"] if finalize else []),
+            option("--kopt-json", report)]
 
 
-def init_command(state: State) -> list[str]:
-    """The ``--kopt-init`` command that seeds a new run with everything this one was seeded with (the baseline
-    and the reference as given, dims, iterations, branches, noise, numerics mode), its report beside the baseline
-    as ``kopt-init.json``."""
-    base = Path(state.baseline_file)
-    return [*PYTEST, "--kopt-init", option("--kopt-baseline", base), option("--kopt-ref", state.ref_source),
-            option("--kopt-dims", json.dumps(state.dims)), option("--kopt-iterations", state.iterations_total),
-            option("--kopt-branches", state.branches), option("--kopt-noise", state.noise_threshold_pct),
-            option("--kopt-numerics-mode", state.numerics_mode),
-            option("--kopt-json", base.parent / "kopt-init.json")]
+def seed_of(state: State, layout: RunLayout) -> Path:
+    """The kernel a new run starts from: the best kernel so far (its copy in this run: ``iterv<i>/kernel.<ext>``)
+    once an iteration improved on the baseline, else the baseline as given to ``--kopt-init``."""
+    best = Path(state.best_file)
+    return best if best != layout.baseline_kernel(Path(state.baseline_file).name) and best.is_file() \
+        else Path(state.baseline_file)
+
+
+def init_command(state: State, layout: RunLayout | None = None) -> list[str]:
+    """The ``--kopt-init`` command that seeds a new run from this one's best kernel (:func:`seed_of`) with
+    everything else this one was seeded with (the reference as given, dims, iterations, branches, noise, numerics
+    mode, ncu_num); the new run is made beside this one (:func:`pytest_kopt.loop.state.run_home`), its report
+    there as ``kopt-init.json``."""
+    layout = layout or RunLayout.of(state.run_dir)
+    return [*PYTEST, "--kopt-init", option("--kopt-baseline", seed_of(state, layout)),
+            option("--kopt-ref", state.ref_source), option("--kopt-dims", json.dumps(state.dims)),
+            option("--kopt-iterations", state.iterations_total), option("--kopt-branches", state.branches),
+            option("--kopt-noise", state.noise_threshold_pct), option("--kopt-numerics-mode", state.numerics_mode),
+            option("--kopt-ncu-num", state.ncu_num), option("--kopt-json", layout.root.parent / "kopt-init.json")]
 
 
 def next_step(run_dir: Path) -> dict[str, Any]:
@@ -58,15 +69,23 @@ def next_step(run_dir: Path) -> dict[str, Any]:
       the axis ``budget``;
     - ``write_ablations`` after the first step of a close: the ``champion`` and, in ``ablations``, per method the
       ``kernel`` and ``base`` paths to write (``base`` holds the champion's name); the same command concludes;
-    - ``done`` once completed, ``start_over`` once stopped (the ``--kopt-init`` command that seeds a new run, its
-      report beside the baseline as ``kopt-init.json``); a stop for want of a GPU or tool (exit 3) says in
-      ``requires`` where the command can succeed: here it would stop the same way.
+    - ``done`` once completed (finished by the agent too: ``finish`` holds its reason), ``start_over`` once
+      stopped: the ``--kopt-init`` command that seeds a new run from the best kernel so far (``seeds_from``), its
+      report beside this run as ``kopt-init.json``, and in ``reuse`` the files the agent wrote into the iteration
+      the stop left (to write again into the new run's iteration 1 once it opens); a stop for want of a GPU or tool
+      (exit 3) says in ``requires`` where the command can succeed: here it would stop the same way.
+
+    In ``write`` only concrete paths: ``write_and_close`` lists methods.json and the branch kernels; the optional
+    ablations are in ``ablations`` (one entry per method methods.json claims, once it is written) and, as a
+    pattern, ``ablation_pattern``; ``finish`` says how to end the run instead.
 
     Raises the loop's ConfigError when the run's state is bad."""
     layout = RunLayout.of(run_dir)
     state = State.load(run_dir)
     if state.run_status == "completed":
-        return {"action": "done", "read": [str(layout.summary), str(layout.state)], "write": [], "command": None}
+        read = [str(layout.summary), str(layout.state), *([str(layout.stop)] if layout.stop.is_file() else [])]
+        return {"action": "done", "read": read, "write": [], "command": None,
+                **({"finish": state.stop_reason} if state.completion == "finished" else {})}
     i = state.open_iter
     if state.run_status == "stopped" or not i:
         stop = stop_record(run_dir)
@@ -76,8 +95,9 @@ def next_step(run_dir: Path) -> dict[str, Any]:
             where = ("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one stopped at "
                      f"{stop.stop_stage} ({state.stop_reason})")
         return {"action": "start_over", "reason": state.stop_reason, "requires": where,
+                "seeds_from": str(seed_of(state, layout)), "reuse": left_behind(layout),
                 "read": [str(layout.state), str(layout.stop), str(layout.summary)], "write": [],
-                "command": init_command(state)}
+                "command": init_command(state, layout)}
     it = layout.iteration(i)
     ext = Path(state.baseline_file).suffix
     pending = state.pending
@@ -91,7 +111,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                          str(it.champion_roofline)],
                 "write": [p for a in abl for p in (a["kernel"], a["base"])],
                 # the branch step's report stays as it was
-                "command": run_command(layout, it.report_ablations, finalize=pending.finalize)}
+                "command": run_command(layout, it.report_ablations, state, finalize=pending.finalize)}
     roof = read_dict(it.roofline) or {}
     top = read_dict(it.ncu_top) or {}
     rows = top.get("top") if isinstance(top.get("top"), dict) else {}
@@ -102,12 +122,49 @@ def next_step(run_dir: Path) -> dict[str, Any]:
                     for axis, v in rows.items()},
             "ablations_when": "optional here: written now with a base naming the eventual champion, the close takes "
                               "one step; otherwise the close asks for the champion's (action write_ablations)",
+            "ablations": [{"method": m, "kernel": str(it.ablation_dir(m) / f"kernel{ext}"), "base": str(it.base_file(m))}
+                          for m in claimed(it)],
+            "ablation_pattern": {"kernel": str(it.ablations_dir / "{method}" / f"kernel{ext}"),
+                                 "base": str(it.ablations_dir / "{method}" / "base")},
+            "finish": f'to end the run instead, write {{"finish": "<why>"}} into {it.methods} (beside "methods": '
+                      "after this close) and run the command",
+            "numerics_mode": state.numerics_mode,
             # the registries the methods come from, where this install keeps them (site-packages for a wheel)
             "read": [str(it.roofline), str(it.ncu_top), str(it.analysis), str(layout.state)]
             + [str(registry.path(n)) for n in (registry.METHODS, "optimization_catalog.md", "ncu_metrics_guide.md")],
-            "write": [str(it.methods), *(str(it.branch_dir(b) / f"kernel{ext}") for b in range(1, state.branches + 1)),
-                      str(it.ablation_dir("<method id>") / f"kernel{ext}"), str(it.base_file("<method id>"))],
-            "command": run_command(layout, it.report)}
+            # the same files by what they are
+            "files": {"roofline": str(it.roofline), "ncu_top": str(it.ncu_top), "analysis": str(it.analysis),
+                      "state": str(layout.state), "method_registry": str(registry.path(registry.METHODS)),
+                      "optimization_catalog": str(registry.path("optimization_catalog.md")),
+                      "ncu_metrics_guide": str(registry.path("ncu_metrics_guide.md"))},
+            "write": [str(it.methods), *(str(it.branch_dir(b) / f"kernel{ext}") for b in range(1, state.branches + 1))],
+            # the same paths by what they are, so an agent never takes a path apart
+            "methods_file": str(it.methods),
+            "branch_kernels": {f"b{b}": str(it.branch_dir(b) / f"kernel{ext}") for b in range(1, state.branches + 1)},
+            "command": run_command(layout, it.report, state)}
+
+
+def claimed(it: Any) -> list[str]:
+    """The method ids the iteration's methods.json claims, [] when it is not written or cannot be read (a view
+    never fails on it; the close validates it)."""
+    doc = read_dict(it.methods)
+    listed = doc.get("methods") if isinstance(doc, dict) else None
+    ids = [m if isinstance(m, str) else m.get("id") if isinstance(m, dict) else None for m in listed or []]
+    return [m for m in dict.fromkeys(ids) if isinstance(m, str) and m]
+
+
+def left_behind(layout: RunLayout) -> list[str]:
+    """The files the agent wrote into the last iteration a stopped run left (methods.json, branch and ablation
+    kernels), to write again into a new run's iteration 1; [] when there is none."""
+    # the iteration the stop left: the last one opened and not concluded (no attribution.json)
+    iters = [p for p in layout.root.glob("iterv*") if p.name.removeprefix("iterv").isdigit() and p.is_dir()
+             and not (p / "attribution.json").is_file()]
+    iters.sort(key=lambda p: int(p.name.removeprefix("iterv")))
+    if not iters:
+        return []
+    it = iters[-1]
+    found = [it / "methods.json", *sorted(it.glob("branches/b*/kernel.*")), *sorted(it.glob("ablations/*/kernel.*"))]
+    return [str(p) for p in found if p.is_file() and not p.is_symlink()]
 
 
 def run_view(run_dir: Path) -> dict[str, Any]:
@@ -115,9 +172,9 @@ def run_view(run_dir: Path) -> dict[str, Any]:
     (``iterating``, ``ablations`` while a close waits for the champion's ablations, ``completed``, ``stopped``),
     ``open_iter``, ``baseline_ms``, ``best_ms`` and ``best_file`` (the best kernel so far), ``verified_iterations``
     the method ``buckets`` (SKILL.md 3j: ``effective``, ``ineffective``, ``implementation_failed``,
-    ``unverified``, each a list of method ids, with each method's latest ``reasons``) and every
-    ``selected_methods`` so far (re-selecting one needs an ``override_reason``). {} when there is no valid
-    state."""
+    ``unverified``, each a list of method ids, with each method's latest ``reasons``), every ``selected_methods``
+    so far (re-selecting one needs an ``override_reason``), the run's ``numerics_mode`` and ``ncu_num``, its
+    ``completion`` and the ``machine`` of its latest step. {} when there is no valid state."""
     state = load_or_none(run_dir)
     if state is None:
         return {}
@@ -132,10 +189,15 @@ def run_view(run_dir: Path) -> dict[str, Any]:
             reasons[m] = (f"iterv{h['iter']}: {(h.get('verdicts') or {}).get(m)}; attribution "
                           f"{'inconclusive (' + str(a.get('reason')) + ')' if pct is None else f'{pct:.1f}%'}; "
                           f"SASS {sass}{same}")
+    gpu = state.env.get("gpu") or {}
     return {"phase": phase, "open_iter": state.open_iter, "baseline_ms": state.baseline_ms,
             "best_ms": state.best_metric_ms, "best_file": state.best_file,
-            "verified_iterations": state.verified_iterations, "buckets": state.buckets, "reasons": reasons,
-            "selected_methods": list(state.selected_methods)}
+            "verified_iterations": state.verified_iterations, "last_verified_iter": state.last_verified_iter,
+            "buckets": state.buckets, "reasons": reasons, "selected_methods": list(state.selected_methods),
+            "numerics_mode": state.numerics_mode, "ncu_num": state.ncu_num, "completion": state.completion,
+            # the machine of the run's latest step (env.json; each close's own is iterv<i>/env.json)
+            "machine": {"gpu": gpu.get("name"), "gpu_uuid": gpu.get("uuid"), "sm_arch": state.env.get("sm_arch"),
+                        "generation_allowed": state.generation_allowed}}
 
 
 def stop_record(run_dir: Path) -> Stop | None:

@@ -1,7 +1,8 @@
 """The loop concern, on the controller: ``--kopt-init`` seeds a run directory (its folder and state.json made at
 configure, before any gate writes into it; the baseline's step at the session's end), ``--kopt-run`` closes the
-open iteration at the session's end; in a close, the likely champions' profiles are started as their records
-arrive. Registered only in a loop session (pytest's ``stepwise`` pattern)."""
+open iteration at the session's end, or finishes the run without judging anything when methods.json says so; in a
+close, the likely champions' profiles are started as their records arrive. Registered only in a loop session
+(pytest's ``stepwise`` pattern)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from .. import defaults
 from ..loop import session as loop_session
 from ..loop import state as loop_state
 from ..loop.layout import is_branch_kernel
+from ..loop.schema import loop_error
 from .ledger import SessionOutcome
+from .options import raw, usage_error
 from .stash import SessionState
 
 #: (option name, help, metavar) and (flag, help) of this concern (:mod:`pytest_kopt.plugin.options` adds them).
@@ -25,7 +28,11 @@ OPTIONS = (
     ("noise", f"Loop: noise threshold in percent for improvement and attribution (default {defaults.NOISE_PCT:g})",
      "PCT"),
     ("numerics-mode", f"Loop: {', '.join(defaults.NUMERICS_MODES[:-1])} or {defaults.NUMERICS_MODES[-1]} (default "
-                      f"{defaults.NUMERICS_MODE})", "MODE"),
+                      f"{defaults.NUMERICS_MODE}; approximate admits tolerance-changing methods, every correctness "
+                      "check still runs)", "MODE"),
+    ("compile-jobs", "nvcc builds at once: auto (default; SKILL.md's: half the CPUs, at most 4, within the "
+                     "available memory less 2 GiB at 2 GiB a CUDA build and 4 GiB a CUTLASS one) or N; a build "
+                     "killed for want of memory is retried once, alone", "auto|N"),
 )
 FLAGS = (
     ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
@@ -50,6 +57,35 @@ class LoopPlugin:
     def __init__(self, config: pytest.Config, state: SessionState) -> None:
         self.config = config
         self.state = state
+        #: a --kopt-run whose methods.json only finishes the run: nothing is judged (pytest_kopt.loop.finish)
+        self.finishing = False
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """A close refuses an option --kopt-init fixed for the run, given with another value (a usage error, exit
+        4), and learns whether it finishes the run. (Registered during kopt's configure, this runs at once.)"""
+        settings = self.state.settings
+        if settings.loop_mode != "run" or settings.run_dir is None:
+            return
+        given = {name: raw(config, name) for name in loop_session.RUN_FIXED}
+        found = loop_session.fixed_option_problems(settings.run_dir, given)
+        if found:
+            raise usage_error(loop_error(f"--kopt-run {settings.run_dir}: an option differs from the run's", found,
+                                         path=settings.run_dir / "state.json", fix="leave the option out: a close "
+                                         "uses the values --kopt-init fixed for the run"), config)
+        self.finishing = loop_session.finishing(settings.run_dir)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """A finishing step judges no kernel: every item is deselected (the run's best kernel is the session's
+        kernel only so that the session runs)."""
+        if self.finishing and items:
+            config.hook.pytest_deselected(items=list(items))
+            items[:] = []
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        """A finishing step runs no item, here or on xdist's workers (their collection is never scheduled)."""
+        return True if self.finishing else None
 
     def on_record(self, record: Any) -> None:
         """In a close: a branch's record may start (or end) its profile ahead of the champion's."""
@@ -68,14 +104,16 @@ class LoopPlugin:
         loop's outcome (SKILL.md 0/2/3/4): a failing branch among passing ones is reported in the JSON's
         ``loop.branches``, not by the exit code."""
         settings = self.state.settings
-        if outcome.pytest_status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) \
-                or self.config.option.collectonly or settings.run_dir is None:
+        ran = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+        if self.finishing:  # nothing was collected or run on purpose
+            ran = (*ran, pytest.ExitCode.NO_TESTS_COLLECTED)
+        if outcome.pytest_status not in ran or self.config.option.collectonly or settings.run_dir is None:
             return
         ledger = outcome.ledger
         code = ledger.exit_code()
         self.state.ahead.wait_plotting()  # the close's charts: never two threads importing matplotlib
         result = self._step(ledger.records)
-        if session.exitstatus in (0, code) and not ledger.other_failures():
+        if self.finishing or (session.exitstatus in (0, code) and not ledger.other_failures()):
             session.exitstatus = int(result["exit_code"])
         outcome.loop = {**loop_state.run_view(settings.run_dir), **result, "run_dir": str(settings.run_dir),
                         "mode": settings.loop_mode}
@@ -91,4 +129,6 @@ class LoopPlugin:
         if settings.loop_mode == "init":
             assert settings.baseline is not None
             return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records).to_json()
-        return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize).to_json()
+        # this step's machine (the session's probe): recorded in the run, its generation_allowed and arch read
+        return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize, env=self.state.env,
+                                       arch=settings.arch).to_json()

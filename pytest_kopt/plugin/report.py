@@ -1,10 +1,15 @@
 """The report concern, on the controller (or the only process): every kopt item's report into the ledger, the
 session's exit code by SKILL.md's convention, the session-end steps of the other concerns in their order, and the
-``--kopt-json`` document (pytest's ``LogXML`` pattern: a class registered in ``pytest_configure``)."""
+``--kopt-json`` document (pytest's ``LogXML`` pattern: a class registered in ``pytest_configure``).
+
+The document is written twice: at the session's start with ``status`` ``running`` (so a step that crashes never
+leaves the previous step's report at its path, looking fresh), and at its end, ``complete``."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +48,38 @@ class ReportPlugin:
         self.concerns = concerns
         self.stdout_doc: str | None = None
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Write the report as ``running`` before anything is judged (a file path only: ``-`` prints one document,
+        at the end)."""
+        settings = self.state.settings
+        if settings.json_path and settings.json_path != "-":
+            self._save(self.running_document())
+
+    def running_document(self) -> dict[str, Any]:
+        """The ``--kopt-json`` document while the session runs: ``status`` ``running``, ``exit_code`` null, when
+        and by which process it started, the session's inputs and, in a loop step, the run as it stands with
+        ``stage`` ``running``."""
+        from .. import __version__
+        from ..loop import state as loop_state
+        from .ledger import JSON_SCHEMA_VERSION, finite
+
+        s = self.state.settings
+        started = _dt.datetime.now().isoformat(timespec="seconds")
+        loop = None
+        if s.loop_mode and s.run_dir is not None:
+            loop = {**loop_state.run_view(s.run_dir), "status": "running", "mode": s.loop_mode,
+                    "run_dir": str(s.run_dir), "exit_code": None, "stage": "running",
+                    "message": f"the {s.loop_mode} step started at {started} (pid {os.getpid()}) and has not ended; "
+                               "this report is rewritten when it does (status complete): one still running after "
+                               "that process ended is a step that crashed, to run again"}
+        return finite({"schema_version": JSON_SCHEMA_VERSION, "tool": "pytest-kopt", "version": __version__,
+                       "status": "running", "started": started, "pid": os.getpid(), "exit_code": None,
+                       "kernel": str(s.baseline), "ref": str(s.ref), "dims": s.dims,
+                       "shapes": list(s.shapes) or [s.dims], "seeds": list(s.seeds), "session_seed": s.session_seed,
+                       "env": self.state.env, "outdir": str(s.outdir), "items": [], "kernels": [],
+                       "comparisons": [], "loop": loop})
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep one record per kopt item, and show it to each concern."""
         ledger = self.outcome.ledger
@@ -75,12 +112,24 @@ class ReportPlugin:
         settings = self.state.settings
         doc = self.outcome.ledger.document(exit_code=int(session.exitstatus), settings=settings, env=self.state.env,
                                            comparisons=self.outcome.comparisons, loop=self.outcome.loop)
+        doc = {"status": "complete", **doc}
+        if isinstance(doc.get("loop"), dict):
+            doc["loop"] = {"status": "complete", **doc["loop"]}
         if settings.json_path == "-":
             self.stdout_doc = json.dumps(doc, default=str, allow_nan=False)  # printed last, in unconfigure
             return
+        self._save(doc)
+
+    def _save(self, doc: dict[str, Any]) -> None:
+        """Write ``doc`` to the ``--kopt-json`` path (its folder made), atomically: a reader never sees half of it.
+        A failure is kept for the terminal summary."""
+        settings = self.state.settings
         try:
-            Path(str(settings.json_path)).parent.mkdir(parents=True, exist_ok=True)
-            Path(str(settings.json_path)).write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+            path = Path(str(settings.json_path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
+            os.replace(tmp, path)
         except OSError as exc:
             self.outcome.errors.append(f"--kopt-json: could not write {settings.json_path}: {exc}")
 
