@@ -29,7 +29,7 @@ from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
 from .ledger import Ledger, SessionOutcome
 from .loop import LoopPlugin, init_run
-from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
+from .nodes import GPU_MARKER, KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
 from .options import SEED_CACHE_KEY, read_settings, usage_error
 from .report import ReportPlugin
 from .stash import STATE, SessionState
@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     """A ``--kopt-*`` flag no concern defines stops the session with the closest real one."""
     flags = [f"--kopt-{n[0]}" for m in _CONCERNS for n in (*m.OPTIONS, *getattr(m, "FLAGS", ()))]
-    options.check_known(args, flags)
+    options.check_known(args, flags, early_config.invocation_params.dir)
 
 
 @pytest.hookimpl(trylast=True)
@@ -91,7 +91,8 @@ def pytest_configure(config: pytest.Config) -> None:
     then take this process's role: an xdist worker takes what its controller handed it; the controller (or the
     only process) detects the hardware, chooses the session's GPUs, seeds a ``--kopt-init`` run and registers the
     concerns' plugins."""
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason when none is visible")
+    config.addinivalue_line("markers", f"{GPU_MARKER}: a pytest-kopt gate item that runs on the GPU (kopt skips it "
+                                       "with the reason when none is visible; select with -m 'not kopt_gpu')")
     config.addinivalue_line("markers", "kopt(gate): a pytest-kopt gate item")
     handed: dict[str, Any] = dict(getattr(config, "workerinput", None) or {})
     kinds, gates = session_registries(config)
