@@ -24,7 +24,7 @@ from ..gates.table import Gate, GateTable
 from ..kinds.base import Kind, KindSet
 from ..kinds.builtin import builtin_kinds
 from ..proc.runner import SESSION_PID_ENV
-from . import compare, hookspec, loop, options, report
+from . import compare, hookspec, loop, options, report, tidy
 from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
 from .ledger import Ledger, SessionOutcome
@@ -56,9 +56,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """A ``--kopt-*`` flag no concern defines stops the session with the closest real one."""
+    """A ``--kopt-*`` flag no concern defines stops the session with the closest real one; in a kopt session
+    pytest-benchmark's own plugin is off (:func:`~pytest_kopt.plugin.tidy.benchmark_plugin_off`)."""
     flags = [f"--kopt-{n[0]}" for m in _CONCERNS for n in (*m.OPTIONS, *getattr(m, "FLAGS", ()))]
     options.check_known(args, flags, early_config.invocation_params.dir)
+    tidy.benchmark_plugin_off(early_config, args)
 
 
 @pytest.hookimpl(trylast=True)
@@ -104,6 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not handed:  # the controller: its workers and every harness process inherit it
         os.environ.setdefault(SESSION_PID_ENV, str(os.getpid()))
+    state.restore_hypothesis = tidy.hypothesis_home(settings.outdir)  # before any harness process starts
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(k) for k in settings.kernels]
     else:
@@ -152,7 +155,10 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     if s.fail_slower_pct is not None and s.candidates and s.baseline is not None:
         concerns.append(PrGatePlugin(state))
     if s.save or s.compare:
-        concerns.append(SavedBaselinesPlugin(state))
+        try:
+            concerns.append(SavedBaselinesPlugin(state))
+        except ConfigError as exc:
+            raise usage_error(exc, config) from None
     outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)))
     for c in concerns:
         config.pluginmanager.register(c, f"kopt-{type(c).__name__}")
@@ -219,6 +225,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     state.ahead.shutdown()
     state.pool.shutdown()
+    tidy.restore(state.restore_hypothesis)
     if not state.restore_visible[0]:
         return
     before = state.restore_visible[1]

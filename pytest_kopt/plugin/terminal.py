@@ -53,8 +53,6 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     if verbosity < 0:
         _per_kernel(tr, rows, table)
         rows = []
-    else:
-        _unchecked(tr, rows, table)
 
     def name(r: GateRecord) -> str:
         return r.nodeid if several else r.nodeid.split("::", 1)[-1]
@@ -64,6 +62,8 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
         text = r.summary if r.outcome == "passed" else (r.message or "")
         line = f"{name(r):<{width}} {r.status:<20} {text}"
         tr.write_line(line if len(line) <= 400 else line[:399] + "…")
+    if rows:
+        _unchecked(tr, rows, table)
     per_gate: dict[str, list[float]] = {}
     for r in records:
         per_gate.setdefault(r.gate, []).append(r.duration_s)
