@@ -24,7 +24,7 @@ from ..gates.table import Gate, GateTable
 from ..kinds.base import Kind, KindSet
 from ..kinds.builtin import builtin_kinds
 from ..proc.runner import SESSION_PID_ENV
-from . import compare, hookspec, loop, options, report, tidy
+from . import compare, hookspec, loop, options, report, summary_md, tidy
 from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
 from .ledger import Ledger, SessionOutcome
@@ -33,6 +33,7 @@ from .nodes import GPU_MARKER, KoptFile, KoptItem, pytest_collect_file, pytest_p
 from .options import SEED_CACHE_KEY, read_settings, usage_error
 from .report import ReportPlugin
 from .stash import STATE, SessionState
+from .summary_md import SummaryMdPlugin
 from .terminal import TerminalPlugin
 from .xdist import XdistControllerPlugin, prestart_planned, worker_env, worker_trust
 
@@ -41,7 +42,7 @@ __all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytes
            "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
 
 #: Each concern's options, declared beside its plugin, in the order ``pytest --help`` lists them.
-_CONCERNS = (options, report, compare, loop)
+_CONCERNS = (options, report, compare, loop, summary_md)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -144,7 +145,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     """The controller's plugins, each only where its option is on: the loop's step (``--kopt-init``/``--kopt-run``),
     the PR gate (``--kopt-fail-slower`` with candidates), saved baselines (``--kopt-save``/``--kopt-compare``), the
-    xdist controller (xdist installed); report and terminal always. The report plugin runs the concerns' session-end
+    CI summary (``--kopt-summary-md``, or GitHub Actions), the xdist controller (xdist installed); report and
+    terminal always. The report plugin runs the concerns' session-end
     steps in this order: the loop's, then the comparisons."""
     s = state.settings
     concerns: list[Any] = []
@@ -159,6 +161,9 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
             concerns.append(SavedBaselinesPlugin(state))
         except ConfigError as exc:
             raise usage_error(exc, config) from None
+    md = summary_md.summary_path(config)
+    if md is not None or summary_md.in_actions():  # last: it reads what the loop and the comparisons added
+        concerns.append(SummaryMdPlugin(config, state.gates, state.env, md))
     outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)))
     for c in concerns:
         config.pluginmanager.register(c, f"kopt-{type(c).__name__}")
