@@ -29,8 +29,9 @@ from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
 from .ledger import Ledger, SessionOutcome
 from .loop import LoopPlugin, init_run
-from .nodes import GPU_MARKER, KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
+from .nodes import GPU_MARKER, KoptFile, KoptItem, node_path, pytest_collect_file, pytest_pycollect_makemodule
 from .options import SEED_CACHE_KEY, read_settings, usage_error
+from .progress import ProgressPlugin, terminal_out
 from .report import ReportPlugin
 from .stash import STATE, SessionState
 from .summary_md import SummaryMdPlugin
@@ -146,7 +147,7 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     """The controller's plugins, each only where its option is on: the loop's step (``--kopt-init``/``--kopt-run``),
     the PR gate (``--kopt-fail-slower`` with candidates), saved baselines (``--kopt-save``/``--kopt-compare``), the
     CI summary (``--kopt-summary-md``, or GitHub Actions), the xdist controller (xdist installed); report and
-    terminal always. The report plugin runs the concerns' session-end
+    terminal always, and the progress note (not under ``-q``). The report plugin runs the concerns' session-end
     steps in this order: the loop's, then the comparisons."""
     s = state.settings
     concerns: list[Any] = []
@@ -170,6 +171,10 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     config.pluginmanager.register(ReportPlugin(config, state, outcome, concerns), "kopt-report")
     config.pluginmanager.register(TerminalPlugin(config, outcome, state.gates, state.ahead.ahead_log),
                                   "kopt-terminal")
+    if config.get_verbosity() >= 0:
+        kernels = frozenset(node_path(config, k) for k in s.kernels)
+        config.pluginmanager.register(ProgressPlugin(config, kernels, state.pool.timing_samples,
+                                                     state.pool.round_samples.clear, terminal_out()), "kopt-progress")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
 

@@ -133,7 +133,8 @@ class FreshProcess:
                 # and whatever left the group below it
                 kill_tree(self.proc.pid)
                 self.proc.wait()
-                raise timeout_error(timeout_s, gate, path, read_log(self.log), timeout_hint) from None
+                raise timeout_error(timeout_s, gate, path, read_log(self.log), timeout_hint,
+                                    self.req.get("smaller_dims")) from None
             except BaseException:
                 kill_tree(self.proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
                 raise
@@ -165,12 +166,15 @@ def read_log(log: str, limit: int = 65536) -> str:
     return text
 
 
-def timeout_error(timeout_s: float, gate: str, path: str, output: str,
-                  hint: str | None = None) -> KernelRuntimeError:
-    """TIMEOUT after ``timeout_s`` seconds; ``hint`` is the fix when the caller knows more (e.g. the interpreter)."""
+def timeout_error(timeout_s: float, gate: str, path: str, output: str, hint: str | None = None,
+                  smaller_dims: str | None = None) -> KernelRuntimeError:
+    """TIMEOUT after ``timeout_s`` seconds; ``hint`` is the fix when the caller knows more (e.g. the interpreter),
+    ``smaller_dims`` the dims it suggests (the request's ``smaller_dims``: ``--kopt-dims`` text), named in it."""
+    fix = hint or "look for an infinite loop or a deadlock; raise --kopt-timeout if the kernel is simply slow"
+    if hint and smaller_dims:
+        fix += f"; for example --kopt-dims {smaller_dims}"
     return KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
-                              details=tail(output), fix=hint or "look for an infinite loop or a deadlock; raise "
-                                                                "--kopt-timeout if the kernel is simply slow")
+                              details=tail(output), fix=fix)
 
 
 def died_error(returncode: int | None, gate: str, path: str, output: str) -> KernelRuntimeError:
