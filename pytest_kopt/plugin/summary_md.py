@@ -21,8 +21,8 @@ from .options import raw
 #: (option name, help, metavar) of this concern's options (:mod:`pytest_kopt.plugin.options` adds them).
 OPTIONS = (
     ("summary-md", "Write a Markdown summary to PATH for a CI job to post as a pull-request comment (verdict per "
-                   "kernel, the PR gate's speedup with its 95% CI, per shape); under GitHub Actions it is added to "
-                   "the job's step summary too", "PATH"),
+                   "kernel, the PR gate's speedup with its confidence interval, per shape); under GitHub Actions it "
+                   "is added to the job's step summary too", "PATH"),
 )
 #: The GitHub Actions variable that turns the annotations on, and the step-summary file it names.
 ACTIONS_ENV, STEP_SUMMARY_ENV = "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"
