@@ -9,11 +9,11 @@ import math
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from . import HarnessError, share
+from .frames import user_traceback
 from .sentinels import Guard, Sentinels
 from .tree import kill_tree
 from .candidate import mode_candidate
@@ -76,12 +76,14 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
         _STARTUP.clear()
         code = 0
     except HarnessError as exc:
+        text, path, line = user_traceback(exc, (req.get("kernel"), req.get("ref")))
         result = {"ok": False, "category": exc.category, "message": str(exc), "fix": exc.fix,
-                  "traceback": traceback.format_exc()}
+                  "traceback": text, "path": path, "line": line}
         code = 1
     except Exception as exc:  # the candidate's own Python (Triton) raised
+        text, path, line = user_traceback(exc, (req.get("kernel"), req.get("ref")))
         result = {"ok": False, "category": "runtime", "message": f"{type(exc).__name__}: {exc}", "fix": None,
-                  "traceback": traceback.format_exc()}
+                  "traceback": text, "path": path, "line": line}
         code = 1
     tampered = guard.changed()
     if tampered:  # a kernel replaced what the harness measures or judges with: nothing it reported can stand

@@ -222,20 +222,34 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     if on_error is not None:
         on_error()
     category, message = result.get("category"), result.get("message", "")
-    details = tail(result.get("traceback", ""), 3000)
+    details = tail(result.get("traceback", ""), 3000) or None
     fix = result.get("fix")
+    line = result.get("line")
+    if result.get("path"):  # the user's own frame the error came from (child/frames.py)
+        path = shown_path(result["path"])
+    where = f"{path}:{line}" if line else path
     if category == "contract":
-        raise ContractError(message, gate=gate, path=path, details=details,
-                            fix=fix or "make the reference/setup follow the contract in the README")
+        raise ContractError(message, gate=gate, path=path, line=line, details=details,
+                            fix=fix or f"make the reference/setup follow the contract in the README (see {where})")
     if category == "changed":  # a pinned file (the reference) is not what the session started with
         raise ConfigError(message, gate=gate, path=path, details=details, status="FILE_CHANGED",
                           fix=fix or "restore the file and run the session again")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
         raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
     if category == "compile":
-        raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
-    raise KernelRuntimeError(message, gate=gate, path=path, details=details,
-                             fix=fix or "the kernel raised an error at run time; see the message above")
+        raise CompileError(message, gate=gate, path=path, line=line, details=details,
+                           fix=fix or "fix the Triton compile error")
+    raise KernelRuntimeError(message, gate=gate, path=path, line=line, details=details,
+                             fix=fix or (f"fix the error at {where} (the traceback above is the kernel's own code)"
+                                         if line else "the kernel raised an error at run time; see the message above"))
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working folder when it is inside it (as the user typed it), else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path
 
 
 def tail(text: str, limit: int = 2000) -> str:
