@@ -97,8 +97,9 @@ def test_a_failed_build_blocks_later_gates_without_running_them_again(pytester: 
 
 
 def test_a_contract_error_shows_the_users_frames_only_and_a_specific_fix(pytester: pytest.Pytester) -> None:
-    """A setup() that builds a buffer of another shape than ref.shapes() says: the plan item's CONTRACT_ERROR names
-    the buffer, both shapes and what to change, with none of kopt's own frames (protocol.py, plan.py, inputs.py)."""
+    """A setup() that builds a buffer of another shape than ref.shapes() says: the plan item's CONTRACT_ERROR points
+    at that setup(), names the buffer, both shapes and what to change, with none of kopt's own frames (protocol.py,
+    plan.py, inputs.py)."""
     pytester.makepyfile(ref=SCALE_REF + 'def shapes(n):\n    return {"x": ((n, 2), "float32"), "y": ((n, 2), '
                                         '"float32")}\n',
                         k='import torch\ndef setup(n, seed, device="cpu"):\n    x = torch.empty(n, device=device)\n'
@@ -111,6 +112,7 @@ def test_a_contract_error_shows_the_users_frames_only_and_a_specific_fix(pyteste
     assert "'x' is float32[64]" in plan["message"] and "float32[64, 2]" in plan["message"]
     assert plan["fix"].startswith("make the candidate's setup() build x as float32[64, 2] at these dims"), plan
     assert plan["details"] is None and "pytest_kopt" not in result.stdout.str(), result.stdout.str()[-3000:]
+    assert (plan["path"], plan["line"]) == ("k.py", 2)  # the candidate's setup(), which built the buffer
 
 
 @pytest.mark.parametrize("role", ["baseline", "candidate"])

@@ -77,6 +77,8 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
         code = 0
     except HarnessError as exc:
         text, path, line = user_traceback(exc, (req.get("kernel"), req.get("ref")))
+        if exc.path:  # the file to change, named by the check that raised
+            path, line = exc.path, exc.line
         result = {"ok": False, "category": exc.category, "message": str(exc), "fix": exc.fix,
                   "traceback": text, "path": path, "line": line}
         code = 1
