@@ -148,7 +148,7 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     the PR gate (``--kopt-fail-slower`` with candidates), saved baselines (``--kopt-save``/``--kopt-compare``), the
     CI summary (``--kopt-summary-md``, or GitHub Actions), the xdist controller (xdist installed); report and
     terminal always, and the progress note (not under ``-q``). The report plugin runs the concerns' session-end
-    steps in this order: the loop's, then the comparisons."""
+    steps in this order: the loop's, then the comparisons, then the CI summary (which reads what they added)."""
     s = state.settings
     concerns: list[Any] = []
     if s.loop_mode is not None:
