@@ -140,7 +140,10 @@ class ProgressPlugin:
             return None
         if report.when == "call" or (report.when == "setup" and not report.passed):
             status = dict(report.user_properties).get("kopt_status") or report.outcome.upper()
-            return report.outcome, f"\n  {report.nodeid.split('::', 1)[-1]} {status} in {report.duration:.1f} s", ""
+            # the file's name heads its items' lines, except under xdist (no header) or with several kernels
+            several = len(self.kernels) > 1 or self.config.pluginmanager.hasplugin("dsession")
+            name = report.nodeid if several else report.nodeid.split("::", 1)[-1]
+            return report.outcome, f"\n  {name} {status} in {report.duration:.1f} s", ""
         return None
 
     @pytest.hookimpl(tryfirst=True)
