@@ -12,6 +12,21 @@ EXIT_KERNEL = 2
 EXIT_HARDWARE = 3
 EXIT_CONFIG = 4
 
+#: What each of kopt's exit codes means, in words a message can carry (the README's "Reports and exit codes" table;
+#: the convention is the cuda-kernel-optimizer skill's, which the package does not ship).
+EXIT_MEANINGS = {
+    EXIT_OK: "every gate passed or skipped with a reason",
+    1: "a failure that is not a gate's (a test of your own in the session)",
+    EXIT_KERNEL: "kernel validation: compile error, wrong output, crash or timeout, unstable or suspect timing",
+    EXIT_HARDWARE: "hardware or tool: no GPU for a loop step, nvcc/ncu/cuobjdump missing or failing",
+    EXIT_CONFIG: "configuration or contract: a bad option, a file that breaks its contract, a bad methods.json",
+}
+
+
+def exit_meaning(code: int) -> str:
+    """``code`` and what it means: ``4 (configuration or contract: ...)``; a code kopt does not set, as itself."""
+    return f"{code} ({EXIT_MEANINGS[code]})" if code in EXIT_MEANINGS else str(code)
+
 
 class KoptError(Exception):
     """Base class: a gate decided against the kernel or could not run.

@@ -9,6 +9,10 @@ from typing import Any, Iterable
 
 from .gates.table import GateTable
 
+#: A kernel's verdict when items of it passed and none failed, but no correctness item passed: its output was never
+#: compared with the reference (exit 0 all the same: nothing failed).
+NOT_CHECKED = "NOT_CHECKED"
+
 
 @dataclass(frozen=True, slots=True)
 class GateRecord:
@@ -67,14 +71,15 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
         timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), None)
         skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=table.rank)
         ran = any(r.outcome == "passed" for r in recs)
-        status = failed.status if failed else "PASSED" if ran else "SKIPPED"
+        checked = any(r.gate == "correctness" and r.outcome == "passed" for r in recs)
+        status = failed.status if failed else ("PASSED" if checked else NOT_CHECKED) if ran else "SKIPPED"
         out.append({"name": name, "kernel": recs[0].kernel, "status": status,
                     "failed_gate": failed.gate if failed else None,
                     "exit_code": failed.exit_code if failed else None,
                     "passed": sum(r.outcome == "passed" for r in recs),
                     "failed": sum(r.outcome == "failed" for r in recs),
                     "skipped": sum(r.outcome == "skipped" for r in recs), "skipped_gates": skipped,
-                    "output_checked": any(r.gate == "correctness" and r.outcome == "passed" for r in recs),
+                    "output_checked": checked,
                     "timed": timing is not None,
                     "median_ms": (timing or {}).get("median_ms"),
                     "speedup_vs_ref": (timing or {}).get("speedup_vs_ref")})

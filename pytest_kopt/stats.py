@@ -1,6 +1,8 @@
 """Timing statistics for the reports: robust CV and SKILL.md's stability classes, bootstrap intervals, geometric
-means, the roofline floor. The sampling statistics a timing process uses (the grouped median, quantiles, the
-stopping rule) are :mod:`pytest_kopt.child.samples`, re-exported here."""
+means, quantiles, the roofline floor, through numpy (imported where used: the plugin imports this module and must
+not import numpy). The sampling statistics a timing process uses (the grouped median, the stopping rule) are
+:mod:`pytest_kopt.child.samples`, re-exported here; they stay in plain Python there, where the candidate's own
+process runs them and :mod:`~pytest_kopt.child.sentinels` guards the standard library's entry points they use."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 STABLE_CV = 0.05
 BORDERLINE_CV = 0.10
 from .child.samples import (MAD_TO_SIGMA, MEDIAN_SE_FACTOR, grid, grid_tick, median, median_rse,  # noqa: F401
-                            quantile, should_stop)
+                            should_stop)
 
 
 def fmt_ms(x: float) -> str:
@@ -79,6 +81,24 @@ def _medians(base: Any, idx: Any) -> Any:
     return origin + tick * (steps[j] - 0.5 + (n / 2 - cf) / f)
 
 
+def quantile(samples: list[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1), numpy's linear interpolation between order statistics. Raises ValueError on an
+    empty list."""
+    import numpy as np
+
+    if not samples:
+        raise ValueError("no samples")
+    return float(np.quantile(np.asarray(samples, dtype=float), q))
+
+
+def mad_about(samples: list[float], center: float) -> float:
+    """The median absolute deviation of ``samples`` about ``center`` (the grouped median: a tick grid's MAD is about
+    the median the report shows, not the sample one)."""
+    import numpy as np
+
+    return float(np.median(np.abs(np.asarray(samples, dtype=float) - center)))
+
+
 def summarize(samples_ms: list[float]) -> TimingStats:
     """Summarize samples (ms); the median is :func:`median` (grouped on a tick grid). Raises ValueError on an empty
     list or a non-positive median."""
@@ -87,7 +107,7 @@ def summarize(samples_ms: list[float]) -> TimingStats:
     med = median(samples_ms)
     if med <= 0:
         raise ValueError(f"non-positive median {med} ms")
-    mad = statistics.median(abs(x - med) for x in samples_ms)
+    mad = mad_about(samples_ms, med)
     cv = MAD_TO_SIGMA * mad / med
     return TimingStats(n=len(samples_ms), median_ms=med, mean_ms=statistics.fmean(samples_ms),
                        min_ms=min(samples_ms), max_ms=max(samples_ms), mad_ms=mad, robust_cv=cv,
@@ -154,9 +174,11 @@ def bootstrap_geomean_ratio_ci(pairs: list[tuple[list[float], list[float]]], lev
 
 def geomean(values: list[float]) -> float:
     """Geometric mean of positive numbers; raises ValueError on an empty list or a value <= 0."""
+    import numpy as np
+
     if not values or any(v <= 0 for v in values):
         raise ValueError("the geometric mean needs positive values")
-    return float(math.exp(sum(math.log(v) for v in values) / len(values)))
+    return float(np.exp(np.mean(np.log(np.asarray(values, dtype=float)))))
 
 
 @dataclass(frozen=True, slots=True)

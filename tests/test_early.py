@@ -42,9 +42,10 @@ def _state(**fields: object):
     ("b0", "", {}, True),                      # the file's name
     ("b1", "", {}, False),
     ("sub and compile", "", {}, True),         # a folder below the root
-    ("kopt and not gpu", "", {}, True),        # the marker is a keyword too
-    ("", "not gpu", {}, True),                 # a CI's GPU-less selection keeps compile (no gpu marker)
-    ("", "gpu", {}, False),
+    ("kopt and not kopt_gpu", "", {}, True),   # the marker is a keyword too
+    ("", "not kopt_gpu", {}, True),            # a CI's GPU-less selection keeps compile (no kopt_gpu marker)
+    ("", "kopt_gpu", {}, False),
+    ("", "gpu", {}, False),                    # a user's own gpu marker: no kopt item carries it
     ("", "kopt(gate='compile')", {}, False),   # call parameters: unsure, so no early start
     ("compile and (", "", {}, False),           # pytest reports the syntax error itself, later
     ("", "", {"collectonly": True}, False),
@@ -178,8 +179,8 @@ def test_nvml_gpu_count_is_what_cuda_will_show_or_none(monkeypatch: pytest.Monke
     (1, {}, {}, {}, {"plan", "correctness", "timing"}),
     (1, {"keyword": "not timing"}, {}, {}, {"plan", "correctness"}),
     (1, {"keyword": "compile"}, {}, {}, None),         # no plan item: nothing for the processes to serve first
-    (1, {"markexpr": "not gpu"}, {}, {}, {"plan"}),    # a .cu's correctness and timing items carry the gpu marker
-    (1, {"keyword": "not gpu"}, {}, {}, {"plan"}),     # and -k matches marker names
+    (1, {"markexpr": "not kopt_gpu"}, {}, {}, {"plan"}),  # a .cu's correctness and timing items carry kopt_gpu
+    (1, {"keyword": "not kopt_gpu"}, {}, {}, {"plan"}),   # and -k matches marker names
     (2, {}, {}, {}, None),                             # the probe may pin another GPU after they inherited the env
     (None, {}, {}, {}, None),                          # NVML cannot say: the probe decides, collection starts them
     (1, {}, {"numprocesses": 2, "dist": "load"}, {}, None),  # each xdist worker starts its own
@@ -420,20 +421,20 @@ def test_where_nvml_shows_one_gpu_the_harness_processes_start_at_configure_and_e
 
 
 def test_the_gpu_marker_in_a_selection_is_the_gates_own(tmp_path: Path) -> None:
-    """``-m "not gpu"`` (a CI's GPU-less selection) drops a ``.cu``'s correctness and timing items, which carry the
-    ``gpu`` marker, and keeps a Triton kernel's correctness (it runs in Triton's interpreter without a GPU): what
+    """``-m "not kopt_gpu"`` (a CI's GPU-less selection) drops a ``.cu``'s correctness and timing items, which carry the
+    ``kopt_gpu`` marker, and keeps a Triton kernel's correctness (it runs in Triton's interpreter without a GPU): what
     is started early for a selection follows the markers pytest will match."""
     from pytest_kopt.plugin.early import selection_keeps
 
     cu, py = tmp_path / "k.cu", tmp_path / "k.py"
     py.write_text("import triton\n\n\n@triton.jit\ndef k(x):\n    pass\n")
-    not_gpu: Any = _config(tmp_path, markexpr="not gpu")
+    not_gpu: Any = _config(tmp_path, markexpr="not kopt_gpu")
     kept = {g: selection_keeps(not_gpu, _state(), cu, g) for g in ("plan", "compile", "correctness", "timing")}
     assert kept == {"plan": True, "compile": True, "correctness": False, "timing": False}
     kept = {g: selection_keeps(not_gpu, _state(), py, g) for g in ("correctness", "timing")}
     assert kept == {"correctness": True, "timing": False}
-    assert selection_keeps(_config(tmp_path, markexpr="gpu"), _state(), cu, "timing")  # type: ignore[arg-type]
-    assert not selection_keeps(_config(tmp_path, markexpr="gpu"), _state(), cu, "plan")  # type: ignore[arg-type]
+    assert selection_keeps(_config(tmp_path, markexpr="kopt_gpu"), _state(), cu, "timing")  # type: ignore[arg-type]
+    assert not selection_keeps(_config(tmp_path, markexpr="kopt_gpu"), _state(), cu, "plan")  # type: ignore[arg-type]
 
 
 IN_PROCESS = '''

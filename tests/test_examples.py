@@ -65,3 +65,31 @@ def test_triton_interpret_in_the_users_shell_is_not_inherited(pytester: pytest.P
     assert result.ret == 0, result.stdout.str()[-3000:]
     status = {i["nodeid"].split("::")[1]: i["status"] for i in json.loads((pytester.path / "r.json").read_text())["items"]}
     assert status == {"compile": "PASSED", "correctness[seed=3]": "PASSED", "sass": "PASSED"}, status
+
+
+def test_smaller_dims_halve_the_sizes_until_their_product_is_small() -> None:
+    """A CPU TIMEOUT's suggestion: every size halved alike (the KernelBench linear layer's globals to the dims that
+    pass in seconds), other dims kept, nothing for dims already small."""
+    from pytest_kopt.gates.request import smaller_dims
+
+    assert smaller_dims({"batch_size": 2048, "in_features": 1024, "out_features": 2048}) == {
+        "batch_size": 64, "in_features": 32, "out_features": 64}
+    assert smaller_dims({"N": 16384, "C": 1024, "eps": 1e-5}) == {"N": 1024, "C": 64, "eps": 1e-5}
+    assert smaller_dims({"M": 64, "N": 1000}) is None
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("triton") is None, reason="triton not installed")
+def test_a_cpu_timeout_names_the_dims_that_help(pytester: pytest.Pytester) -> None:
+    """The KernelBench example at its own sizes (2048x1024x2048) in Triton's interpreter runs past the timeout: the
+    fix names the interpreter and the dims to pass instead, taken from the problem's size globals."""
+    if hardware.probe_gpus()["gpus"]:
+        pytest.skip("a GPU runs it in milliseconds")
+    shutil.copytree(EXAMPLES / "kernelbench_linear", pytester.path / "kb")
+    result = pytester.runpytest_subprocess(
+        "--kopt-baseline", "kb/model_new.py", "--kopt-ref", "kb/problem.py", "--kopt-seeds", "3", "--kopt-timeout",
+        "2", "-k", "correctness", "--kopt-json", "r.json", "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 2, result.stdout.str()[-3000:]
+    (item,) = json.loads((pytester.path / "r.json").read_text())["items"]
+    assert item["status"] == "TIMEOUT", item
+    assert "interpreter" in item["fix"], item
+    assert item["fix"].endswith("for example --kopt-dims batch_size=64,in_features=32,out_features=64"), item

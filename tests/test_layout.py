@@ -81,7 +81,11 @@ def test_a_failed_build_blocks_later_gates_without_running_them_again(pytester: 
     result, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
                           "--kopt-seeds", "1,2,3", "-p", "no:cacheprovider")
     items = by_item(doc)
-    assert items["k.py::compile"]["status"] == "RUNTIME_ERROR", result.stdout.str()[-3000:]
+    # the build's call of run_kernel failed: a compile error, pointing at the line of k.py that raised
+    compile_ = items["k.py::compile"]
+    assert compile_["status"] == "COMPILE_ERROR", result.stdout.str()[-3000:]
+    assert (compile_["path"], compile_["message"]) == ("k.py", "run_kernel() raised RuntimeError: 0 active drivers")
+    assert compile_["line"] and "pytest_kopt" not in compile_["details"], compile_
     blocked = [n for n in items if n.startswith("k.py::correctness") or n == "k.py::sass"]
     assert len(blocked) == 4
     for n in blocked:
@@ -90,6 +94,25 @@ def test_a_failed_build_blocks_later_gates_without_running_them_again(pytester: 
         assert items[n]["fix"].startswith("make the compile item pass"), items[n]
     assert log.read_text().splitlines() == ["call"]
     assert doc["exit_code"] == result.ret == 2
+
+
+def test_a_contract_error_shows_the_users_frames_only_and_a_specific_fix(pytester: pytest.Pytester) -> None:
+    """A setup() that builds a buffer of another shape than ref.shapes() says: the plan item's CONTRACT_ERROR points
+    at that setup(), names the buffer, both shapes and what to change, with none of kopt's own frames (protocol.py,
+    plan.py, inputs.py)."""
+    pytester.makepyfile(ref=SCALE_REF + 'def shapes(n):\n    return {"x": ((n, 2), "float32"), "y": ((n, 2), '
+                                        '"float32")}\n',
+                        k='import torch\ndef setup(n, seed, device="cpu"):\n    x = torch.empty(n, device=device)\n'
+                          '    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}\n'
+                          'def run_kernel(x, y):\n    y.copy_(2 * x)\n')
+    result, doc = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",
+                          "--kopt-seeds", "1", "-k", "plan", "-p", "no:cacheprovider")
+    plan = by_item(doc)["k.py::plan"]
+    assert plan["status"] == "CONTRACT_ERROR" and result.ret == 4, result.stdout.str()[-3000:]
+    assert "'x' is float32[64]" in plan["message"] and "float32[64, 2]" in plan["message"]
+    assert plan["fix"].startswith("make the candidate's setup() build x as float32[64, 2] at these dims"), plan
+    assert plan["details"] is None and "pytest_kopt" not in result.stdout.str(), result.stdout.str()[-3000:]
+    assert (plan["path"], plan["line"]) == ("k.py", 2)  # the candidate's setup(), which built the buffer
 
 
 @pytest.mark.parametrize("role", ["baseline", "candidate"])

@@ -74,6 +74,9 @@ def test_gemm_example_cpu_gates_pass(pytester: pytest.Pytester, example, mode: s
     else:
         assert all(table[g] == "SKIPPED" for g in gpu_gates), table
         result.stdout.fnmatch_lines(["*blocked by hardware: no GPU*"])
+        # exit 0, yet the output was never compared with the reference: the summary says so, not PASSED
+        result.stdout.fnmatch_lines(["*sass*PASSED*sm_90a: _Z11sgemm_naive*",
+                                     "*gemm.cu: NOT_CHECKED: passed, output not checked (blocked by hardware: no GPU*"])
     result.stdout.fnmatch_lines(["*sass*PASSED*sm_90a: _Z11sgemm_naive*"])
 
 
@@ -145,6 +148,25 @@ def test_bad_option_is_a_usage_error(pytester: pytest.Pytester, args: list[str],
     result = run(pytester, *[x for kv in base.items() for x in kv])
     assert result.ret == 4
     result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.parametrize(("args", "message", "fix"), [
+    (["--kopt-dimz", "n=10"], "unknown option --kopt-dimz", "did you mean --kopt-dims?"),
+    (["--kopt-dims", "n=10", "--kopt-seed", "last", "-p", "no:cacheprovider"],
+     "--kopt-seed last needs pytest's cache (it is disabled: -p no:cacheprovider)", "pass --kopt-seed N"),
+])
+def test_a_typo_still_writes_the_json_report(pytester: pytest.Pytester, args: list[str], message: str,
+                                              fix: str) -> None:
+    """A misspelt ``--kopt-*`` option stops the session before pytest parses the options, and ``--kopt-json`` still
+    gets the report of that usage error: exit 4, no items, the error and its fix; so does every usage error of
+    kopt's own (``--kopt-seed last`` without pytest's cache)."""
+    pytester.makefile(".cu", k=GOOD_CU)
+    pytester.makepyfile(ref=SCALE_REF)
+    result = run(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-json", "out/r.json", *args)
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"*pytest-kopt: {message}*", f"*fix: {fix}*"])
+    doc = json.loads((pytester.path / "out" / "r.json").read_text())
+    assert (doc["exit_code"], doc["items"], doc["error"]["message"], doc["error"]["fix"]) == (4, [], message, fix)
 
 
 def test_ini_twin_sets_options(pytester: pytest.Pytester) -> None:

@@ -149,7 +149,7 @@ def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.D
 
 def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
     """The report's ``kernels``: an agent reads from it that a kernel passed with its output unchecked (a .cu on a
-    machine without a GPU: exit 0), which kernel failed at which gate first (gate order, not report order), a
+    machine without a GPU: exit 0, status NOT_CHECKED, not PASSED), which kernel failed at which gate first (gate order, not report order), a
     timed kernel's median and speedup, and a kernel none of whose items ran (SKIPPED, not PASSED)."""
     from pytest_kopt.records import GateRecord, kernel_verdicts
 
@@ -167,8 +167,8 @@ def test_a_kernels_verdict_says_when_its_output_was_never_checked() -> None:
                rec("d.cu", "ncu", "skipped", "SKIPPED", blocked_by="hardware")]
     a, b, c, d = kernel_verdicts(records, default_table())
     assert (d["status"], d["passed"], d["skipped"], d["output_checked"]) == ("SKIPPED", 0, 2, False)
-    assert (a["status"], a["output_checked"], a["skipped_gates"], a["timed"]) == ("PASSED", False, ["correctness"],
-                                                                                  False)
+    assert (a["status"], a["output_checked"], a["skipped_gates"], a["timed"]) == ("NOT_CHECKED", False,
+                                                                                  ["correctness"], False)
     assert (b["status"], b["failed_gate"], b["exit_code"], b["failed"]) == ("INCORRECT_NUMERICAL", "correctness", 2, 2)
     assert (c["output_checked"], c["timed"], c["median_ms"], c["speedup_vs_ref"]) == (True, True, 1.25, 2.0)
 

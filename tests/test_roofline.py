@@ -180,3 +180,28 @@ def test_the_plotting_import_started_ahead_is_waited_for(monkeypatch: pytest.Mon
     ahead.wait_plotting()
     assert done.is_set() and calls == [1] and ahead._plotting is not None
     assert not ahead._plotting.is_alive()
+
+
+def test_the_chart_has_a_title_labelled_roofs_and_explains_the_gaps(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a reader needs without the docs: a title, each roof in the legend with its measured value (the DRAM
+    roof too), each ridge labelled, and Δc/Δm/Δl spelt out."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    table = {name: None for name in REG["metrics"]}
+    table.update(sm_throughput_pct=64.5, fp32_pipe_pct=30.0, dram_throughput_pct=5.8, stall_long_scoreboard=3.0)
+    doc = rf.roofline(table, REG, 25.5, {"flops": 2 * 4096**3, "bytes_min": 4 * 3 * 4096**2},
+                      {"dram_bytes_per_s": 4.0e12, "fp32_flops": 5.0e13, "bf16_flops": 7.5e14})
+    figures: list = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    assert rf.plot({**doc, "label": "naive"}, [], tmp_path / "r.png", title="gemm.cu: roofline at M=4096") is not None
+    (ax,) = figures[0].axes
+    assert ax.get_title() == "gemm.cu: roofline at M=4096"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["DRAM roof (measured): 4.00 TB/s", "fp32 roof (measured): 50 TFLOP/s",
+                      "bf16 tensor roof (measured): 750 TFLOP/s", "this kernel"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "fp32 ridge 12.5 FLOP/B" in texts and "DRAM 4.00 TB/s" in texts
+    assert any("Δm=0.94 (1 − DRAM throughput)" in t and "Δc=" in t and "Δl=" in t for t in texts), texts

@@ -36,9 +36,13 @@ from __future__ import annotations
 class HarnessError(Exception):
     """An error with a category the parent maps to a status: ``contract`` (ref/setup/shapes), ``compile``,
     ``runtime``, or ``changed`` (a file pinned at the session's start is not what it was); ``fix`` (optional) is the
-    one sentence the parent shows as the fix."""
+    one sentence the parent shows as the fix; ``path`` and ``line`` (optional) the user's file and line to change,
+    where no frame of the traceback is theirs (a shape kopt found wrong)."""
 
-    def __init__(self, category: str, message: str, fix: str | None = None) -> None:
+    def __init__(self, category: str, message: str, fix: str | None = None, path: str | None = None,
+                 line: int | None = None) -> None:
         super().__init__(message)
         self.category = category
         self.fix = fix
+        self.path = path
+        self.line = line

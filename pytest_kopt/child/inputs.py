@@ -306,9 +306,12 @@ def check_spec(ref: Any, spec: list[dict[str, Any]], dims: dict[str, Any], ref_p
     for s in spec:
         shape, dtype, stride = declared.get(s["name"], (None, None, None))
         if shape is not None and (list(s["shape"]) != shape or (dtype is not None and dtype != s["dtype"])):
+            want = f"{dtype or s['dtype']}{shape}"
             raise HarnessError("contract", f"the candidate's buffer {s['name']!r} is {s['dtype']}{list(s['shape'])} "
-                               f"but {ref_path}'s shapes() says {dtype or s['dtype']}{shape} for these dims: "
-                               "setup() must build the problem the dims describe")
+                               f"but {ref_path}'s shapes() says {want} for these dims: "
+                               "setup() must build the problem the dims describe",
+                               fix=f"make the candidate's setup() build {s['name']} as {want} at these dims (or, if "
+                                   f"shapes() is the one that is wrong, correct it in {ref_path})")
         want = stride if stride is not None else contiguous_stride(list(s["shape"]))
         if [st for st, n in zip(s["stride"], s["shape"]) if n > 1] != [st for st, n in zip(want, s["shape"]) if n > 1]:
             what = "the layout shapes() gives" if stride is not None else "row-major (contiguous)"

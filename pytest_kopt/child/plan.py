@@ -18,6 +18,17 @@ def _scalars(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
 
 
+def _def_line(path: str | None, name: str) -> int | None:
+    """The line of the module-level ``def name`` in the Python file ``path``; None when it has none (or no file)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(str(path), encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return next((n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
 def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     """A Triton/Python candidate's ``setup(**dims, seed, device="meta")`` (under ``torch.device("meta")`` when it
     takes no ``device``): its spec and scalars, nothing allocated. A setup() that does not run on the meta device
@@ -70,7 +81,11 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
         return {"spec": spec}
     else:
         spec = req["spec"]
-        check_spec(ref, spec, dims, req["ref"])
+        try:
+            check_spec(ref, spec, dims, req["ref"])
+        except HarnessError as exc:  # the candidate built the buffer: its setup() is what to change
+            exc.path, exc.line = req.get("kernel"), _def_line(req.get("kernel"), "setup")
+            raise
     # what the reference is given: the buffers, the dims and its own make_inputs' values, never a setup() scalar
     # (a value the candidate chose could pick what the reference computes)
     given = {s["name"] for s in spec} | set(trusted_scalars(ref, req))

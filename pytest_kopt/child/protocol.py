@@ -9,11 +9,11 @@ import math
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from . import HarnessError, share
+from .frames import user_traceback
 from .sentinels import Guard, Sentinels
 from .tree import kill_tree
 from .candidate import mode_candidate
@@ -77,14 +77,19 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
         _STARTUP.clear()
         code = 0
     except HarnessError as exc:
+        text, path, line = user_traceback(exc, (req.get("kernel"), req.get("ref")))
+        if exc.path:  # the file to change, named by the check that raised
+            path, line = exc.path, exc.line
         result = {"ok": False, "category": exc.category, "message": str(exc), "fix": exc.fix,
-                  "traceback": traceback.format_exc()}
+                  "traceback": text, "path": path, "line": line}
         code = 1
     except Exception as exc:  # the candidate's own Python (Triton) raised
         gap = interpreter_gap(exc) if interpreting() else None
+        text, path, line = user_traceback(exc, (req.get("kernel"), req.get("ref")))
         # a gap of Triton's interpreter is no error of the kernel's: the parent skips it, for a GPU to check
         result = {"ok": False, "category": "interpreter_gap" if gap else "runtime",
-                  "message": gap or f"{type(exc).__name__}: {exc}", "fix": None, "traceback": traceback.format_exc()}
+                  "message": gap or f"{type(exc).__name__}: {exc}", "fix": None,
+                  "traceback": text, "path": path, "line": line}
         code = 1
     tampered = guard.changed()
     if tampered:  # a kernel replaced what the harness measures or judges with: nothing it reported can stand

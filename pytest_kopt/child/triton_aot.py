@@ -16,6 +16,11 @@ TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float
                 "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
 
 
+#: What to change when ``run_kernel()`` raises while the compile gate calls it to find its kernels.
+BUILD_CALL_FIX = ("fix run_kernel() where the traceback points: the compile gate calls it once, on inputs from "
+                  "setup(), to find and build its @triton.jit kernels")
+
+
 def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     """Compile the Triton kernels that ``run_kernel`` launches, for the request's arch.
 
@@ -43,6 +48,11 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
         JITFunction.run = record  # type: ignore[method-assign]
         try:
             Candidate(req).run()
+        except HarnessError:
+            raise
+        except Exception as exc:  # a Triton compile error, or the candidate's own Python: either fails its build
+            raise HarnessError("compile", f"run_kernel() raised {type(exc).__name__}: {exc}",
+                               fix=BUILD_CALL_FIX) from exc
         finally:
             JITFunction.run = original  # type: ignore[method-assign]
         tuned = autotune.chosen()
@@ -58,6 +68,10 @@ def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:
     JITFunction.run = capture  # type: ignore[method-assign]
     try:
         Candidate(req).launch()
+    except HarnessError:
+        raise
+    except Exception as exc:  # the candidate's own Python, before any kernel compiled: its file's error
+        raise HarnessError("compile", f"run_kernel() raised {type(exc).__name__}: {exc}", fix=BUILD_CALL_FIX) from exc
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
     if not captured:

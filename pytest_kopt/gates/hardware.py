@@ -29,20 +29,56 @@ NO_DRIVER = "no NVIDIA driver"
 #: Seconds between GPU probes of a loop session (SKILL.md step 0: discovery retried at most three times).
 RETRY_PAUSE_S = 2.0
 
-# Runs in a child: creates a context on every visible GPU (cuInit -> cuCtxCreate), prints one JSON line.
+# Runs in a child: creates a context on every visible GPU, prints one JSON line. Through cuda-bindings' driver API
+# where it is installed (torch's CUDA wheels bring it); through ctypes where it is not, or where its API differs from
+# the calls below (a TypeError or AttributeError, never a CUDA error, sends the probe to ctypes). Whether the driver
+# library is there at all is asked of the dynamic loader first, so its absence reads the same either way.
 _PROBE = r"""
 import ctypes, json, sys
-out = {"gpus": [], "driver_version": None, "error": None}
+out = {"gpus": [], "driver_version": None, "error": None, "probe": None}
 try:
-    cu = ctypes.CDLL("libcuda.so.1")
+    ctypes.CDLL("libcuda.so.1")
 except OSError as e:
     out["error"] = "no NVIDIA driver (libcuda.so.1 not found)"
     print(json.dumps(out)); sys.exit(0)
-def chk(r, what):
-    if r != 0:
-        s = ctypes.c_char_p(); cu.cuGetErrorString(r, ctypes.byref(s))
-        raise RuntimeError("%s failed: CUDA error %d %s" % (what, r, (s.value or b"").decode()))
-try:
+ATTRS = {"cc_major": 75, "cc_minor": 76, "sm_count": 16, "l2_bytes": 38, "smem_per_block_optin_bytes": 97,
+         "sm_clock_khz": 13, "mem_clock_khz": 36, "mem_bus_width_bits": 37}
+def gpu(i, name, uuid, attr, mem, free):
+    u = bytes(uuid).hex(); u = "GPU-%s-%s-%s-%s-%s" % (u[:8], u[8:12], u[12:16], u[16:20], u[20:])
+    a = {k: attr(v) for k, v in ATTRS.items()}
+    return {"index": i, "name": name, "uuid": u, "cc": "%d.%d" % (a.pop("cc_major"), a.pop("cc_minor")),
+            "sm_count": a.pop("sm_count"), "l2_bytes": a.pop("l2_bytes"),
+            "smem_per_block_optin_bytes": a.pop("smem_per_block_optin_bytes"), "memory_bytes": mem,
+            "free_bytes": free, **a}
+def with_bindings():
+    from cuda.bindings import driver as cu
+    ok = cu.CUresult.CUDA_SUCCESS
+    def chk(ret, what):
+        err, rest = ret[0], ret[1:]
+        if err != ok:
+            s = cu.cuGetErrorString(err)[1] or b""
+            raise RuntimeError("%s failed: CUDA error %d %s" % (what, int(err), s.decode()))
+        return rest[0] if len(rest) == 1 else rest
+    chk(cu.cuInit(0), "cuInit")
+    v = chk(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+    out["driver_version"] = "%d.%d" % (v // 1000, (v % 1000) // 10)
+    for i in range(chk(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
+        d = chk(cu.cuDeviceGet(i), "cuDeviceGet")
+        name = chk(cu.cuDeviceGetName(256, d), "cuDeviceGetName").split(b"\0")[0].decode()
+        attr = lambda a: chk(cu.cuDeviceGetAttribute(cu.CUdevice_attribute(a), d), "cuDeviceGetAttribute")
+        mem = chk(cu.cuDeviceTotalMem(d), "cuDeviceTotalMem")
+        uuid = chk(cu.cuDeviceGetUuid(d), "cuDeviceGetUuid").bytes
+        ctx = chk(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
+        chk(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        free, _total = chk(cu.cuMemGetInfo(), "cuMemGetInfo")
+        cu.cuCtxPopCurrent(); cu.cuDevicePrimaryCtxRelease(d)
+        out["gpus"].append(gpu(i, name, uuid, attr, int(mem), int(free)))
+def with_ctypes():
+    cu = ctypes.CDLL("libcuda.so.1")
+    def chk(r, what):
+        if r != 0:
+            s = ctypes.c_char_p(); cu.cuGetErrorString(r, ctypes.byref(s))
+            raise RuntimeError("%s failed: CUDA error %d %s" % (what, r, (s.value or b"").decode()))
     chk(cu.cuInit(0), "cuInit")
     v = ctypes.c_int(); chk(cu.cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
     out["driver_version"] = "%d.%d" % (v.value // 1000, (v.value % 1000) // 10)
@@ -54,15 +90,18 @@ try:
             x = ctypes.c_int(); chk(cu.cuDeviceGetAttribute(ctypes.byref(x), a, d), "cuDeviceGetAttribute"); return x.value
         mem = ctypes.c_size_t(); chk(cu.cuDeviceTotalMem_v2(ctypes.byref(mem), d), "cuDeviceTotalMem")
         uuid = (ctypes.c_ubyte * 16)(); chk(cu.cuDeviceGetUuid(uuid, d), "cuDeviceGetUuid")
-        u = bytes(uuid).hex(); u = "GPU-%s-%s-%s-%s-%s" % (u[:8], u[8:12], u[12:16], u[16:20], u[20:])
         ctx = ctypes.c_void_p(); chk(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d), "cuDevicePrimaryCtxRetain")
         chk(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
         free, total = ctypes.c_size_t(), ctypes.c_size_t(); chk(cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
         cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p())); cu.cuDevicePrimaryCtxRelease_v2(d)
-        out["gpus"].append({"index": i, "name": name.value.decode(), "uuid": u,
-            "cc": "%d.%d" % (attr(75), attr(76)), "sm_count": attr(16), "l2_bytes": attr(38),
-            "smem_per_block_optin_bytes": attr(97), "memory_bytes": mem.value, "free_bytes": free.value,
-            "sm_clock_khz": attr(13), "mem_clock_khz": attr(36), "mem_bus_width_bits": attr(37)})
+        out["gpus"].append(gpu(i, name.value.decode(), uuid, attr, mem.value, free.value))
+try:
+    try:
+        out["probe"] = "cuda-bindings"
+        with_bindings()
+    except (ImportError, TypeError, AttributeError, ValueError):
+        out.update(gpus=[], driver_version=None, probe="ctypes")
+        with_ctypes()
 except Exception as e:
     out["error"] = str(e)
 print(json.dumps(out))
@@ -242,7 +281,8 @@ def _probe_with_retries(attempts: int) -> dict[str, Any]:
         if i:
             time.sleep(RETRY_PAUSE_S)
         probe = probe_gpus()
-        hw_attempts.append({"attempt": i + 1, "gpus": len(probe["gpus"]), "error": probe["error"]})
+        hw_attempts.append({"attempt": i + 1, "gpus": len(probe["gpus"]), "error": probe["error"],
+                            "probe": probe.pop("probe", None)})
         if probe["gpus"] or (probe["error"] or "").startswith(NO_DRIVER):
             break  # found, or no driver at all: another probe cannot change that
     return {**probe, "attempts": hw_attempts}

@@ -271,7 +271,8 @@ def gate_ncu(ctx: Context, case: Any = None) -> Outcome:
     dims, bench = profiled_shape(ctx)
     pinned = ctx.settings.ncu_set
     if pinned:
-        chosen, reason = pinned, "the run's bundle (state.json ncu_set; SKILL.md 3g: kept identical across the run)"
+        chosen, reason = pinned, ("the run's bundle (state.json ncu_set: one set for the whole run, so its "
+                                  "profiles compare)")
     else:
         chosen, reason = choose_set(bench.median_ms if bench else None)
     metrics = registry.load(registry.METRICS)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ContractError
 from .build import BuildResult
 from .context import Context
+from .contract import read_python
 from .inputs import derive_seeds, draw_plan, second_poisons
 from .preflight import preflight
 
@@ -14,6 +16,44 @@ def inplace_outputs(ctx: Context) -> list[str]:
     """The reference's ``inplace`` list: outputs that are also inputs (an operation such as ``x.clamp_()``)."""
     value = ctx.ref_constant("inplace")
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
+#: The product of the size dims a run without a GPU is suggested (a TIMEOUT's fix): about 10^5, which Triton's
+#: interpreter runs in seconds (a KernelBench linear layer at 64x32x64: 7.6 s for five seeds on 2 cores).
+CPU_DIMS_BUDGET = 2 ** 17
+
+
+def smaller_dims(dims: dict[str, Any], budget: int = CPU_DIMS_BUDGET) -> dict[str, Any] | None:
+    """``dims`` with every size (an integer of at least 16) halved as often as it takes for their product to reach
+    ``budget`` (each kept at 16 or more; other dims, such as ``eps`` or a kernel size of 3, as they are); None when
+    they are that small already."""
+    sizes = {k: v for k, v in dims.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 16}
+
+    def product(shift: int) -> int:
+        out = 1
+        for v in sizes.values():
+            out *= max(16, v >> shift)
+        return out
+
+    if not sizes or product(0) <= budget:
+        return None
+    shift = next((s for s in range(1, 64) if product(s) <= budget or all(v >> s <= 16 for v in sizes.values())))
+    return {k: (max(16, v >> shift) if k in sizes else v) for k, v in dims.items()}
+
+
+def cpu_dims_hint(ctx: Context, dims: dict[str, Any]) -> str | None:
+    """The ``--kopt-dims`` text of :func:`smaller_dims` for a run on the CPU at ``dims`` (a KernelBench problem's
+    integer size globals stand for the dims not given), for a TIMEOUT's fix to name; None when nothing smaller
+    helps. Raises ContractError for a reference that does not parse."""
+    full = dict(dims)
+    contract = read_python(ctx.ref)
+    if contract.problem_format == "kernelbench":  # its sizes are module globals, which dims of the same name set
+        for name in contract.assigned:
+            value = contract.constants.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                full.setdefault(name, value)
+    small = smaller_dims(full)
+    return ",".join(f"{k}={v}" for k, v in small.items()) if small else None
 
 
 def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildResult,
@@ -43,4 +83,13 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
             "autotune_pin": {name: c["config"] for name, c in res.autotune.items()},
             # a fresh process ends with its request, and its exported allocations with it: the judge, which runs
             # after it, reads its arrays from an .npz then
-            "transport": "npz" if ctx.settings.fresh_process else "ipc"}
+            "transport": "npz" if ctx.settings.fresh_process else "ipc",
+            # what a TIMEOUT's fix suggests for a run without a GPU (the pool names it; the harness ignores it)
+            "smaller_dims": _cpu_hint(ctx, dims) if device == "cpu" else None}
+
+
+def _cpu_hint(ctx: Context, dims: dict[str, Any]) -> str | None:
+    try:
+        return cpu_dims_hint(ctx, dims)
+    except ContractError:  # a reference that does not parse: the preflight item says so
+        return None

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from .. import registry
 from ..artifacts import Achieved, Floor, NcuTop, Roofline, read_dict
 from ..errors import Blocked
+from ..settings import dims_label
 from .context import Context, Outcome
 from .ncu_csv import NcuLaunch, metric_value
 from .measure import device_peaks
@@ -166,8 +167,10 @@ def import_plotting() -> None:
 
 
 def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, title: str = "") -> str | None:
-    """Draw the roofline chart to ``path`` (PNG): DRAM roof, fp32 and bf16 compute roofs from the measured peaks,
-    this kernel's point (arithmetic intensity, achieved FLOP/s) and earlier points from ``history``. Returns the
+    """Draw the roofline chart to ``path`` (PNG): the DRAM roof (its slope, labelled with the measured bandwidth),
+    the fp32 and bf16 compute roofs from the measured peaks (each labelled at its ridge), this kernel's point
+    (arithmetic intensity, achieved FLOP/s) and earlier points from ``history``, and a legend of the three gaps
+    (Δc = 1 − compute utilisation, Δm = 1 − DRAM throughput, Δl = the largest stall reason's share). Returns the
     path, or None when matplotlib, the workload model or the peaks are missing."""
     if "arithmetic_intensity" not in doc or not doc.get("peaks") or not doc.get("arithmetic_intensity"):
         return None
@@ -180,32 +183,58 @@ def plot(doc: Mapping[str, Any], history: list[Mapping[str, Any]], path: Path, t
         return None
     peaks = doc["peaks"]
     bw = peaks["dram_bytes_per_s"]
-    xs = [2.0 ** e for e in range(-4, 13)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, peak, style in (("fp32 (measured)", peaks.get("fp32_flops"), "-"),
-                               ("bf16 tensor (measured)", peaks.get("bf16_flops"), "--")):
+    # the ridges among the x values, so each roof bends where it does
+    xs = sorted({2.0 ** e for e in range(-4, 13)} | {p / bw for p in (peaks.get("fp32_flops"), peaks.get("bf16_flops"))
+                                                      if p and 2.0 ** -4 < p / bw < 2.0 ** 12})
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.plot(xs, [bw * x / 1e12 for x in xs], ":", color="C2", label=f"DRAM roof (measured): {bw / 1e12:.2f} TB/s")
+    for label, peak, style, color in (("fp32 roof (measured)", peaks.get("fp32_flops"), "-", "C0"),
+                                      ("bf16 tensor roof (measured)", peaks.get("bf16_flops"), "--", "C1")):
         if peak:
-            ax.plot(xs, [min(peak, bw * x) / 1e12 for x in xs], style, label=f"{label}: {peak / 1e12:.0f} TFLOP/s")
+            ax.plot(xs, [min(peak, bw * x) / 1e12 for x in xs], style, color=color,
+                    label=f"{label}: {peak / 1e12:.0f} TFLOP/s")
+            ridge = peak / bw
+            ax.annotate(f"{label.split(' roof')[0]} ridge {ridge:.1f} FLOP/B", (ridge, peak / 1e12),
+                        textcoords="offset points", xytext=(4, -12), fontsize=7, color=color)
+    x0 = xs[1]
+    ax.annotate(f"DRAM {bw / 1e12:.2f} TB/s", (x0, bw * x0 / 1e12), textcoords="offset points", xytext=(2, 6),
+                fontsize=7, color="C2", rotation=28)
     points = [*history, doc]
     for i, p in enumerate(points):
         if p.get("arithmetic_intensity") and p.get("achieved_flops"):
             last = i == len(points) - 1
             ax.plot(p["arithmetic_intensity"], p["achieved_flops"] / 1e12, "o" if last else "x",
-                    color="C3" if last else "C7", label="this kernel" if last else None)
+                    color="C3" if last else "C7", label="this kernel" if last else ("earlier profiles" if i == 0
+                                                                                     else None))
             ax.annotate(p.get("label", f"#{i}"), (p["arithmetic_intensity"], p["achieved_flops"] / 1e12),
                         textcoords="offset points", xytext=(4, 4), fontsize=8)
+    gaps = [f"{sym}={doc[key]:.2f} ({what})" for sym, key, what in (
+        ("Δc", "delta_compute", "1 − compute utilisation"), ("Δm", "delta_memory", "1 − DRAM throughput"),
+        ("Δl", "delta_latency", "largest stall share")) if doc.get(key) is not None]
+    if gaps:
+        ax.text(0.99, 0.02, "gaps (0 = at the ceiling):\n" + "\n".join(gaps), transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=7, bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte, workload model)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(title or f"roofline (DRAM {bw / 1e12:.2f} TB/s measured)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(title or "roofline")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def plotting_missing() -> str | None:
+    """Why no chart can be drawn here (matplotlib missing or broken), or None when it can."""
+    try:
+        import matplotlib  # noqa: F401
+    except Exception as exc:  # a broken install raises more than ImportError
+        return f"matplotlib cannot be imported ({type(exc).__name__}): pip install matplotlib"
+    return None
 
 
 def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
@@ -228,7 +257,8 @@ def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
         history = [{**r, "label": f"in{r['iter']}"} for r in state.get("roofline_history", [])]
     ctx.ahead.wait_plotting()  # matplotlib's import started ahead: never two threads importing it
     png = plot({**doc, "label": ctx.kernel.stem}, history, ctx.outdir / "roofline.png",
-               title=f"{ctx.kernel.name} roofline")
+               title=f"{ctx.kernel.name}: roofline at {dims_label(dims or ctx.settings.dims)}")
+    no_chart = f"; no roofline.png: {plotting_missing()}" if png is None and plotting_missing() else ""
     figures = {k: doc[k] for k in ("delta_compute", "delta_memory", "delta_latency", "bound", "near_peak")
                if doc.get(k) is not None}
     figures.update({f"budget_{a}": n for a, n in doc["axis_budget"].items()})
@@ -245,4 +275,4 @@ def gate_roofline(ctx: Context, case: Any = None) -> Outcome:
         sol += f" (above it: tensor-core work), {doc['sol_pct_best']:.1f}% of the bf16 tensor roofline"
     return Outcome(figures, f"Δc={g(doc['delta_compute'])} Δm={g(doc['delta_memory'])} Δl={g(doc['delta_latency'])}"
                             f", bound {doc['bound']}, budget {b['compute']}/{b['memory']}/{b['latency']}"
-                            f" ({doc['method']}){sol}", tuple(str(p) for p in (path, png) if p))
+                            f" ({doc['method']}){sol}{no_chart}", tuple(str(p) for p in (path, png) if p))

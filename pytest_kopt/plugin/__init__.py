@@ -24,15 +24,17 @@ from ..gates.table import Gate, GateTable
 from ..kinds.base import Kind, KindSet
 from ..kinds.builtin import builtin_kinds
 from ..proc.runner import SESSION_PID_ENV
-from . import compare, hookspec, loop, options, report
+from . import compare, hookspec, loop, options, report, summary_md, tidy
 from .compare import PrGatePlugin, SavedBaselinesPlugin
 from .early import prestart_harness_early, start_builds_early
 from .ledger import Ledger, SessionOutcome
 from .loop import LoopPlugin, init_run
-from .nodes import KoptFile, KoptItem, pytest_collect_file, pytest_pycollect_makemodule
+from .nodes import GPU_MARKER, KoptFile, KoptItem, node_path, pytest_collect_file, pytest_pycollect_makemodule
 from .options import SEED_CACHE_KEY, read_settings, usage_error
+from .progress import ProgressPlugin, terminal_out
 from .report import ReportPlugin
 from .stash import STATE, SessionState
+from .summary_md import SummaryMdPlugin
 from .terminal import TerminalPlugin
 from .xdist import XdistControllerPlugin, prestart_planned, worker_env, worker_trust
 
@@ -41,7 +43,7 @@ __all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytes
            "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
 
 #: Each concern's options, declared beside its plugin, in the order ``pytest --help`` lists them.
-_CONCERNS = (options, report, compare, loop)
+_CONCERNS = (options, report, compare, loop, summary_md)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -56,9 +58,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """A ``--kopt-*`` flag no concern defines stops the session with the closest real one."""
+    """A ``--kopt-*`` flag no concern defines stops the session with the closest real one; in a kopt session
+    pytest-benchmark's own plugin is off (:func:`~pytest_kopt.plugin.tidy.benchmark_plugin_off`)."""
     flags = [f"--kopt-{n[0]}" for m in _CONCERNS for n in (*m.OPTIONS, *getattr(m, "FLAGS", ()))]
-    options.check_known(args, flags)
+    options.check_known(args, flags, early_config.invocation_params.dir)
+    tidy.benchmark_plugin_off(early_config, args)
 
 
 @pytest.hookimpl(trylast=True)
@@ -91,7 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
     then take this process's role: an xdist worker takes what its controller handed it; the controller (or the
     only process) detects the hardware, chooses the session's GPUs, seeds a ``--kopt-init`` run and registers the
     concerns' plugins."""
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with the reason when none is visible")
+    config.addinivalue_line("markers", f"{GPU_MARKER}: a pytest-kopt gate item that runs on the GPU (kopt skips it "
+                                       "with the reason when none is visible; select with -m 'not kopt_gpu')")
     config.addinivalue_line("markers", "kopt(gate): a pytest-kopt gate item")
     handed: dict[str, Any] = dict(getattr(config, "workerinput", None) or {})
     kinds, gates = session_registries(config)
@@ -103,6 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not handed:  # the controller: its workers and every harness process inherit it
         os.environ.setdefault(SESSION_PID_ENV, str(os.getpid()))
+    state.restore_hypothesis = tidy.hypothesis_home(settings.outdir)  # before any harness process starts
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [str(k) for k in settings.kernels]
     else:
@@ -140,8 +146,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     """The controller's plugins, each only where its option is on: the loop's step (``--kopt-init``/``--kopt-run``),
     the PR gate (``--kopt-fail-slower`` with candidates), saved baselines (``--kopt-save``/``--kopt-compare``), the
-    xdist controller (xdist installed); report and terminal always. The report plugin runs the concerns' session-end
-    steps in this order: the loop's, then the comparisons."""
+    CI summary (``--kopt-summary-md``, or GitHub Actions), the xdist controller (xdist installed); report and
+    terminal always, and the progress note (not under ``-q``). The report plugin runs the concerns' session-end
+    steps in this order: the loop's, then the comparisons, then the CI summary (which reads what they added)."""
     s = state.settings
     concerns: list[Any] = []
     if s.loop_mode is not None:
@@ -151,13 +158,23 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     if s.fail_slower_pct is not None and s.candidates and s.baseline is not None:
         concerns.append(PrGatePlugin(state))
     if s.save or s.compare:
-        concerns.append(SavedBaselinesPlugin(state))
+        try:
+            concerns.append(SavedBaselinesPlugin(state))
+        except ConfigError as exc:
+            raise usage_error(exc, config) from None
+    md = summary_md.summary_path(config)
+    if md is not None or summary_md.in_actions():  # last: it reads what the loop and the comparisons added
+        concerns.append(SummaryMdPlugin(config, state.gates, state.env, md))
     outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)))
     for c in concerns:
         config.pluginmanager.register(c, f"kopt-{type(c).__name__}")
     config.pluginmanager.register(ReportPlugin(config, state, outcome, concerns), "kopt-report")
     config.pluginmanager.register(TerminalPlugin(config, outcome, state.gates, state.ahead.ahead_log),
                                   "kopt-terminal")
+    if config.get_verbosity() >= 0:
+        kernels = frozenset(node_path(config, k) for k in s.kernels)
+        config.pluginmanager.register(ProgressPlugin(config, kernels, state.pool.timing_samples,
+                                                     state.pool.round_samples.clear, terminal_out()), "kopt-progress")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistControllerPlugin(config, state), "kopt-xdist-controller")
 
@@ -218,6 +235,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     state.ahead.shutdown()
     state.pool.shutdown()
+    tidy.restore(state.restore_hypothesis)
     if not state.restore_visible[0]:
         return
     before = state.restore_visible[1]

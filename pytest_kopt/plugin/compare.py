@@ -11,7 +11,7 @@ import pytest
 
 from .. import prgate
 from ..artifacts import Bench
-from ..errors import EXIT_KERNEL
+from ..errors import EXIT_KERNEL, ConfigError
 from .ledger import SessionOutcome
 from .stash import SessionState
 
@@ -23,6 +23,18 @@ OPTIONS = (
     ("compare", "Compare every kernel's timing with the newest saved baseline NAME of the same GPU model", "NAME"),
     ("storage", "Folder of saved baselines (default .benchmarks, pytest-benchmark's)", "DIR"),
 )
+
+
+#: Why saved baselines cannot work without pytest-benchmark, and the fix.
+NO_BENCHMARK = "saved baselines are stored in pytest-benchmark's format, and pytest-benchmark is not installed"
+NO_BENCHMARK_FIX = "pip install pytest-benchmark (or pytest-kopt[benchmark]), or leave out --kopt-save/--kopt-compare"
+
+
+def benchmark_installed() -> bool:
+    """True when pytest-benchmark, whose storage saved baselines use (:mod:`pytest_kopt.saved`), can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("pytest_benchmark") is not None
 
 
 def _fail_regressions(session: pytest.Session, entries: list[dict[str, Any]]) -> None:
@@ -104,9 +116,12 @@ class PrGatePlugin:
 
 
 class SavedBaselinesPlugin:
-    """``--kopt-save`` / ``--kopt-compare`` through pytest-benchmark's storage, keyed by GPU model."""
+    """``--kopt-save`` / ``--kopt-compare`` through pytest-benchmark's storage, keyed by GPU model. Raises
+    ConfigError (a usage error, before any item runs) when pytest-benchmark is not installed."""
 
     def __init__(self, state: SessionState) -> None:
+        if not benchmark_installed():
+            raise ConfigError(f"--kopt-save/--kopt-compare: {NO_BENCHMARK}", fix=NO_BENCHMARK_FIX)
         self.state = state
 
     def on_record(self, record: Any) -> None:
@@ -125,11 +140,10 @@ class SavedBaselinesPlugin:
         if not gpu:
             errors.append("--kopt-save/--kopt-compare: no GPU, nothing was timed")
             return []
-        try:
-            from .. import saved
-        except ImportError:  # pytest-benchmark is the optional [benchmark] extra
-            errors.append("--kopt-save/--kopt-compare need pytest-benchmark: pip install pytest-benchmark")
+        if not benchmark_installed():  # checked at configure too; a session that lost it since still says why
+            errors.append(f"--kopt-save/--kopt-compare: {NO_BENCHMARK}")
             return []
+        from .. import saved
         current = {settings.label(k): b.valid_samples for k in settings.kernels
                    if (b := Bench.load(settings.artifact_dir(Path(k).resolve()))) is not None and b.valid_samples}
         out: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ..gates import hardware
-from .nodes import node_path
+from .nodes import GPU_MARKER, node_path
 from .stash import SessionState
 
 
@@ -36,7 +36,7 @@ def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, ga
     option under which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``,
     ``--deselect`` or node id (``k.cu::compile``), every path argument existing, the kernel inside the root folder,
     and ``-k``/``-m`` (if given) true for the item by pytest's own expression parser, over the names and markers
-    pytest matches it by (its name, the folders and file name below the root, its markers: ``kopt``, and ``gpu``
+    pytest matches it by (its name, the folders and file name below the root, its markers: ``kopt``, and ``kopt_gpu``
     where the gate runs on the GPU for this kernel's kind, as :meth:`~pytest_kopt.gates.table.Gate.on_gpu`). False when
     unsure: an expression pytest cannot parse here, or one with call parameters. pytest has no public API that
     evaluates ``-k``/``-m`` before collection; its own parser is used, and its absence reads as unsure."""
@@ -53,7 +53,7 @@ def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, ga
         return False
     row = state.gates.by_name.get(gate)
     kind = state.kinds.of(kernel)
-    markers = {"kopt"} | ({"gpu"} if row is not None and kind is not None and row.on_gpu(kind) else set())
+    markers = {"kopt"} | ({GPU_MARKER} if row is not None and kind is not None and row.on_gpu(kind) else set())
     names |= markers  # -k matches an item's marker names too
 
     def keyword(sub: str, /, **kwargs: Any) -> bool:

@@ -15,6 +15,9 @@ from ..gates.inputs import draw_plan
 from ..gates.table import Gate, run
 from .stash import STATE
 
+#: The marker of a gate item that runs on the GPU, namespaced: a user's own ``gpu`` marker is theirs to define.
+GPU_MARKER = "kopt_gpu"
+
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect the session's kernel files (``--kopt-baseline``, ``--kopt-candidate``) as :class:`KoptFile`, whose
@@ -69,7 +72,7 @@ class KoptFile(pytest.File):
                 item = KoptItem.from_parent(self, name=gate.name + suffix, gate=gate, case=case)
                 item.add_marker(pytest.mark.kopt(gate.name))
                 if gate.on_gpu(ctx.kind):
-                    item.add_marker(pytest.mark.gpu)
+                    item.add_marker(GPU_MARKER)
                 yield item
 
 

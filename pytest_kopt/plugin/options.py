@@ -81,9 +81,11 @@ def add_options(parser: pytest.Parser, options: tuple[tuple[str, str, str], ...]
         parser.addini(dest, help=help_text, type="bool", default=False)
 
 
-def check_known(args: list[str], flags: list[str]) -> None:
+def check_known(args: list[str], flags: list[str], base: Path) -> None:
     """Raise UsageError for a ``--kopt-*`` argument that is none of ``flags``, naming the closest real one
-    (argparse only says "unrecognized arguments")."""
+    (argparse only says "unrecognized arguments"). Options are not parsed yet: a ``--kopt-json PATH`` among
+    ``args`` (relative to ``base``, the invocation folder) gets the report of that usage error all the same.
+    (An option given without its value is argparse's error, raised before any plugin hook: no report.)"""
     import difflib
 
     for arg in args:
@@ -93,7 +95,35 @@ def check_known(args: list[str], flags: list[str]) -> None:
         if name.startswith("--kopt") and name not in flags:
             close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else "see pytest --help, group \"GPU kernel gates\""
-            raise pytest.UsageError(f"pytest-kopt: unknown option {name}\n  fix: {hint}")
+            exc = ConfigError(f"unknown option {name}", fix=hint)
+            write_error_report(exc, base, _arg_value(args, "--kopt-json"), _arg_value(args, "--kopt-run"))
+            raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
+
+
+def _arg_value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in unparsed ``args`` (``--flag VALUE`` or ``--flag=VALUE``; the last one given)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def write_error_report(exc: ConfigError, base: Path, path: Any, run_dir: Any = None) -> None:
+    """Write the ``--kopt-json`` report of a session stopped by ``exc`` (:func:`config_error_document`) to ``path``
+    (relative to ``base``); nothing for no path or ``-`` (stdout holds pytest's usage error alone)."""
+    if path in (None, "", "-"):
+        return
+    target = Path(base, str(path))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(config_error_document(exc, run_dir), indent=2) + "\n")
+    except OSError:
+        pass  # the usage error itself still says what is wrong
 
 
 def raw(config: pytest.Config, name: str) -> Any:
@@ -110,14 +140,7 @@ def usage_error(exc: ConfigError, config: pytest.Config | None = None) -> pytest
     """A ConfigError as pytest's usage error (exit 4), message and fix. With ``config`` and ``--kopt-json PATH``,
     the report is written too (:func:`config_error_document`), so an agent or CI reading it learns why nothing ran."""
     if config is not None and not hasattr(config, "workerinput"):
-        path = raw(config, "json")
-        if path not in (None, "", "-"):
-            target = Path(config.invocation_params.dir, str(path))
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(json.dumps(config_error_document(exc, raw(config, "run")), indent=2) + "\n")
-            except OSError:
-                pass  # the usage error below still says what is wrong
+        write_error_report(exc, config.invocation_params.dir, raw(config, "json"), raw(config, "run"))
     return pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
 
 
@@ -176,12 +199,12 @@ def session_seed(config: pytest.Config, given: Any, handed: dict[str, Any]) -> s
             given = "last"
     if str(given).strip().lower() == "last":
         if cache is None:
-            raise pytest.UsageError("pytest-kopt: --kopt-seed last needs pytest's cache (it is disabled: "
-                                    "-p no:cacheprovider)\n  fix: pass --kopt-seed N")
+            raise usage_error(ConfigError("--kopt-seed last needs pytest's cache (it is disabled: -p no:cacheprovider)",
+                                          fix="pass --kopt-seed N"), config)
         last = cache.get(SEED_CACHE_KEY, None)
         if last is None:
-            raise pytest.UsageError("pytest-kopt: --kopt-seed last: no earlier session seed is recorded in the "
-                                    "pytest cache\n  fix: run once without it, or pass --kopt-seed N")
+            raise usage_error(ConfigError("--kopt-seed last: no earlier session seed is recorded in the pytest cache",
+                                          fix="run once without it, or pass --kopt-seed N"), config)
         return str(last)
     if given in (None, ""):
         return str(fresh_session_seed())

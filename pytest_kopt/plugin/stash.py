@@ -37,6 +37,8 @@ class SessionState:
     blocks: BlockLog = field(default_factory=BlockLog)
     scheduler: Scheduler | None = None
     restore_visible: tuple[bool, str | None] = (False, None)
+    #: ``HYPOTHESIS_STORAGE_DIRECTORY`` to give back at unconfigure (:func:`pytest_kopt.plugin.tidy.restore`)
+    restore_hypothesis: tuple[bool, str | None] = (False, None)
     kernels: frozenset[Path] = frozenset()
     #: the files the session judges by, as they were at its start (the controller's, handed to workers)
     pins: Pins = field(default_factory=Pins)

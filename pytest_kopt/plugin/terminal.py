@@ -1,5 +1,6 @@
 """The terminal concern: the ``kopt gates`` summary, one line per gate item (or per kernel with ``-q``), the time
-per gate, the PR gate's verdicts, the loop's outcome and SKILL.md's exit code."""
+per gate, a line per kernel whose output was never checked, the PR gate's verdicts, the loop's outcome and the
+exit code with its meaning."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 import pytest
 
 from ..gates.table import GateTable
-from ..records import GateRecord, kernel_verdicts
+from ..errors import exit_meaning
+from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 
 
@@ -19,12 +21,24 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
     verdicts = kernel_verdicts(rows, table)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
-        note = f"{v['skipped']} skipped" + ("" if v["output_checked"] else "; output not checked")
+        note = ", ".join(([] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
+                         + ([f"{v['skipped']} skipped"] if v["skipped"] else []))
         status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
-            v["status"] + (f" ({note})" if v["skipped"] else "")
+            v["status"] + (f" ({note})" if note else "")
         fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
             (f", {v['speedup_vs_ref']:.2f}x ref" if v["speedup_vs_ref"] is not None else "")
         tr.write_line(f"{v['name']:<{width}}  {status}{fig}"[:200])
+
+
+def _unchecked(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
+    """One line per kernel that passed with its output never compared with the reference (NOT_CHECKED): after the
+    item lines, which read PASSED and SKIPPED, so exit 0 is not taken for a correct output."""
+    for v in kernel_verdicts(rows, table):
+        if v["status"] != NOT_CHECKED:
+            continue
+        why = next((r.message for r in rows if r.nodeid.split("::")[0] == v["name"] and r.gate == "correctness"
+                    and r.outcome == "skipped" and r.message), None) or "no correctness item ran"
+        tr.write_line(f"{v['name']}: {NOT_CHECKED}: passed, output not checked ({why})"[:400], yellow=True)
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
@@ -48,6 +62,8 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
         text = r.summary if r.outcome == "passed" else (r.message or "")
         line = f"{name(r):<{width}} {r.status:<20} {text}"
         tr.write_line(line if len(line) <= 400 else line[:399] + "…")
+    if rows:
+        _unchecked(tr, rows, table)
     per_gate: dict[str, list[float]] = {}
     for r in records:
         per_gate.setdefault(r.gate, []).append(r.duration_s)
@@ -68,8 +84,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     for e in errors:
         tr.write_line(f"kopt: {e}", red=True)
     if code is not None:
-        tr.write_line(f"kopt exit code: {code} (SKILL.md: 2 kernel validation, 3 hardware/tool/ncu, "
-                      f"4 configuration/contract)")
+        tr.write_line(f"kopt exit code: {exit_meaning(code)}")
 
 
 class TerminalPlugin:

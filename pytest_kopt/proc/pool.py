@@ -202,6 +202,8 @@ class HarnessPool:
         #: processes :meth:`prestart` started that no request has used yet
         self.starting: dict[Key, HarnessServer] = {}
         self._atexit = False
+        #: samples taken per timing round key (``<measurement>-<party>``): the progress line reads them
+        self.round_samples: dict[str, int] = {}
 
     def run(self, req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
             prefix: list[str] | None = None, lock: Any = None, server: str | None = None,
@@ -226,7 +228,7 @@ class HarnessPool:
         if ended != "done":
             self._drop(srv)  # ends its whole process group, whatever state it is in
             if ended == "timeout":
-                raise timeout_error(timeout_s, gate, path, output, timeout_hint)
+                raise timeout_error(timeout_s, gate, path, output, timeout_hint, req.get("smaller_dims"))
             if ended == "protocol":
                 raise KernelRuntimeError("the harness process broke its protocol (an answer out of turn on its "
                                          "control pipe, or its log file removed)", gate=gate, path=path,
@@ -243,7 +245,16 @@ class HarnessPool:
                                      fix="the kernel must not touch files in the kopt work folder") from None
         if srv.ending:
             self._drop(srv)
+        rnd = req.get("round") or {}
+        if rnd.get("key") and not rnd.get("final"):  # a timing round: its samples, for the progress line
+            self.round_samples[rnd["key"]] = self.round_samples.get(rnd["key"], 0) + int(rnd.get("count") or 0)
         return result
+
+    def timing_samples(self) -> int | None:
+        """The samples the first party (the candidate) of this process's timing rounds has taken since
+        :attr:`round_samples` was last cleared (a round's samples count once it returns); None when none ran."""
+        first = [n for key, n in self.round_samples.items() if key.endswith("-0")]
+        return sum(first) if first else None
 
     def prestart(self, identity: str | None, env: dict[str, str], workdir: Path) -> None:
         """Start the warm process of ``identity`` (with ``env``) now, without waiting for it, so its start (a Python

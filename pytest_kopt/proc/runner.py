@@ -133,7 +133,8 @@ class FreshProcess:
                 # and whatever left the group below it
                 kill_tree(self.proc.pid)
                 self.proc.wait()
-                raise timeout_error(timeout_s, gate, path, read_log(self.log), timeout_hint) from None
+                raise timeout_error(timeout_s, gate, path, read_log(self.log), timeout_hint,
+                                    self.req.get("smaller_dims")) from None
             except BaseException:
                 kill_tree(self.proc.pid)  # Ctrl-C in pytest: leave no child running on the GPU
                 raise
@@ -165,12 +166,15 @@ def read_log(log: str, limit: int = 65536) -> str:
     return text
 
 
-def timeout_error(timeout_s: float, gate: str, path: str, output: str,
-                  hint: str | None = None) -> KernelRuntimeError:
-    """TIMEOUT after ``timeout_s`` seconds; ``hint`` is the fix when the caller knows more (e.g. the interpreter)."""
+def timeout_error(timeout_s: float, gate: str, path: str, output: str, hint: str | None = None,
+                  smaller_dims: str | None = None) -> KernelRuntimeError:
+    """TIMEOUT after ``timeout_s`` seconds; ``hint`` is the fix when the caller knows more (e.g. the interpreter),
+    ``smaller_dims`` the dims it suggests (the request's ``smaller_dims``: ``--kopt-dims`` text), named in it."""
+    fix = hint or "look for an infinite loop or a deadlock; raise --kopt-timeout if the kernel is simply slow"
+    if hint and smaller_dims:
+        fix += f"; for example --kopt-dims {smaller_dims}"
     return KernelRuntimeError(f"timed out after {timeout_s:g} s", gate=gate, path=path, status="TIMEOUT",
-                              details=tail(output), fix=hint or "look for an infinite loop or a deadlock; raise "
-                                                                "--kopt-timeout if the kernel is simply slow")
+                              details=tail(output), fix=fix)
 
 
 def died_error(returncode: int | None, gate: str, path: str, output: str) -> KernelRuntimeError:
@@ -218,11 +222,15 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     if on_error is not None:
         on_error()
     category, message = result.get("category"), result.get("message", "")
-    details = tail(result.get("traceback", ""), 3000)
+    details = tail(result.get("traceback", ""), 3000) or None
     fix = result.get("fix")
+    line = result.get("line")
+    if result.get("path"):  # the user's own frame the error came from (child/frames.py)
+        path = shown_path(result["path"])
+    where = f"{path}:{line}" if line else path
     if category == "contract":
-        raise ContractError(message, gate=gate, path=path, details=details,
-                            fix=fix or "make the reference/setup follow the contract in the README")
+        raise ContractError(message, gate=gate, path=path, line=line, details=details,
+                            fix=fix or f"make the reference/setup follow the contract in the README (see {where})")
     if category == "changed":  # a pinned file (the reference) is not what the session started with
         raise ConfigError(message, gate=gate, path=path, details=details, status="FILE_CHANGED",
                           fix=fix or "restore the file and run the session again")
@@ -231,9 +239,19 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
     if category == "interpreter_gap":  # Triton's interpreter cannot run what the kernel calls: no verdict on it here
         raise Blocked("hardware", f"{message}; checked on a GPU", NO_GPU_FIX)
     if category == "compile":
-        raise CompileError(message, gate=gate, path=path, details=details, fix=fix or "fix the Triton compile error")
-    raise KernelRuntimeError(message, gate=gate, path=path, details=details,
-                             fix=fix or "the kernel raised an error at run time; see the message above")
+        raise CompileError(message, gate=gate, path=path, line=line, details=details,
+                           fix=fix or "fix the Triton compile error")
+    raise KernelRuntimeError(message, gate=gate, path=path, line=line, details=details,
+                             fix=fix or (f"fix the error at {where} (the traceback above is the kernel's own code)"
+                                         if line else "the kernel raised an error at run time; see the message above"))
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working folder when it is inside it (as the user typed it), else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path
 
 
 def tail(text: str, limit: int = 2000) -> str:
