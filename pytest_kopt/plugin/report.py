@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,10 +49,13 @@ class ReportPlugin:
         self.concerns = concerns
         self.stdout_doc: str | None = None
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> Generator[None, None, None]:
         """Write the report as ``running`` before anything is judged (a file path only: ``-`` prints one document,
-        at the end)."""
+        at the end). After the other session-start hooks: pytest-xdist's sets up its workers there and, for an ssh
+        gateway, refuses any existing file among the arguments that lies outside its --rsyncdir folders (the
+        report's path would be one once written)."""
+        yield
         settings = self.state.settings
         if settings.json_path and settings.json_path != "-":
             self._save(self.running_document())
