@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pytest_kopt.loop.decisions import NOT_ADDITIVE
+
 
 def read(path: Path) -> Any:
     try:
@@ -119,6 +121,10 @@ def iteration(run: Path, h: dict[str, Any], steps: list[dict[str, Any]], here: A
         share = res.get("residual_pct_of_gain")
         out.append(f"- **Residual, {res['label']}:** {ms(res['residual_ms'])} of a {ms(res['gain_ms'])} gain"
                    f"{'' if share is None else f' ({share:.1f}%)'}; the methods explain {ms(res['explained_ms'])}.")
+        # runs closed before the residual carried its note: the same rule, from the same figures
+        note = res.get("note") or (NOT_ADDITIVE if res["gain_ms"] > 0 and res["residual_ms"] < 0 else None)
+        if note:
+            out.append(f"  {note[0].upper()}{note[1:]}.")
     out.append(f"- Verified iteration: {h.get('verified')}.")
     mine = [s for s in steps if s["step"].endswith(f"iterv{i}") or s["step"].endswith(f"iterv{i}b")]
     if mine:

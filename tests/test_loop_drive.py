@@ -18,10 +18,10 @@ from pytest_kopt import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-#: copies the report as the session's start left it (status running), before any item runs
+#: copies the report as the session's start left it (status running), once collected, before any item runs
 PEEK = """
 import json, os, shutil
-def pytest_sessionstart(session):
+def pytest_collection_finish(session):
     path = session.config.getoption("kopt_json")
     if path and os.path.exists(path):
         shutil.copy(path, "peek.json")

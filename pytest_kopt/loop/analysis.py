@@ -100,5 +100,7 @@ def write_closed(it: IterationLayout, state: State, entry: Mapping[str, Any], re
         share = res.get("residual_pct_of_gain")
         lines.append(f"- residual, {res['label']}: {res['residual_ms']:.4f} ms"
                      f"{'' if share is None else f' ({share:.1f}% of the gain)'}")
+        if res.get("note"):
+            lines.append(f"  ({res['note']})")
     lines += ["", NOTES, "", _notes(old), ""]
     write_text(it.analysis, "\n".join(lines))

@@ -165,6 +165,11 @@ def decided(results: list[dict[str, Any]], ab_gate_ms: Mapping[str, float | None
 #: The residual's label wherever it is shown (attribution.json, the report, summary.md): the part of an iteration's
 #: gain that no claimed method's ablation accounts for (an algorithm change, hyperparameters, interactions).
 RESIDUAL_LABEL = "not explained by any method"
+#: The residual's ``note`` when the methods explain more than the gain (a negative residual).
+NOT_ADDITIVE = ("the methods' ablations cost more than the iteration gained: the champion without one of them is "
+                "slower than the previous best, because the rest of it (its shape, the other methods) was built around "
+                "that method; attributions here are not additive, so read each as what its method is worth inside "
+                "this champion, not as a share of the gain")
 
 
 def residual(previous_best_ms: float | None, champion_ms: float,
@@ -175,7 +180,9 @@ def residual(previous_best_ms: float | None, champion_ms: float,
     (``attribution_ms`` of each method whose ablation was judged, negative ones included), ``residual_ms`` = gain -
     explained. Percentages: ``gain_pct`` of the previous best; ``explained_pct_of_gain`` and
     ``residual_pct_of_gain`` of the gain (None when there is no gain to share out). ``inconclusive``: the methods
-    whose attribution is missing; what they did is inside the residual. None without a previous best."""
+    whose attribution is missing; what they did is inside the residual. ``note``: :data:`NOT_ADDITIVE` when there was
+    a gain and the methods explain more than all of it (the residual is negative), else None. None without a previous
+    best."""
     if previous_best_ms is None or not previous_best_ms > 0:
         return None
     gain = previous_best_ms - champion_ms
@@ -190,7 +197,7 @@ def residual(previous_best_ms: float | None, champion_ms: float,
             "gain_pct": 100.0 * gain / previous_best_ms, "explained_ms": explained, "residual_ms": rest,
             "explained_pct_of_gain": share(explained), "residual_pct_of_gain": share(rest),
             "methods_counted": sorted(counted), "inconclusive": sorted(set(attr) - set(counted)),
-            "label": RESIDUAL_LABEL}
+            "label": RESIDUAL_LABEL, "note": NOT_ADDITIVE if gain > 0 and rest < 0 else None}
 
 
 #: The buckets whose verdict is conclusive: both the ablation and the SASS check said something (SKILL.md 3j).
