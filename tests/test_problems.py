@@ -634,3 +634,37 @@ def test_a_property_checked_problem_is_timed_and_its_timed_call_checked_by_its_o
         timing = items[f"flipped.py::timing[{shape}]"]
         assert timing["status"] == "PASSED", timing
     assert result.ret == 0
+
+
+ROWSUM_REF = '''\
+atol = 1e-4
+rtol = 1e-4
+
+
+def reference(x, **_):
+    return x.sum(dim=1)
+'''
+#: off by 5e-4 of every output: within 10x the tolerance and 1e-3 of the scale, a "near miss" by the verdict's rule
+ROWSUM_SCALED = '''\
+import torch
+
+
+def setup(M, N, seed, device="cuda"):
+    return {"inputs": {"x": torch.empty(M, N, device=device)}, "outputs": ["y"]}
+
+
+def run_kernel(x):
+    return x.sum(dim=1) * 1.0005
+'''
+
+
+def test_a_near_miss_that_shrinks_to_size_one_is_called_the_kernels_error(pytester: pytest.Pytester) -> None:
+    """A row sum scaled by 1.0005 reads as a near miss on its seed (the error is 5e-4 of the scale, what a long fp32
+    sum can reach); shrunk to M=1, N=1, where no summation order differs, the details withdraw that hint."""
+    pytester.makepyfile(k=ROWSUM_SCALED, ref=ROWSUM_REF)
+    _, items = session(pytester, "--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "M=8,N=64",
+                       "--kopt-seeds", "1", "-k", "correctness")
+    (item,) = [i for i in items.values() if i["gate"] == "correctness" and i["case"] == "seed=1"]
+    assert item["status"] == "INCORRECT_NUMERICAL", item
+    assert item["figures"]["shrunk"].startswith("M=1,N=1"), item["figures"]
+    assert "a near miss" in item["details"] and "not a near miss after all" in item["details"], item["details"]
