@@ -560,6 +560,46 @@ def test_the_timed_check_call_of_a_problem_with_its_own_check(tmp_path: Path, sc
         assert got["verdict"]["details"] == ["check_implementation: rows are not unit vectors (first norm 1.0100)"]
 
 
+TRIL_IN_PLACE = '''\
+import torch
+
+
+def generate_input(size: int, seed: int):
+    a = torch.randn(size, size, generator=torch.Generator().manual_seed(seed))
+    return a, torch.empty(size, size)
+
+
+def ref_kernel(data):
+    a, out = data
+    out.copy_(3 * torch.triu(a))
+    return out
+'''
+
+
+@pytest.mark.parametrize(("a_changed", "status", "mutated"), [(False, "PASSED", []), (True, "PASSED", ["t0"])])
+def test_the_timed_check_call_leaves_the_output_buffer_the_data_carries_to_the_kernel(
+        tmp_path: Path, a_changed: bool, status: str, mutated: list[str]) -> None:
+    """A GPU MODE ``data`` that carries its output buffer (``(a, out)``, which ref_kernel writes and returns): the
+    timed check call's copy of ``out`` holds what the kernel wrote, which is no mutated input (it failed the
+    example's timing as INPUT_MUTATED on an H100); a changed ``a`` still is one."""
+    import numpy as np
+
+    from pytest_kopt.child.correctness import mode_check_timed
+
+    ref = _write(tmp_path / "tri" / "reference.py", TRIL_IN_PLACE)
+    parts = load_reference(str(ref)).make_inputs(seed=5, size=8)
+    a = parts["t0"]
+    out = 3 * np.triu(a.numpy())
+    np.savez(tmp_path / "cand.npz", in__t0=a.numpy() + (1.0 if a_changed else 0.0), in__t1=out, cand1__out=out)
+    spec = [{"name": n, "role": "input", "shape": [8, 8], "stride": [8, 1], "dtype": "float32",
+             "source": "make_inputs"} for n in ("t0", "t1")]
+    got = mode_check_timed({"ref": str(ref), "seed": 1, "seed_b": 2, "check_seed": 5, "device": "cpu",
+                            "dims": {"size": 8}, "plan": {"regime": "problem"}, "spec": spec, "returned": ["*"],
+                            "cand": {"transport": "npz", "npz": str(tmp_path / "cand.npz")}})
+    assert got["verdict"]["status"] == status, got
+    assert [f.split(" ")[0] for f in got["guards"].get("input_mutated", [])] == mutated, got["guards"]
+
+
 def test_the_bundled_kernelbench_example_with_its_documented_cpu_command(pytester: pytest.Pytester) -> None:
     """examples/kernelbench_linear as docs/examples.md runs it without a GPU (dims named like its globals; the GPU
     gates, which time a 64 x 64 problem on a GPU, left out): every other gate passes, five seeds through Triton's

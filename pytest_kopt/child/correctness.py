@@ -14,8 +14,8 @@ from .formats import load_reference, regime_used
 from .gpumode import join, problem_verdict
 from .inputs import Inputs, check_spec
 from .inputs import changed_elements, same_values, setup_digest
-from .reference import (RefEntry, _fp64_unmet, _setup_arrays, reference_outputs, reference_results, tolerances,
-                        trusted_scalars)
+from .reference import (RefEntry, _fp64_unmet, _setup_arrays, data_outputs, reference_outputs, reference_results,
+                        tolerances, trusted_scalars)
 from .transfer import REPEATS
 
 
@@ -239,8 +239,8 @@ def mode_judge(req: dict[str, Any]) -> dict[str, Any]:
 def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     """The timing gate's output check, in the reference's process: the inputs of the timed process's check call
     drawn here from the seed the pytest process chose for it (``req["check_seed"]``), the timed process's own copy of
-    them (its ``in__`` arrays) compared with those (``guards``: ``input_mutated``), the reference on this process's
-    inputs, and the verdict on that call's outputs (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing``,
+    them (its ``in__`` arrays) compared with those (``guards``: ``input_mutated``; not a GPU MODE ``data``'s output
+    buffer, which the reference writes and returns too), the reference on this process's inputs, and the verdict on that call's outputs (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing``,
     ``guards`` and ``verdict`` as :func:`mode_judge` does."""
     import torch
 
@@ -256,7 +256,7 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
         return {**none, "unreadable": unreadable}
     inp = Inputs(torch, req["spec"], trusted_scalars(ref, req), device)
     inp.fill(req["plan"], int(req["check_seed"]), ref, dims, _setup_arrays(torch, req, device))
-    changed = []
+    changed: dict[str, str] = {}
     for s in inp.spec:
         if s["role"] in ("input", "inout"):
             src = given.get(f"in__{s['name']}")
@@ -265,16 +265,20 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
             t = inp.tensors[s["name"]]
             theirs = torch.as_tensor(src).to(device=device, dtype=t.dtype).reshape(t.shape)
             if s["role"] == "input" and not same_values(torch, theirs, t):
-                changed.append(f"{s['name']} (the timed check call's, {changed_elements(torch, theirs, t)} "
-                               "elements unlike the inputs drawn for it)")
+                changed[s["name"]] = (f"{s['name']} (the timed check call's, {changed_elements(torch, theirs, t)} "
+                                      "elements unlike the inputs drawn for it)")
     inp.poison_outputs()
     outs = reference_results(torch, ref, inp, req)
+    # a GPU MODE data's output buffer is an "input" the reference writes and returns too: the kernel's copy of it
+    # holds what the kernel wrote, its output (judged below), not a changed input
+    writes = data_outputs(ref, outs)
+    changed = {n: f for n, f in changed.items() if inp.tensors[n].data_ptr() not in writes}
     tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}
     outputs = list(outs)
     cand = {k: v for k, v in given.items() if k.startswith("cand1__")}
     missing = [f"cand1__{o}" for o in outputs if f"cand1__{o}" not in cand]
     base = {**none, "outputs": outputs, "tolerances": tol, "missing": missing,
-            "guards": {"input_mutated": changed} if changed else {}}
+            "guards": {"input_mutated": list(changed.values())} if changed else {}}
     if missing or not outputs:
         return base
     if getattr(ref, "checker", None) is not None:  # the problem's own check, on the inputs drawn here
