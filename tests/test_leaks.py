@@ -204,3 +204,16 @@ def test_gpu_a_cuda_malloc_per_call_fails_leak_and_its_twin_passes(pytester: pyt
     ret, status, figures, memory = verdicts["scratch_malloc.cu"]
     assert (ret, status) == (0, "PASSED"), memory
     assert memory["check"] == "flat" and figures["memory_check"] == "flat"
+
+
+def test_forged_readings_are_dropped_not_a_crash() -> None:
+    """The timed process's readings are the kernel's to forge: strings, negative or boolean figures are left out
+    (the pytest process's own readings still decide), and a forged peak is no figure."""
+    samples = [3, 254, 505, 756, 1007]
+    outside = [(s, HELD + 2 * MIB * (3000 + s)) for s in samples]
+    inside = [{"samples": "many", "calls": 1}, {"samples": 254, "calls": True, "nvml_bytes": -1}, "junk"]
+    res = _result(outside, inside)
+    res["memory"]["peak_call"] = {"torch_bytes": "0", "device_held_bytes": 0, "bytes": 0}
+    mem = assess(res, sets=8)
+    assert mem["leak"] is True and mem["basis"] == "nvml_outside" and mem["per"] == "sample"
+    assert mem["bytes_per_call"] == 2 * MIB and mem["peak_call_bytes"] is None and mem["torch"]["check"] == "too_few_readings"

@@ -115,6 +115,20 @@ BASES = {"nvml_outside": "NVML, read by the pytest process between rounds",
          "device_used": "the device's used memory (cudaMemGetInfo), read by the timed process"}
 
 
+def _count(value: Any) -> bool:
+    """An int figure (bytes, a count): what a reading's fields must be (the timed process's are the kernel's to
+    forge, and a forged string must not crash the gate)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _readings(raw: Any, fields: Sequence[str]) -> list[dict[str, Any]]:
+    """The well-formed readings of ``raw``: a mapping each, ``samples`` an int, ``fields`` ints or None."""
+    if not isinstance(raw, list):
+        return []
+    return [dict(r) for r in raw if isinstance(r, Mapping) and _count(r.get("samples"))
+            and all(r.get(f) is None or _count(r.get(f)) for f in fields)]
+
+
 def _warm(reading: Mapping[str, Any], sets: int) -> bool:
     """A reading taken after the warm-up: after more samples than there are rotating input sets, so the first
     refresh of every set (whose temporaries torch's allocator keeps) is behind it."""
@@ -136,8 +150,8 @@ def assess(result: Mapping[str, Any], sets: int) -> dict[str, Any]:
     ``points`` ([samples, calls, bytes] per reading judged)."""
     inside = result.get("memory") if isinstance(result.get("memory"), Mapping) else {}
     outside = result.get("memory_outside") if isinstance(result.get("memory_outside"), Mapping) else {}
-    ins = [r for r in inside.get("readings") or [] if isinstance(r, Mapping)]
-    outs = [r for r in outside.get("readings") or [] if isinstance(r, Mapping)]
+    ins = _readings(inside.get("readings"), ("calls", "nvml_bytes", "device_used_bytes", "torch_allocated_bytes"))
+    outs = _readings(outside.get("readings"), ("parties_min", "bytes"))
     calls_at = {int(r.get("samples") or 0): r.get("calls") for r in ins}
     notes = []
     basis, rows = None, []
@@ -148,7 +162,8 @@ def assess(result: Mapping[str, Any], sets: int) -> dict[str, Any]:
         if ins and all(r.get("nvml_bytes") is not None for r in ins):
             basis, rows = "nvml_inside", [(r["samples"], r["nvml_bytes"]) for r in ins if _warm(r, sets)]
         else:
-            notes.append(f"not read through NVML by the timed process: {inside.get('nvml_note') or 'no readings'}")
+            notes.append(f"not read through NVML by the timed process: {str(inside.get('nvml_note'))[:200]}"
+                         if inside.get("nvml_note") else "not read through NVML by the timed process")
             if ins and all(r.get("device_used_bytes") is not None for r in ins):
                 # every process's memory: a reading counts once every party's warm-up is behind it
                 # every process's memory: in alternating rounds a reading counts once every party's warm-up is
@@ -158,6 +173,8 @@ def assess(result: Mapping[str, Any], sets: int) -> dict[str, Any]:
                 rows = [(r["samples"], r["device_used_bytes"]) for r in ins
                         if _warm(r, sets) and least.get(int(r["samples"]), sets + 1) > sets]
     peak = inside.get("peak_call") if isinstance(inside.get("peak_call"), Mapping) else None
+    if peak is not None and not all(_count(peak.get(k)) for k in ("torch_bytes", "device_held_bytes", "bytes")):
+        peak = None
     out: dict[str, Any] = {"basis": basis, "basis_note": "; ".join(notes) or None,
                            "granularity_bytes": GRANULARITY_BYTES, "peak_call": dict(peak) if peak else None,
                            "peak_call_bytes": peak.get("bytes") if peak else None}

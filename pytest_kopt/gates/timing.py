@@ -304,6 +304,8 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                           peaks_s=t_peaks, first_attempt=m.first_attempt, baseline=m.baseline,
                           baseline_kernel=str(ctx.settings.baseline)).write(ctx.outdir)
     if leak:
+        # the process holds what the calls leaked: ended, so the session's later items find the memory free
+        ctx.pool.end(ctx.server("candidate"), dict(req.get("env") or {}))
         raise leak_error(memory, ctx.display)
     if j.suspects:
         raise TimingError("; ".join(text for text, _ in j.suspects), gate="timing", path=ctx.display,

@@ -287,6 +287,13 @@ class HarnessPool:
             return []
         return sorted({srv.proc.pid, *(srv.stopped or [])})
 
+    def end(self, identity: str | None, env: dict[str, str]) -> None:
+        """End the warm process of ``identity`` (with ``env``) now, if it runs (a candidate whose process holds
+        leaked device memory); the next request to it starts a fresh one."""
+        srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
+        if srv is not None:
+            self._drop(srv)
+
     def shutdown(self) -> None:
         """End every harness process of this pool (the warm ones asked first, then each waited for)."""
         for srv in self.live.values():
