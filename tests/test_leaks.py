@@ -200,7 +200,8 @@ def test_gpu_a_cuda_malloc_per_call_fails_leak_and_its_twin_passes(pytester: pyt
         verdicts[name] = (result.ret, timing["status"], timing["figures"], bench["memory"])
     ret, status, figures, memory = verdicts["leak_malloc.cu"]
     assert (ret, status) == (2, "LEAK"), memory
-    assert 1.9 * MIB <= figures["leak_bytes_per_call"] <= 2.2 * MIB and memory["check"] == "leak"
+    # 2 MiB cudaMalloc'd per call (the driver maps whole 2 MiB pages; more only if it pads an allocation)
+    assert 1.9 * MIB <= figures["leak_bytes_per_call"] <= 4.1 * MIB and memory["check"] == "leak"
     ret, status, figures, memory = verdicts["scratch_malloc.cu"]
     assert (ret, status) == (0, "PASSED"), memory
     assert memory["check"] == "flat" and figures["memory_check"] == "flat"
