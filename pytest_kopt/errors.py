@@ -17,7 +17,8 @@ EXIT_CONFIG = 4
 EXIT_MEANINGS = {
     EXIT_OK: "every gate passed or skipped with a reason",
     1: "a failure that is not a gate's (a test of your own in the session)",
-    EXIT_KERNEL: "kernel validation: compile error, wrong output, crash or timeout, unstable or suspect timing",
+    EXIT_KERNEL: "kernel validation: compile error, wrong output, crash or timeout, unstable or suspect timing, "
+                 "a device memory leak",
     EXIT_HARDWARE: "hardware or tool: no GPU for a loop step, nvcc/ncu/cuobjdump missing or failing",
     EXIT_CONFIG: "configuration or contract: a bad option, a file that breaks its contract, a bad methods.json",
 }
@@ -128,6 +129,13 @@ class TimingError(KoptError):
     """Timing was unstable (robust CV above SKILL.md's 0.10 limit) or non-positive (exit code 2)."""
 
     status = "UNSTABLE_TIMING"
+
+
+class LeakError(KoptError):
+    """The candidate's device memory grew with the number of its timed calls (LEAK, with bytes per call; the rule:
+    :func:`pytest_kopt.gates.leaks.judge_growth`); exit 2."""
+
+    status = "LEAK"
 
 
 class EmptyKernelError(KoptError):

@@ -41,7 +41,7 @@ FIGURES = ["median_ms", "mean_ms", "min_ms", "p10_ms", "p90_ms", "ci95_low_ms", 
            "median_rse", "stability", "stability_basis", "samples", "timing_basis", "events_median_ms", "stop_reason",
            "rotating_sets", "timing_method", "host_gap_ms", "ref_median_ms", "speedup_vs_ref", "speedup_ci95_low",
            "speedup_ci95_high", "gpu_uuid", "throttled_samples", "cupti_median_ms", "gflops", "gbytes_per_s",
-           "roofline_floor_ms"]
+           "roofline_floor_ms", "memory_check"]
 PEAKS = {"dram_bytes_per_s": 4.0e12, "bf16_flops": 7.0e14, "fp32_flops": 5.0e13, "gpu": "H200", "method": "torch"}
 
 
@@ -186,16 +186,23 @@ class FakeContext:
         self.kind = SimpleNamespace(graph_capture=False)
         self.env = {"gpu": {"uuid": "GPU-aaa", "index": 1}, "pinned": True}
         self.kernel, self.arch, self.display = Path("/k/kern.py"), "sm_90a", "kern.py"
+        #: the warm processes the gate ended
+        self.ended: list[tuple[str | None, dict]] = []
+        self.pool = SimpleNamespace(end=lambda identity, env: self.ended.append((identity, env)))
+
+    def server(self, role: str) -> str:
+        return f"{role}:{self.kernel}"
 
 
-def run_gate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, parties: tuple, pr: bool = False) -> Any:
+def run_gate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, parties: tuple, pr: bool = False,
+             ctx: FakeContext | None = None) -> Any:
     from pytest_kopt.gates import measure, timing
 
     monkeypatch.setattr(measure, "measure", lambda ctx, req: parties)
     monkeypatch.setattr(timing, "device_peaks", lambda ctx: dict(PEAKS))
     monkeypatch.setattr(timing, "harness_request", lambda ctx, mode, device, seed, res, **kw: {"mode": mode, **kw})
     monkeypatch.setattr(timing, "built", lambda ctx: SimpleNamespace(autotune={"kern": {"config": {"BLOCK": 128}}}))
-    return timing._time_shape(FakeContext(tmp_path, pr), None, "cuda")
+    return timing._time_shape(ctx or FakeContext(tmp_path, pr), None, "cuda")
 
 
 def passed() -> Any:
@@ -206,7 +213,8 @@ def test_the_timing_gate_writes_todays_bench(monkeypatch: pytest.MonkeyPatch, tm
     outcome = run_gate(monkeypatch, tmp_path, (harness_result(0.05), harness_result(0.08), harness_result(0.06),
                                                passed()), pr=True)
     doc = json.loads((tmp_path / BENCH).read_text())
-    assert list(doc) == MEASURED_FIELDS + ["pr_baseline"] and doc["timing_valid"] is True
+    assert list(doc) == MEASURED_FIELDS + ["memory", "pr_baseline"] and doc["timing_valid"] is True
+    assert doc["memory"]["check"] == "not_read" and doc["memory"]["leak"] is None
     assert doc["timing_basis"] == "cupti" and doc["samples_ms"] == pytest.approx(samples(0.05))
     assert doc["timing_method"] == {**POLICY, "clock": "cupti_kernel_span", "l2_flush_bytes": 1 << 26,
                                     "rotating_sets": 4, "fresh_values_every_call": True, "graph_method": None,
@@ -215,6 +223,29 @@ def test_the_timing_gate_writes_todays_bench(monkeypatch: pytest.MonkeyPatch, tm
     assert list(outcome.figures) == FIGURES and outcome.artifacts == (str(tmp_path / BENCH),)
     assert outcome.summary.startswith("median 50.") and "kernel-only (CUPTI)" in outcome.summary
     assert outcome.figures["gflops"] == pytest.approx(doc["gflops"]) and doc["pr_baseline"]["kernel"] == "/k/base.py"
+
+
+def test_a_leak_fails_the_timing_item_with_an_invalid_bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The pytest process's NVML readings of the candidate grow 2 MiB per sample (one call per sample): the timing
+    item fails LEAK with the rate, its bench.json says so and is not valid timing, and the candidate's warm
+    process, which holds the memory, is ended."""
+    from pytest_kopt.errors import LeakError
+
+    held = 1409 * 2**20
+    outside = {"readings": [{"samples": s, "parties_min": s, "bytes": held + 2 * 2**20 * s}
+                            for s in (3, 60, 120, 180, 240)], "note": None}
+    inside = {"readings": [{"samples": s, "calls": 500 + s, "nvml_bytes": None, "device_used_bytes": None,
+                            "torch_allocated_bytes": 2**20} for s in (3, 60, 120, 180, 240)],
+              "peak_call": {"torch_bytes": 0, "device_held_bytes": 2 * 2**20, "bytes": 2 * 2**20}, "nvml_note": None}
+    ctx = FakeContext(tmp_path, False)
+    with pytest.raises(LeakError, match=r"2\.000 MiB \(2097152 bytes\) per call over 4 readings") as caught:
+        run_gate(monkeypatch, tmp_path, (harness_result(0.05, memory=inside, memory_outside=outside),
+                                         harness_result(0.08), None, passed()), ctx=ctx)
+    assert caught.value.status == "LEAK" and caught.value.figures["leak_bytes_per_call"] == 2 * 2**20
+    doc = json.loads((tmp_path / BENCH).read_text())
+    assert doc["timing_valid"] is False and doc["memory"]["leak"] is True
+    assert doc["memory"]["basis"] == "nvml_outside" and doc["memory"]["peak_call_bytes"] == 2 * 2**20
+    assert ctx.ended == [("candidate:/k/kern.py", {})]
 
 
 def test_a_wrong_timed_output_leaves_an_invalid_bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

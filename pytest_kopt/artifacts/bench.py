@@ -243,7 +243,7 @@ class Bench:
                  floor_ms: float | None, peaks: Mapping[str, Any] | None, gflops: float | None,
                  gbytes_per_s: float | None, suspects: Sequence[str], timed_output_check: str, peaks_s: float,
                  first_attempt: FirstAttempt | None = None, baseline: TimedRun | None = None,
-                 baseline_kernel: str | None = None) -> Bench:
+                 baseline_kernel: str | None = None, memory: Mapping[str, Any] | None = None) -> Bench:
         """The document of a finished measurement (SKILL.md's fields and what the reports read). ``timing``: its
         statistics; ``run``, ``ref``, ``baseline``: the kernel's, the reference's and a PR gate's baseline's timed
         results (``baseline_kernel`` the baseline's path); ``valid``: whether the timing is valid (stable, nothing
@@ -251,7 +251,8 @@ class Bench:
         carried; ``interleaved``: whether the reference was timed in rounds alternating with the kernel;
         ``seeds``: the session's validation seeds (the first is the timing's); ``floor_ms``: the roofline floor
         (ms) from the measured ``peaks``; ``gflops``/``gbytes_per_s``: from the workload model; ``peaks_s``:
-        seconds spent on the peaks."""
+        seconds spent on the peaks; ``memory``: the device memory across the timed calls, the LEAK check and a
+        call's peak (:func:`pytest_kopt.gates.leaks.assess`), written as ``memory``."""
         k, r, ke, basis = timing.kernel, timing.reference, timing.events, timing.basis
         speedup, sp_lo, sp_hi = timing.speedup
         doc: dict[str, Any] = {
@@ -279,6 +280,8 @@ class Bench:
             # measurement and the output check as the pytest process saw them, and each timed process's own phases
             "phase_s": {"peaks": round(peaks_s, 3), **run.gate_phase_s, "candidate": _rounded(run.phase_s),
                         "reference": _rounded(ref.phase_s)}}
+        if memory is not None:  # device memory across the timed calls: the LEAK check, a call's peak
+            doc["memory"] = dict(memory)
         if basis.host_work_ms is not None:  # host work inside the call, which put it on the events (ms per call)
             doc["host_work_ms"] = basis.host_work_ms
         if first_attempt is not None:  # an unstable first measurement, its causes and what was done about them

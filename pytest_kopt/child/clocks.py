@@ -60,6 +60,31 @@ class Clocks:
         return [{"pid": int(p.pid), "used_bytes": int(getattr(p, "usedGpuMemory", 0) or 0)} for p in procs
                 if not same_session(int(p.pid))]
 
+    def process_bytes(self) -> tuple[int | None, str | None]:
+        """The device memory (bytes) NVML reports this process holding on this GPU, and why there is none: no
+        NVML, or this pid absent from NVML's list (inside a container's pid namespace NVML lists the host's pids),
+        or NVML not reporting per-process memory (usedGpuMemory unavailable)."""
+        if self.nvml is None:
+            return None, "no NVML (nvidia-ml-py) in the timing process"
+        try:
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception as exc:
+            return None, f"NVML's process list failed ({type(exc).__name__})"
+        return process_used(procs, {os.getpid()})
+
+
+def process_used(procs: Any, pids: set[int]) -> tuple[int | None, str | None]:
+    """The summed ``usedGpuMemory`` (bytes) of the entries of an NVML process list (``pid``, ``usedGpuMemory``)
+    whose pid is in ``pids``, and why there is none: no entry matched (a container's pid namespace: NVML lists the
+    host's pids), or NVML gives no figure for them (None, or NVML_VALUE_NOT_AVAILABLE, 2**64 - 1)."""
+    mine = [getattr(p, "usedGpuMemory", None) for p in procs if int(p.pid) in pids]
+    if not mine:
+        return None, ("the process's pid is not in NVML's process list (a container's pid namespace: NVML lists "
+                      "the host's pids)")
+    if any(m is None or int(m) >= 2**63 for m in mine):
+        return None, "NVML reports no per-process memory on this system"
+    return sum(int(m) for m in mine), None
+
 
 def same_session(pid: int, root: int | None = None) -> bool:
     """True when ``pid`` is this process or descends from the session's root process (``KOPT_SESSION_PID``: the

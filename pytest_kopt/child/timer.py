@@ -20,15 +20,26 @@ class Timer:
     """The sampling loop shared by kernel and reference timing, resumable (:meth:`take`) so parties can be timed
     in alternating rounds. Created once per party: allocates the L2 flush buffer (read, 2x the L2 size), warms up
     for ``t["warmup_ms"]`` of wall time, calibrates the stream hold (90th percentile of the warmup launches' host
-    time, x2 + 20 µs) and the host overhead of a launch + synchronise. ``launch(set)`` calls the party once without
-    waiting; ``refresh(set, k)`` writes new values into a set (outside any timed window). Subclasses define one
-    sample (:meth:`sample`) and when sets are refreshed (:meth:`refresh_sets`)."""
+    time, x2 + 20 µs) and the host overhead of a launch + synchronise, and measures the device memory one call
+    holds at its peak (:meth:`call_peak`). ``launch(set)`` calls the party once without waiting (every call is
+    counted: :attr:`calls`); ``refresh(set, k)`` writes new values into a set (outside any timed window).
+    Subclasses define one sample (:meth:`sample`) and when sets are refreshed (:meth:`refresh_sets`). Device memory
+    is read (:meth:`read_memory`) at the end of every :meth:`take` and, sampling to the stopping rule in one go, after
+    sample 16, 32, 64, ...: the in-process witness of :mod:`pytest_kopt.gates.leaks`."""
 
     method = "events"
 
     def __init__(self, torch: Any, sets: list[Any], launch: Callable[[Any], None],
                  refresh: Callable[[Any, int], None], t: dict[str, Any]) -> None:
-        self.torch, self.sets, self.launch, self.refresh, self.t = torch, sets, launch, refresh, t
+        self.torch, self.sets, self.refresh, self.t = torch, sets, refresh, t
+        #: calls of ``launch`` so far (warm-up, samples, the peak's call, the profiled calls)
+        self.calls = 0
+
+        def counted(s: Any) -> None:
+            self.calls += 1
+            launch(s)
+
+        self.launch = counted
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
         # flush by *reading* 2x L2: a write-based flush leaves dirty lines whose write-back then runs in the kernel
@@ -40,7 +51,7 @@ class Timer:
         launch_s: list[float] = []
         while i < 3 or time.perf_counter() < t_end:
             h = time.perf_counter()
-            launch(sets[i % len(sets)])
+            self.launch(sets[i % len(sets)])
             launch_s.append(time.perf_counter() - h)
             torch.cuda.synchronize()
             i += 1
@@ -60,6 +71,10 @@ class Timer:
             torch.cuda.synchronize()
             over.append((time.perf_counter() - h0) * 1e3)
         self.host_overhead_ms = statistics.median(over)
+        #: device memory readings (:meth:`read_memory`), and why NVML gave this process's own figure in none
+        self.memory: list[dict[str, Any]] = []
+        self.memory_note: str | None = None
+        self.peak_call = self.call_peak()
         self.start, self.stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.event_ms: list[float] = []
         #: host time (µs) of each timed launch call: longer than the hold, the GPU idles inside the window
@@ -73,6 +88,39 @@ class Timer:
         #: where this party's wall time went (s): ``prepare`` (load, first call, input sets, warmup: set by the
         #: caller), ``sampling``, ``side_stream_probe``, and what the mode adds (``cupti``, ``check_call``)
         self.phase_s: dict[str, float] = {}
+
+    def call_peak(self) -> dict[str, int]:
+        """The device memory one call (after the warm-up, on the first set) holds at its peak, in bytes:
+        ``torch_bytes``, torch's allocator peak during the call above what was allocated before it (what a torch or
+        Triton candidate allocates through torch, its outputs included); ``device_held_bytes``, the device's free
+        memory before the call less after it (what the call left held: a workspace it keeps, a segment torch's
+        allocator reserved, a leak); ``bytes``, the larger. Memory a ``.cu`` call cudaMalloc's and frees before it
+        returns is in neither (no reading runs inside a call)."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        free0 = torch.cuda.mem_get_info()[0]
+        self.launch(self.sets[0])
+        torch.cuda.synchronize()
+        peak = max(0, int(torch.cuda.max_memory_allocated() - before))
+        held = max(0, int(free0 - torch.cuda.mem_get_info()[0]))
+        return {"torch_bytes": peak, "device_held_bytes": held, "bytes": max(peak, held)}
+
+    def read_memory(self) -> None:
+        """Append one device memory reading: after ``samples`` samples and ``calls`` calls, this process's own
+        memory as NVML lists it (``nvml_bytes``, None where it cannot: :meth:`Clocks.process_bytes`), the device's
+        used memory (total - free, every process's), and torch's allocated and reserved bytes in this process."""
+        torch = self.torch
+        try:
+            free, total = torch.cuda.mem_get_info()
+            used: int | None = int(total - free)
+        except RuntimeError:
+            used = None
+        nvml, self.memory_note = self.clocks.process_bytes()
+        self.memory.append({"samples": self.k, "calls": self.calls, "nvml_bytes": nvml, "device_used_bytes": used,
+                            "torch_allocated_bytes": int(torch.cuda.memory_allocated()),
+                            "torch_reserved_bytes": int(torch.cuda.memory_reserved())})
 
     def flush(self) -> None:
         """Queue the L2 flush (a read of 2x the L2 size)."""
@@ -117,9 +165,10 @@ class Timer:
             taken += 1
             self.elapsed_s += time.perf_counter() - t0
             reason = self._stop()
-            if reason is not None and count is None:
-                return reason
-            if count is not None and taken >= count:
+            done = (reason is not None and count is None) or (count is not None and taken >= count)
+            if done or (count is None and self.k >= 16 and not self.k & (self.k - 1)):
+                self.read_memory()  # outside the sample's time: the stopping rule never sees it
+            if done:
                 return reason
 
     def result(self, reason: str | None) -> dict[str, Any]:
@@ -145,7 +194,8 @@ class Timer:
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
                 "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
                 "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method,
-                "phase_s": self.phase_s}
+                "phase_s": self.phase_s,
+                "memory": {"readings": self.memory, "peak_call": self.peak_call, "nvml_note": self.memory_note}}
 
 
 def probe_calls(median_ms: float) -> int:

@@ -5,6 +5,7 @@ peaks, the timed output's check, and which samples a timing reports (:func:`timi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -19,6 +20,7 @@ from ..errors import KernelRuntimeError, KoptError, TimingError
 from .build import ensure_built
 from .context import Context
 from .correctness import check_report, judge_request, verdict_from
+from .leaks import ProcessMemory
 from .request import harness_request
 from .suspects import host_work, idle_ms, unstable_causes
 from .trust import digest, local_sources
@@ -71,10 +73,16 @@ class Rounds:
     """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
     rounds of about :data:`ROUND_S` per party until every party's stopping rule is met or ``cap_s`` wall seconds
     have passed (:data:`ROUNDS_CAP_S`; a party still sampling then is ``capped``), then each party's final result.
-    The caller holds the GPU lock around all of it."""
+    The caller holds the GPU lock around all of it. With ``memory``, the first party's device memory is read after
+    each of its sampling rounds, while its process is stopped (:class:`~pytest_kopt.gates.leaks.ProcessMemory`), and
+    its final result carries the readings as ``memory_outside``."""
 
-    def __init__(self, ctx: Context, parties: list[Party], cap_s: float = ROUNDS_CAP_S) -> None:
+    def __init__(self, ctx: Context, parties: list[Party], cap_s: float = ROUNDS_CAP_S,
+                 memory: ProcessMemory | None = None) -> None:
         self.ctx, self.parties = ctx, parties
+        self.memory = memory
+        #: the first party's readings: samples it had taken, the fewest any party had taken, its bytes (or None)
+        self.memory_readings: list[dict[str, Any]] = []
         self.key = uuid.uuid4().hex
         self.cap_s = cap_s
         self.timeout = max(ctx.settings.gate_timeout_s, 120.0)
@@ -99,9 +107,16 @@ class Rounds:
             result["outside_clock"] = {"samples_asked": self.asked.get(i, 0),
                                        "rounds_wall_s": round(self.wall_s.get(i, 0.0), 6),
                                        "final_wall_s": round(took, 6)}
+            if i == 0 and self.memory is not None:
+                result["memory_outside"] = {"readings": self.memory_readings, "note": self.memory.note}
         else:
             self.asked[i] = self.asked.get(i, 0) + count
             self.wall_s[i] = self.wall_s.get(i, 0.0) + took
+            if i == 0 and self.memory is not None:
+                pids = self.ctx.pool.pids(server, dict(r.get("env") or {}))
+                self.memory_readings.append({"samples": self.asked[0],
+                                             "parties_min": min(self.asked.get(j, 0) for j in range(len(self.parties))),
+                                             "bytes": self.memory.read(pids)})
         return result
 
     def start(self, i: int) -> dict[str, Any]:
@@ -150,10 +165,12 @@ def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict
     parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
     ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display),
                            ({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))])
-    rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)))
+    # the candidate's device memory, read here between its rounds (the LEAK check, gates/leaks.py)
+    memory = ProcessMemory((ctx.env.get("gpu") or {}).get("uuid"))
+    rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
-    with ctx.device_lock(req["device"]):
+    with ctx.device_lock(req["device"]), contextlib.closing(memory):
         first = rounds.start(0)
         rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
                 "env": {}}

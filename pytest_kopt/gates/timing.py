@@ -17,6 +17,7 @@ from .build import built
 from .context import Context, Outcome
 from .correctness import require_correct
 from .gpus import same_device
+from .leaks import assess, leak_error
 from .measure import (GRAPH_CALLS, MS_PER_US, TIMING, Measured, device_peaks, measure_shape,
                       retime_interleaved, timing_basis, timing_policy)
 from .request import harness_request
@@ -43,9 +44,10 @@ def timing_cases(ctx: Context) -> list[tuple[str, Any]]:
 def gate_timing(ctx: Context, case: Any = None) -> Outcome:
     """Time the kernel and (in its own process) the reference: rotating input sets with fresh values, L2 flushed
     before every call, adaptive stopping on the median's standard error, NVML clocks. Writes ``bench.json`` with
-    SKILL.md's fields. Fails with UNSTABLE_TIMING (robust CV > 0.10), SUSPECT (under the roofline floor from the
-    measured peaks, or host clock far beyond the event time: work on another stream), or the guard status of the
-    timed-output check (a timed call's output is checked against the reference in another process).
+    SKILL.md's fields. Fails with LEAK (device memory that grows with the timed calls: :mod:`.leaks`),
+    UNSTABLE_TIMING (robust CV > 0.10), SUSPECT (under the roofline floor from the measured peaks, or host clock far
+    beyond the event time: work on another stream), or the guard status of the timed-output check (a timed call's
+    output is checked against the reference in another process).
 
     ``case``: one of several benchmark shapes (its dims). That shape's ``bench.json`` goes to
     ``shapes/<M=..,N=..>/``, and the kernel's own ``bench.json`` becomes their summary (:func:`shapes_summary`):
@@ -156,8 +158,10 @@ def judge(ctx: Context, m: Measured, peaks: dict[str, Any] | None) -> Judged:
                   gflops=giga_per_s(wm.get("flops")), gbytes_per_s=giga_per_s(wm.get("bytes_min")), suspects=found)
 
 
-def figures(m: Measured, j: Judged) -> dict[str, Any]:
-    """The timing item's figures (scalars: they become junit ``user_properties``)."""
+def figures(m: Measured, j: Judged, memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The timing item's figures (scalars: they become junit ``user_properties``); ``memory``: bench.json's
+    ``memory`` record (:func:`~pytest_kopt.gates.leaks.assess`), whose check, basis, held bytes, a call's peak
+    (bytes) and growth per call (bytes) join them where they have a value."""
     t, run = j.timing, m.run
     k = t.kernel
     speedup, sp_lo, sp_hi = t.speedup
@@ -185,10 +189,28 @@ def figures(m: Measured, j: Judged) -> dict[str, Any]:
         out["roofline_floor_ms"] = j.floor_ms
     if m.first_attempt is not None:
         out["first_attempt_robust_cv"] = round(m.first_attempt.robust_cv, 5)
+    mem = memory or {}
+    for key, name in (("check", "memory_check"), ("basis", "memory_basis"), ("held_bytes", "memory_held_bytes"),
+                      ("peak_call_bytes", "peak_call_bytes"), ("bytes_per_call", "memory_bytes_per_call")):
+        if mem.get(key) is not None:
+            out[name] = mem[key]
     return out
 
 
-def summary(m: Measured, j: Judged) -> str:
+def memory_note(memory: dict[str, Any]) -> str:
+    """The summary line's words on device memory: the check's verdict and a call's peak."""
+    mib = 2.0**20
+    peak = memory.get("peak_call_bytes")
+    peak_text = f", a call's peak {peak / mib:.1f} MiB" if peak is not None else ""
+    check = memory.get("check")
+    if check == "flat":
+        return f"; device memory flat over {memory.get('readings')} readings{peak_text}"
+    if check == "too_few_readings":
+        return f"; device memory not judged ({memory.get('readings')} readings after the warm-up){peak_text}"
+    return f"; device memory not read{peak_text}"
+
+
+def summary(m: Measured, j: Judged, memory: dict[str, Any] | None = None) -> str:
     """The timing item's line: the median with its CI on its basis, stability, the reference and the speedup, then
     what else is worth knowing (GFLOP/s, an unstable first attempt, throttling, the other clock, the basis's note)."""
     ms = stats.fmt_ms
@@ -210,6 +232,8 @@ def summary(m: Measured, j: Judged) -> str:
         extra += f"; {basis.note}"
     elif cupti.get("error") and basis.name != "cupti":
         extra += f"; no CUPTI time ({cupti['error'][:80]})"
+    if memory is not None:
+        extra += memory_note(memory)
     return (f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] "
             f"{BASIS_NAMES.get(basis.name, basis.name)} (robust CV {k.robust_cv:.3f}, {t.stability}, n={k.n}, "
             f"{run.raw['stop_reason']}), reference {ms(t.reference.median_ms)}, speedup {speedup:.2f}x "
@@ -270,15 +294,22 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
                             "worker is pinned to", gate="timing", path=ctx.display,
                             fix="leave CUDA_VISIBLE_DEVICES to pytest-kopt (--kopt-gpus) in the kernel's process")
     j = judge(ctx, m, peaks)
-    path = Bench.measured(head, j.timing, m.run, m.ref, valid=j.valid, race_safe=race_safe(ctx), policy=m.policy,
+    memory = assess(m.run.raw, int(m.policy.get("max_sets") or TIMING["max_sets"]))
+    leak = bool(memory["leak"])
+    path = Bench.measured(head, j.timing, m.run, m.ref, valid=j.valid and not leak, race_safe=race_safe(ctx),
+                          policy=m.policy, memory=memory,
                           interleaved=not ctx.settings.fresh_process, seeds=ctx.settings.seeds, floor_ms=j.floor_ms,
                           peaks=peaks, gflops=j.gflops, gbytes_per_s=j.gbytes_per_s,
                           suspects=[text for text, _ in j.suspects], timed_output_check=m.verdict.status,
                           peaks_s=t_peaks, first_attempt=m.first_attempt, baseline=m.baseline,
                           baseline_kernel=str(ctx.settings.baseline)).write(ctx.outdir)
+    if leak:
+        # the process holds what the calls leaked: ended, so the session's later items find the memory free
+        ctx.pool.end(ctx.server("candidate"), dict(req.get("env") or {}))
+        raise leak_error(memory, ctx.display)
     if j.suspects:
         raise TimingError("; ".join(text for text, _ in j.suspects), gate="timing", path=ctx.display,
                           status="SUSPECT", fix="; ".join(dict.fromkeys(fix for _, fix in j.suspects)))
     if j.timing.stability == "unstable":
         raise unstable(ctx, m, j)
-    return Outcome(figures(m, j), summary(m, j), (str(path),))
+    return Outcome(figures(m, j, memory), summary(m, j, memory), (str(path),))

@@ -279,6 +279,21 @@ class HarnessPool:
         srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
         return srv is not None and srv.seq > 0 and srv.proc.poll() is None
 
+    def pids(self, identity: str | None, env: dict[str, str]) -> list[int]:
+        """The pids of the warm process of ``identity`` (with ``env``) and of what it started (those
+        :meth:`HarnessServer.pause` stopped); [] when it is not running."""
+        srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
+        if srv is None or srv.proc.poll() is not None:
+            return []
+        return sorted({srv.proc.pid, *(srv.stopped or [])})
+
+    def end(self, identity: str | None, env: dict[str, str]) -> None:
+        """End the warm process of ``identity`` (with ``env``) now, if it runs (a candidate whose process holds
+        leaked device memory); the next request to it starts a fresh one."""
+        srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
+        if srv is not None:
+            self._drop(srv)
+
     def shutdown(self) -> None:
         """End every harness process of this pool (the warm ones asked first, then each waited for)."""
         for srv in self.live.values():
