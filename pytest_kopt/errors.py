@@ -7,6 +7,8 @@ The pytest layer renders them in ``repr_failure``; the exit code of a session is
 
 from __future__ import annotations
 
+import os
+
 EXIT_OK = 0
 EXIT_KERNEL = 2
 EXIT_HARDWARE = 3
@@ -68,7 +70,7 @@ class KoptError(Exception):
         where = ""
         if self.path:
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
-        text = f"[{self.gate or 'kopt'}] {self.status}: {where}{self.message}"
+        text = f"[{self.gate or 'kopt'}] {self.status}: {where}{_without_path(self.message, self.path)}"
         if self.details:
             text += "\n" + self.details.rstrip()
         if self.fix:
@@ -77,6 +79,19 @@ class KoptError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _without_path(message: str, path: str | None) -> str:
+    """``message`` without a leading ``<path>: `` that names the same file as ``path`` (which the rendered line
+    already starts with), so a failure line names its file once."""
+    head, sep, rest = message.partition(": ")
+    if not (sep and path and head.strip()):
+        return message
+    try:
+        same = os.path.realpath(head) == os.path.realpath(path)
+    except (OSError, ValueError):
+        return message
+    return rest if same else message
 
 
 class ConfigError(KoptError):

@@ -24,6 +24,7 @@ def preflight(ctx: Context) -> list[contract.Param]:
     Raises ContractError (exit 4) naming the file, the line and the fix."""
     reference_advice(ctx, contract.read_python(ctx.ref))
     c = contract.check_reference(ctx.ref)
+    contract.check_reference_dims(c, ctx.settings.dims, ctx.ref)
     regimes = c.constants.get("regimes")
     if "regimes" in c.constants and (not isinstance(regimes, (list, tuple)) or not regimes
                                      or any(r not in REGIMES for r in regimes)):
