@@ -242,8 +242,11 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
         raise CompileError(message, gate=gate, path=path, line=line, details=details,
                            fix=fix or "fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, line=line, details=details,
-                             fix=fix or (f"fix the error at {where} (the traceback above is the kernel's own code)"
-                                         if line else "the kernel raised an error at run time; see the message above"))
+                             fix=fix or (f"fix the error at {where} (the traceback in this item's details is the "
+                                         "kernel's own code)" if line else
+                                         "the kernel raised an error at run time; its traceback is in this item's "
+                                         "details" if details else "the kernel raised an error at run time, the one "
+                                         "the message names"))
 
 
 def shown_path(path: str) -> str:
