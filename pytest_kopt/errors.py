@@ -174,13 +174,26 @@ NO_GPU_FIX = ("run the session on a machine with an NVIDIA GPU and its driver: w
 class Blocked(Exception):
     """Raised when a gate cannot run because a prerequisite gate failed or is unavailable; rendered as a skip.
     ``fix`` is the one sentence saying what to change (the JSON report's item ``fix``); None where the cause is
-    another item's failure, whose own ``fix`` says it."""
+    another item's failure, whose own ``fix`` says it. ``details`` (optional): the long text behind a short
+    ``reason`` (an error's traceback), for the JSON report's item that met it; the items blocked after it get the
+    reason only."""
 
-    def __init__(self, gate: str, reason: str, fix: str | None = None) -> None:
+    def __init__(self, gate: str, reason: str, fix: str | None = None, details: str | None = None) -> None:
         super().__init__(f"blocked by {gate}: {reason}")
         self.gate = gate
         self.reason = reason
         self.fix = fix
+        self.details = details
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with ``…`` where it was cut (a whole text
+    as it is)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
 
 
 class NotApplicable(Exception):

@@ -146,3 +146,15 @@ def test_a_passing_triton_kernel_gets_a_verdict_line(pytester: pytest.Pytester, 
         assert not verdict["timed"]
         result.stdout.fnmatch_lines(["softmax_triton/softmax.py: PASSED: output checked, not timed (blocked by "
                                      "hardware: no GPU*)"])
+
+
+@pytest.mark.parametrize("text, limit, want", [
+    ("short text", 40, "short text"),
+    ("blocked by hardware: no GPU, and reference.py asks for CUDA", 30, "blocked by hardware: no GPU…"),
+    ("x" * 50, 20, "x" * 19 + "…"),  # one word longer than the limit: cut inside it, the only way
+])
+def test_clip_cuts_at_a_word(text: str, limit: int, want: str) -> None:
+    """Lines the terminal summary shortens end at a whole word with an ellipsis, never mid-word."""
+    from pytest_kopt.errors import clip
+
+    assert clip(text, limit) == want and len(want) <= limit

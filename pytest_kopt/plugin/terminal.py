@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ..gates.table import GateTable
-from ..errors import exit_meaning
+from ..errors import clip, exit_meaning
 from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 
@@ -27,7 +27,7 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
             v["status"] + (f" ({note})" if note else "")
         fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
             (f", {v['speedup_vs_ref']:.2f}x ref" if v["speedup_vs_ref"] is not None else "")
-        tr.write_line(f"{v['name']:<{width}}  {status}{fig}"[:200])
+        tr.write_line(clip(f"{v['name']:<{width}}  {status}{fig}", 200))
 
 
 def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
@@ -43,7 +43,7 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
         name, status = v["name"], v["status"]
         if status == NOT_CHECKED:
             why = skip_reason(name, "correctness") or "no correctness item ran"
-            tr.write_line(f"{name}: {NOT_CHECKED}: passed, output not checked ({why})"[:400], yellow=True)
+            tr.write_line(clip(f"{name}: {NOT_CHECKED}: passed, output not checked ({why})", 400), yellow=True)
         elif v["failed_gate"]:
             tr.write_line(f"{name}: {status} at {v['failed_gate']}", red=True)
         elif status == "SKIPPED":
@@ -55,7 +55,7 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
             else:
                 why = skip_reason(name, "timing")
                 how = "output checked, not timed" + (f" ({why})" if why else "")
-            tr.write_line(f"{name}: PASSED: {how}"[:400], green=True)
+            tr.write_line(clip(f"{name}: PASSED: {how}", 400), green=True)
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
@@ -78,7 +78,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     for r in rows:
         text = r.summary if r.outcome == "passed" else (r.message or "")
         line = f"{name(r):<{width}} {r.status:<20} {text}"
-        tr.write_line(line if len(line) <= 400 else line[:399] + "…")
+        tr.write_line(clip(line, 400))
     if rows:
         _verdicts(tr, rows, table)
     per_gate: dict[str, list[float]] = {}

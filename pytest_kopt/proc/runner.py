@@ -235,7 +235,7 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
         raise ConfigError(message, gate=gate, path=path, details=details, status="FILE_CHANGED",
                           fix=fix or "restore the file and run the session again")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
-        raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
+        raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX, details=details)
     if category == "interpreter_gap":  # Triton's interpreter cannot run what the kernel calls: no verdict on it here
         raise Blocked("hardware", f"{message}; checked on a GPU", NO_GPU_FIX)
     if category == "compile":
