@@ -158,3 +158,21 @@ def test_clip_cuts_at_a_word(text: str, limit: int, want: str) -> None:
     from pytest_kopt.errors import clip
 
     assert clip(text, limit) == want and len(want) <= limit
+
+
+def test_a_late_failure_reports_its_own_figures(pytester: pytest.Pytester, example) -> None:
+    """A kernel right on its first correctness call and wrong on a later one (here: from its third call in a
+    process on) fails with the figures of the comparison that failed (every element off), never those of the
+    first call, which passed (max abs err ~1e-8, 0 mismatched)."""
+    ex = example("softmax_triton")
+    src = (ex / "softmax.py").read_text()
+    src = src.replace("def run_kernel(x, y):\n", "CALLS = [0]\n\n\ndef run_kernel(x, y):\n    CALLS[0] += 1\n")
+    src = src.replace("num_warps=4 if BLOCK <= 2048 else 8)", "num_warps=4 if BLOCK <= 2048 else 8)\n"
+                      "    if CALLS[0] > 2:\n        y.mul_(1.5)")
+    (ex / "softmax.py").write_text(src)
+    result, report = run_json(pytester, "--kopt-baseline", str(ex / "softmax.py"), "--kopt-ref", str(ex / "ref.py"),
+                              "--kopt-dims", "M=4,N=16", "--kopt-seeds", "1", "-k", "correctness")
+    it = item(report, "correctness")
+    assert result.ret == 2 and it["status"] in ("NONDETERMINISTIC", "INCORRECT_NUMERICAL"), it
+    assert it["figures"]["mismatched"] == 4 * 16, it["figures"]
+    assert it["figures"]["max_abs_err"] > 1e-2, it["figures"]  # half of the largest softmax value of a row
