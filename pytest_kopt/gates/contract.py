@@ -495,32 +495,6 @@ def check_reference(path: Path) -> PyContract:
     return c
 
 
-#: The reference's functions kopt calls with every dim as a keyword (``shapes(**dims)``, ``make_inputs(seed,
-#: **dims)``, ``workload_model(**dims)``; ``reference`` gets the buffers and the dims).
-DIM_TAKERS = ("shapes", "make_inputs", "workload_model", "reference")
-
-
-def check_reference_dims(c: PyContract, dims: dict[str, int | float], path: Path) -> None:
-    """Every dim must be a parameter of each function of a kopt reference that kopt calls with all of them
-    (:data:`DIM_TAKERS`) unless it takes ``**kwargs``: ``shapes(M, N, K)`` given ``Q=3`` raises TypeError when
-    called. Raises ContractError naming the unknown dim(s), the function and the parameters it takes."""
-    if c.problem_format != "kopt":  # a field format's sizes are its own globals or task.yml's (checked elsewhere)
-        return
-    for name in DIM_TAKERS:
-        if name not in c.functions:
-            continue
-        params, has_kwargs, line = c.functions[name]
-        unknown = [d for d in dims if d not in params]
-        if has_kwargs or not unknown:
-            continue
-        takes = [p for p in params if p != "seed" and p != "self"]
-        listed = ", ".join(unknown)
-        raise ContractError(f"--kopt-dims gives {listed}, which {name}() in {path.name} does not take (its "
-                            f"parameters: {', '.join(takes) or 'none'})", gate="preflight", path=str(path), line=line,
-                            fix=f"leave {listed} out of --kopt-dims, or add {'it' if len(unknown) == 1 else 'them'} "
-                                f"to {name}()'s parameters (or accept **kwargs) in {path.name}")
-
-
 def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = True) -> PyContract:
     """Check a Triton kernel file: ``setup(**dims, seed)`` and ``run_kernel(**inputs)`` and (when
     ``require_jit``) a ``@triton.jit``; a pure-Python candidate passes ``require_jit=False``.
