@@ -7,6 +7,8 @@ The pytest layer renders them in ``repr_failure``; the exit code of a session is
 
 from __future__ import annotations
 
+import os
+
 EXIT_OK = 0
 EXIT_KERNEL = 2
 EXIT_HARDWARE = 3
@@ -69,7 +71,7 @@ class KoptError(Exception):
         where = ""
         if self.path:
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
-        text = f"[{self.gate or 'kopt'}] {self.status}: {where}{self.message}"
+        text = f"[{self.gate or 'kopt'}] {self.status}: {where}{_without_path(self.message, self.path)}"
         if self.details:
             text += "\n" + self.details.rstrip()
         if self.fix:
@@ -78,6 +80,19 @@ class KoptError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _without_path(message: str, path: str | None) -> str:
+    """``message`` without a leading ``<path>: `` that names the same file as ``path`` (which the rendered line
+    already starts with), so a failure line names its file once."""
+    head, sep, rest = message.partition(": ")
+    if not (sep and path and head.strip()):
+        return message
+    try:
+        same = os.path.realpath(head) == os.path.realpath(path)
+    except (OSError, ValueError):
+        return message
+    return rest if same else message
 
 
 class ConfigError(KoptError):
@@ -167,13 +182,26 @@ NO_GPU_FIX = ("run the session on a machine with an NVIDIA GPU and its driver: w
 class Blocked(Exception):
     """Raised when a gate cannot run because a prerequisite gate failed or is unavailable; rendered as a skip.
     ``fix`` is the one sentence saying what to change (the JSON report's item ``fix``); None where the cause is
-    another item's failure, whose own ``fix`` says it."""
+    another item's failure, whose own ``fix`` says it. ``details`` (optional): the long text behind a short
+    ``reason`` (an error's traceback), for the JSON report's item that met it; the items blocked after it get the
+    reason only."""
 
-    def __init__(self, gate: str, reason: str, fix: str | None = None) -> None:
+    def __init__(self, gate: str, reason: str, fix: str | None = None, details: str | None = None) -> None:
         super().__init__(f"blocked by {gate}: {reason}")
         self.gate = gate
         self.reason = reason
         self.fix = fix
+        self.details = details
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with ``…`` where it was cut (a whole text
+    as it is)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
 
 
 class NotApplicable(Exception):

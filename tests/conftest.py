@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,12 @@ from pytest_kopt.gates import hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+# hypothesis's storage (its example database, its constants cache) for the suite's own property tests: under the
+# temporary folder, not ./.hypothesis, so a test run leaves the working folder as it was. Read at hypothesis's first
+# use, which is after this; xdist's workers inherit it. A folder the user chose is kept.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), f"pytest-kopt-tests-{os.getuid()}", "hypothesis"))
 
 
 @functools.lru_cache(maxsize=1)

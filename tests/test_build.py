@@ -132,7 +132,10 @@ def test_syntax_error_raises_compile_error_with_line(tmp_path):
     assert "kernels/bad.cu:3: error: expected an expression" in err.details
     assert f"{source}(3)" not in err.details
     assert err.message.startswith("nvcc failed (exit ")
-    assert err.fix == "fix the compiler errors above"
+    # the fix says where nvcc's output is (a JSON report has nothing "above"), and that file holds all of it
+    log = next((tmp_path / "cache").glob("*/nvcc_error.log"))
+    assert err.fix == f"fix the errors nvcc reported (this item's details; all its output: {log})"
+    assert "error: expected an expression" in log.read_text() and log.read_text().startswith("$ ")
     assert err.render().startswith("[compile] COMPILE_ERROR: kernels/bad.cu:3: nvcc failed")
     assert list((tmp_path / "cache").glob("*/kernel.so")) == []
 

@@ -427,7 +427,9 @@ def test_a_gpu_mode_problem_that_hard_codes_cuda_is_one_clear_skip(pytester: pyt
                             "--kopt-seeds", "1")
     plan = items["submission.py::plan"]
     assert (plan["outcome"], plan["blocked_by"]) == ("skipped", "hardware"), plan
-    assert "generate_input(size=8, seed=1) asks for CUDA" in plan["message"], plan
+    assert plan["message"] == ('blocked by hardware: no GPU, and reference.py: generate_input() asks for CUDA '
+                               '(device="cuda" in the problem\'s code)'), plan
+    assert "in generate_input" in plan["details"], plan  # the error itself, where the problem's code asked
     assert not [i for i in items.values() if i["outcome"] == "failed"]
     assert result.ret == 0
 

@@ -636,6 +636,16 @@ def test_the_bundled_gpu_mode_example_is_one_clear_skip_without_a_gpu(pytester: 
     plan = items["submission.py::plan"]
     assert (plan["outcome"], plan["blocked_by"]) == ("skipped", "hardware") and "asks for CUDA" in plan["message"]
     assert not [i for i in items.values() if i["outcome"] == "failed"] and result.ret == 0
+    # one short, whole reason for all 22 skips (no case's size or seed in it, nothing cut); torch's error and the
+    # line of reference.py that asked for CUDA once, in the plan item's details
+    skipped = [i for i in items.values() if i["outcome"] == "skipped"]
+    assert len(skipped) == 22 and {i["message"] for i in skipped} == {
+        'blocked by hardware: no GPU, and reference.py: generate_input() asks for CUDA (device="cuda" in the '
+        "problem's code)"}
+    assert [k for k, i in items.items() if i["details"]] == ["submission.py::plan"]
+    assert 'reference.py", line' in plan["details"] and "RuntimeError" in plan["details"]
+    text = result.stdout.str()
+    assert "generate_input(size=" not in text and "…" not in text
 
 
 def test_a_report_that_reshapes_a_field_problems_data_is_refused(tmp_path: Path) -> None:

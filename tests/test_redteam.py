@@ -621,7 +621,7 @@ def run_kernel(x, y):
 EPS_REF = """\
 atol = 1e-4
 rtol = 1e-4
-def shapes(M, N):
+def shapes(M, N, **_):
     return {"x": ((M, N), "float32"), "b": ((N,), "float32"), "y": ((M, N), "float32")}
 def reference(x, b, y, eps, **_):
     m = x.mean(-1, keepdim=True)

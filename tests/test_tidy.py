@@ -67,3 +67,15 @@ def test_hypothesis_home_is_given_back(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(tidy.HYPOTHESIS_HOME_ENV, "/mine")
     tidy.restore(tidy.hypothesis_home(tmp_path))
     assert os.environ[tidy.HYPOTHESIS_HOME_ENV] == "/mine"
+
+
+def test_the_suite_itself_leaves_the_working_folder_clean(pytestconfig: pytest.Config) -> None:
+    """This test suite's own process: hypothesis's storage (the property tests' database and constants cache) is
+    outside the repository (tests/conftest.py), and pytest-benchmark's plugin is off (pyproject's addopts), so a
+    test run leaves no ``.hypothesis/`` or ``.benchmarks/`` at the root and prints no PytestBenchmarkWarning."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    home = Path(os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY", root / ".hypothesis")).resolve()
+    assert not home.is_relative_to(root), home
+    assert pytestconfig.pluginmanager.get_plugin("benchmark") is None

@@ -144,8 +144,8 @@ def test_nondeterministic_second_call():
     v = judge(["y"], with_(honest(), cand2__y=c2), TOLS)
     assert v.status == "NONDETERMINISTIC"
     assert v.details[0].startswith("second call: ")
-    # figures are the first call's: it was exact
-    assert v.figures == {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, **NO_NONFINITE}
+    # figures are the failing comparison's (the second call: 1 element off by 1.0), not the exact first call's
+    assert v.figures == {"max_abs_err": 1.0, "max_rel_err": 0.125, "mismatched": 1, **NO_NONFINITE}
 
 
 # -- set B: STALE_OUTPUT, INPUT_INDEPENDENT, INCORRECT_NUMERICAL ---------------------------------------------------
@@ -188,6 +188,8 @@ def test_wrong_second_set_neither_stale_nor_independent():
     v = judge(["y"], with_(honest(), candB__y=wrong, candC__y=wrong.copy()), TOLS)
     assert v.status == "INCORRECT_NUMERICAL"
     assert "second set" in v.message
+    # the figures of the comparison that failed (set B: every element off by 1), not set A's exact pass
+    assert v.figures == {"max_abs_err": 1.0, "max_rel_err": pytest.approx(1 / 3), "mismatched": 4, **NO_NONFINITE}
 
 
 def test_set_b_skipped_without_refb():

@@ -20,6 +20,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -202,7 +203,7 @@ class GpuModeReference:
             raise
         except Exception as exc:
             raise gpu_only(exc, f"{self.path}: generate_input({', '.join(f'{k}={v!r}' for k, v in dims.items())}, "
-                                f"seed={seed})") from exc
+                                f"seed={seed})", f"{os.path.basename(self.path)}: generate_input()") from exc
         return split(data, torch)
 
     def shapes(self, **dims: Any) -> dict[str, tuple[list[int], str]]:

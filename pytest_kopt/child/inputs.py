@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from . import HarnessError
 
+#: A C spelling of each harness dtype, for a fix that names the type a ``solve()`` pointer should have.
+C_SPELLING = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
+              "int32": "int", "uint32": "unsigned int", "int64": "int64_t", "uint64": "uint64_t", "int16": "short",
+              "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
 INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
 #: The poison of a float output before the second call on the same inputs, when the request draws none: half the
 #: dtype's most negative finite value (exact in it). With NaN before the first call, an element left unwritten
@@ -60,8 +65,36 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
         if strides is not None and len(strides) != len(dims_list):
             raise HarnessError("contract", f"{ref_path}: shapes()[{name!r}] gives {len(strides)} strides for "
                                f"{len(dims_list)} dims")
-        out[str(name)] = (dims_list, None if dtype is None else str(dtype).replace("torch.", ""), strides)
+        out[str(name)] = (dims_list, None if dtype is None else dtype_name(dtype, f"shapes()[{name!r}]", ref_path),
+                          strides)
     return out
+
+
+def dtype_name(dtype: Any, what: str, ref_path: str) -> str:
+    """The harness's name of a dtype a reference gives (``torch.float16``, ``"float16"``, ``"half"``: all
+    ``"float16"``; torch's own name for it, without ``torch.``). Raises HarnessError('contract'), naming ``what``
+    (e.g. ``shapes()['x']``) in ``ref_path``, when it is no torch dtype (``"float33"``)."""
+    import torch
+
+    text = str(dtype).replace("torch.", "")
+    found = dtype if isinstance(dtype, torch.dtype) else getattr(torch, text, None) if isinstance(dtype, str) \
+        else None
+    if not isinstance(found, torch.dtype):
+        raise HarnessError("contract", f"{ref_path}: {what} gives dtype {dtype!r}, which is not a torch dtype",
+                           fix=f"give a torch dtype name in {what} (float32, float16, bfloat16, int32, int64...)",
+                           path=ref_path, line=def_line(ref_path, "shapes"))
+    return str(found).replace("torch.", "")
+
+
+def def_line(path: str | None, name: str) -> int | None:
+    """The line of the module-level ``def name`` in the Python file ``path``; None when it has none (or no file)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(str(path), "rb").read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return next((n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
 def made_shapes(made: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
@@ -212,8 +245,17 @@ def spec_from_params(ref: Any, ref_path: str, params: list[dict[str, Any]], dims
         if p["name"] in made:
             shape, source = list(made[p["name"]].shape), "make_inputs"
         elif p["name"] in declared:
-            shape, _, stride = declared[p["name"]]
+            shape, dtype, stride = declared[p["name"]]
             source = "drawn"
+            if dtype is not None and dtype != p["dtype"]:
+                ctype = p.get("ctype") or p["dtype"]
+                raise HarnessError("contract", f"{ref_path}: shapes() gives buffer {p['name']!r} dtype {dtype}, but "
+                                   f"solve() takes it as a {ctype}* ({p['dtype']})",
+                                   fix=f"make the two agree: give {p['name']} as {p['dtype']!r} in shapes() of "
+                                       f"{os.path.basename(ref_path)}, or declare solve()'s {p['name']} as "
+                                       f"{C_SPELLING.get(dtype, 'the C type of ' + dtype)}* if {dtype} is the "
+                                       "task's",
+                                   path=ref_path, line=def_line(ref_path, "shapes"))
         else:
             shape, source = [flat], "drawn"
         role = "inout" if p["name"] in inplace and p["role"] == "output" else p["role"]

@@ -14,6 +14,7 @@ and globals computed from them are computed again.
 from __future__ import annotations
 
 import ast
+import os
 from typing import Any
 
 from . import HarnessError
@@ -139,7 +140,8 @@ class KernelBenchReference:
         try:
             init = list(getattr(self.module, "get_init_inputs", lambda: [])())
         except Exception as exc:
-            raise gpu_only(exc, f"{self.path}: get_init_inputs()") from exc
+            raise gpu_only(exc, f"{self.path}: get_init_inputs()", f"{os.path.basename(self.path)}: get_init_inputs()") \
+                from exc
         return [self._cast(v) for v in init]
 
     def build(self, cls: Any, what: str) -> Any:
@@ -195,7 +197,7 @@ class KernelBenchReference:
         try:
             values = list(self.module.get_inputs())
         except Exception as exc:
-            raise gpu_only(exc, f"{self.path}: get_inputs()") from exc
+            raise gpu_only(exc, f"{self.path}: get_inputs()", f"{os.path.basename(self.path)}: get_inputs()") from exc
         return {f"in{i}": self._cast(v) for i, v in enumerate(values)}
 
     def shapes(self, **dims: Any) -> dict[str, tuple[list[int], str]]:

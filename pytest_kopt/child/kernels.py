@@ -10,8 +10,39 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import Inputs, check_layout, returned_outputs, spec_from_params, spec_from_setup
+from .inputs import Inputs, check_layout, def_line, returned_outputs, spec_from_params, spec_from_setup
 from .formats import load_candidate, load_reference
+
+
+def check_run_kernel(fn: Any, names: list[str], path: str) -> None:
+    """``run_kernel`` must take setup()'s inputs by name (``run_kernel(**inputs)``: its parameter names are the
+    contract). Raises HarnessError('contract') naming, at ``path``'s ``def run_kernel`` line, the names setup()
+    gives that it has no parameter for and the parameters it needs that setup() does not give."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: its call says itself
+        return
+    try:
+        sig.bind(**dict.fromkeys(names))
+        return
+    except TypeError:
+        pass
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = [p.name for p in sig.parameters.values() if p.kind in kinds]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    unknown = [] if takes_any else [n for n in names if n not in params]
+    missing = [p.name for p in sig.parameters.values() if p.default is p.empty and p.kind != p.VAR_KEYWORD
+               and p.kind != p.VAR_POSITIONAL and (p.name not in names or p.kind == p.POSITIONAL_ONLY)]
+    shown = ", ".join(p.name if p.kind != p.VAR_KEYWORD else "**" + p.name for p in sig.parameters.values())
+    parts = []
+    if unknown:
+        parts.append(f"setup() gives {', '.join(unknown)}, which it has no parameter for")
+    if missing:
+        parts.append(f"it needs {', '.join(missing)}, which setup() does not give (or not by name)")
+    raise HarnessError("contract", f"run_kernel({shown}) does not take setup()'s inputs ({', '.join(names)}) by name: "
+                       + "; ".join(parts or ["the call run_kernel(**inputs) does not bind"]),
+                       fix=f"name run_kernel()'s parameters after setup()'s inputs (def run_kernel({', '.join(names)})"
+                           "), or take them as **inputs", path=path, line=def_line(path, "run_kernel"))
 
 
 class CudaKernel:
@@ -94,6 +125,7 @@ class Candidate:
                 raise HarnessError("contract", f"{req['kernel']}: setup() raised {type(exc).__name__}: "
                                    f"{exc}") from exc
             spec, scalars, self.kept, self.returned = spec_from_setup(torch, result, req["kernel"], inplace=inplace)
+            check_run_kernel(self.kernel.run_kernel, list(result["inputs"]), req["kernel"])
             for s in spec:
                 if s["name"] in made:
                     s["source"] = "make_inputs"

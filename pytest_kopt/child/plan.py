@@ -8,9 +8,10 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import (check_layout, check_spec, contiguous_stride, declared_shapes, spec_from_params,
+from .inputs import (check_layout, check_spec, contiguous_stride, declared_shapes, def_line, spec_from_params,
                      spec_from_setup)
 from .formats import load_candidate, load_reference
+from .kernels import check_run_kernel
 from .reference import trusted_scalars
 
 
@@ -18,23 +19,13 @@ def _scalars(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}
 
 
-def _def_line(path: str | None, name: str) -> int | None:
-    """The line of the module-level ``def name`` in the Python file ``path``; None when it has none (or no file)."""
-    import ast
-
-    try:
-        tree = ast.parse(open(str(path), encoding="utf-8").read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    return next((n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-
-
 def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     """A Triton/Python candidate's ``setup(**dims, seed, device="meta")`` (under ``torch.device("meta")`` when it
     takes no ``device``): its spec and scalars, nothing allocated. A setup() that does not run on the meta device
     (a seeded ``torch.Generator``, say) gives ``spec`` None and the reason; the plan then takes the buffers from the
     reference's ``shapes()``. Raises HarnessError('contract') when the dims do not fit setup()'s parameters, or
-    setup() builds a buffer that overlaps itself or has no elements."""
+    setup() builds a buffer that overlaps itself or has no elements, or run_kernel() does not take setup()'s inputs
+    by name (:func:`~pytest_kopt.child.kernels.check_run_kernel`)."""
     import torch
 
     kernel = load_candidate(req["kernel"], load_reference(req["ref"], req.get("seed"),
@@ -58,6 +49,7 @@ def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # the candidate's setup needs real memory: planned from ref.shapes() instead
         return {"spec": None, "scalars": {}, "meta_error": f"{type(exc).__name__}: {exc}"[:300]}
     check_layout(spec, req["kernel"])
+    check_run_kernel(kernel.run_kernel, list(result["inputs"]), req["kernel"])
     return {"spec": spec, "scalars": _scalars(scalars), "returned": returned}
 
 
@@ -84,7 +76,7 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
         try:
             check_spec(ref, spec, dims, req["ref"])
         except HarnessError as exc:  # the candidate built the buffer: its setup() is what to change
-            exc.path, exc.line = req.get("kernel"), _def_line(req.get("kernel"), "setup")
+            exc.path, exc.line = req.get("kernel"), def_line(req.get("kernel"), "setup")
             raise
     # what the reference is given: the buffers, the dims and its own make_inputs' values, never a setup() scalar
     # (a value the candidate chose could pick what the reference computes)

@@ -17,8 +17,8 @@ TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float
 
 
 #: What to change when ``run_kernel()`` raises while the compile gate calls it to find its kernels.
-BUILD_CALL_FIX = ("fix run_kernel() where the traceback points: the compile gate calls it once, on inputs from "
-                  "setup(), to find and build its @triton.jit kernels")
+BUILD_CALL_FIX = ("fix run_kernel() where the traceback in this item's details points: the compile gate calls it "
+                  "once, on inputs from setup(), to find and build its @triton.jit kernels")
 
 
 def mode_triton_build(req: dict[str, Any]) -> dict[str, Any]:

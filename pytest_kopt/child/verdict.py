@@ -193,7 +193,9 @@ def compare(name: str, out: np.ndarray, ref: np.ndarray, atol: float, rtol: floa
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """``status`` is PASSED or the first guard that failed; ``details`` one line per finding; ``figures`` the
-    worst errors of the first call over all outputs; ``warnings`` tolerance-sanity notes (never a failure)."""
+    worst errors over all outputs, each output's from the comparison that decided it (the first call's, or the
+    later one that failed: the second call on the same inputs, or the new values); ``warnings`` tolerance-sanity
+    notes (never a failure)."""
 
     status: str
     message: str = ""
@@ -249,8 +251,8 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
     """
     details: list[str] = []
     warnings: list[str] = []
-    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, "nan_out": 0, "inf_out": 0, "nan_ref": 0,
-             "inf_ref": 0}
+    # per output, the comparison its figures come from: the first call's, or the later one that failed
+    decided: dict[str, Comparison] = {}
     status = "PASSED"
     message = ""
 
@@ -266,10 +268,7 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
             fail("INCORRECT_SHAPE", f"output {name} has shape {list(c1.shape)}, the reference {list(r.shape)}")
             continue
         first: Comparison = compare(name, c1, r, atol, rtol)
-        worst["max_abs_err"] = max(worst["max_abs_err"], first.max_abs_err)
-        worst["max_rel_err"] = max(worst["max_rel_err"], first.max_rel_err)
-        for key in ("mismatched", "nan_out", "inf_out", "nan_ref", "inf_ref"):
-            worst[key] += getattr(first, key)
+        decided[name] = first
         c2 = arrays.get(f"cand2__{name}")
         if c2 is not None and (second_poison or {}).get(name) is not None and c2.shape == c1.shape:
             holes = np.isnan(c1) & (c2 == np.float64(second_poison[name]).astype(c2.dtype))  # type: ignore[index]
@@ -305,12 +304,14 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
             if not second.ok:
                 fail("NONDETERMINISTIC", f"output {name}: a second call on the same inputs is wrong "
                      "(reads of uninitialised memory or a race?)")
+                decided[name] = second
                 details.append("second call: " + second.describe(atol, rtol))
                 continue
         if f"candB__{name}" in arrays and f"refB__{name}" in arrays:
             cb, rb = arrays[f"candB__{name}"], arrays[f"refB__{name}"]
             third = compare(name, cb, rb, atol, rtol)
             if not third.ok:
+                decided[name] = third
                 cc = arrays.get(f"candC__{name}")
                 if cc is not None and compare(name, cc, rb, atol, rtol).ok:
                     fail("STALE_OUTPUT", f"output {name}: wrong after new values were written into the same input "
@@ -324,6 +325,13 @@ def judge(outputs: list[str], arrays: Mapping[str, np.ndarray], tols: Mapping[st
                 continue
         if check_tolerance:
             warnings += tolerance_warnings([name], arrays, tols)
+    worst = {"max_abs_err": 0.0, "max_rel_err": 0.0, "mismatched": 0, "nan_out": 0, "inf_out": 0, "nan_ref": 0,
+             "inf_ref": 0}
+    for c in decided.values():
+        worst["max_abs_err"] = max(worst["max_abs_err"], c.max_abs_err)
+        worst["max_rel_err"] = max(worst["max_rel_err"], c.max_rel_err)
+        for key in ("mismatched", "nan_out", "inf_out", "nan_ref", "inf_ref"):
+            worst[key] += getattr(c, key)
     return Verdict(status=status, message=message, details=tuple(details), figures=worst, warnings=tuple(warnings))
 
 

@@ -91,7 +91,7 @@ def make_plan(ctx: Context) -> dict[str, Any]:
     """The case's spec, from the harness processes (the candidate's ``setup()`` on the meta device in a fresh
     process, the reference's checks in its own). Raises ContractError naming the buffer or parameter;
     NotApplicable when, without a GPU, the files cannot even be imported (they need one)."""
-    params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
+    params = [{"name": p.name, "dtype": p.dtype, "ctype": p.ctype, "role": p.role} for p in preflight(ctx)]
     base = {**ctx.kind.request_fields(ctx), "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
             "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "precision": ctx.settings.precision}

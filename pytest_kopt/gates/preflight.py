@@ -4,6 +4,7 @@ or run; the parsers are :mod:`pytest_kopt.gates.contract`)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ContractError
@@ -20,7 +21,8 @@ class KoptDimsWarning(UserWarning):
 def preflight(ctx: Context) -> list[contract.Param]:
     """The static contract check, shared by every later gate: the reference's (its literals: ``regimes``,
     ``dims``, ``benchmarks``, ``inplace``, ``extra_dims``), then the kernel's, which its kind checks
-    (:meth:`~pytest_kopt.kinds.base.Kind.preflight`). Returns ``solve``'s parameters ([] for a kind without them).
+    (:meth:`~pytest_kopt.kinds.base.Kind.preflight`), then that the reference takes every dim
+    (:func:`check_reference_dims`). Returns ``solve``'s parameters ([] for a kind without them).
     Raises ContractError (exit 4) naming the file, the line and the fix."""
     reference_advice(ctx, contract.read_python(ctx.ref))
     c = contract.check_reference(ctx.ref)
@@ -56,7 +58,36 @@ def preflight(ctx: Context) -> list[contract.Param]:
             isinstance(d, dict) and all(isinstance(v, (int, float)) for v in d.values()) for d in extra)):
         raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
                             path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
-    return ctx.kind.preflight(ctx)
+    params = ctx.kind.preflight(ctx)
+    # after the kernel's: a dim the kernel needs and --kopt-dims lacks is the first thing to fix
+    check_reference_dims(c, ctx.settings.dims, ctx.ref)
+    return params
+
+
+#: The reference's functions kopt calls with every dim as a keyword (``shapes(**dims)``, ``make_inputs(seed,
+#: **dims)``, ``workload_model(**dims)``; ``reference`` gets the buffers and the dims).
+DIM_TAKERS = ("shapes", "make_inputs", "workload_model", "reference")
+
+
+def check_reference_dims(c: contract.PyContract, dims: dict[str, int | float], path: Path) -> None:
+    """Every dim must be a parameter of each function of a kopt reference that kopt calls with all of them
+    (:data:`DIM_TAKERS`) unless it takes ``**kwargs``: ``shapes(M, N, K)`` given ``Q=3`` raises TypeError when
+    called. Raises ContractError naming the unknown dim(s), the function and the parameters it takes."""
+    if c.problem_format != "kopt":  # a field format's sizes are its own globals or task.yml's (checked elsewhere)
+        return
+    for name in DIM_TAKERS:
+        if name not in c.functions:
+            continue
+        params, has_kwargs, line = c.functions[name]
+        unknown = [d for d in dims if d not in params]
+        if has_kwargs or not unknown:
+            continue
+        takes = [p for p in params if p != "seed" and p != "self"]
+        listed = ", ".join(unknown)
+        raise ContractError(f"--kopt-dims gives {listed}, which {name}() in {path.name} does not take (its "
+                            f"parameters: {', '.join(takes) or 'none'})", gate="preflight", path=str(path), line=line,
+                            fix=f"leave {listed} out of --kopt-dims, or add {'it' if len(unknown) == 1 else 'them'} "
+                                f"to {name}()'s parameters (or accept **kwargs) in {path.name}")
 
 
 def reference_advice(ctx: Context, c: contract.PyContract) -> None:

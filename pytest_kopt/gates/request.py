@@ -71,7 +71,7 @@ def harness_request(ctx: Context, mode: str, device: str, seed: int, res: BuildR
     check call, which the judge draws again itself. ``plan``: the input plan, instead of the seed's (a shrunk
     case's, :mod:`pytest_kopt.gates.shrink`); ``precision``: a KernelBench problem's (``--kopt-precision``)."""
     dims = ctx.settings.dims if dims is None else dims
-    params = [{"name": p.name, "dtype": p.dtype, "role": p.role} for p in preflight(ctx)]
+    params = [{"name": p.name, "dtype": p.dtype, "ctype": p.ctype, "role": p.role} for p in preflight(ctx)]
     env = ctx.kind.candidate_env(ctx, device)
     seed_b, check_seed = derive_seeds(seed, 2)
     return {**ctx.kind.request_fields(ctx), "mode": mode, "kernel": str(ctx.kernel), "library": res.artifact,

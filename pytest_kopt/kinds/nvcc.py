@@ -172,7 +172,10 @@ def build_cuda(source: Path, arch: str, cache_root: Path, nvcc: str | None, nvcc
             seconds = time.perf_counter() - t0
             log = format_nvcc_errors(proc.stdout + proc.stderr, source, display)
             if proc.returncode != 0 or not tmp.is_file():
-                fix = "fix the compiler errors above"
+                # nvcc's whole output beside the build, for a log the item's details cut
+                log_path = folder / "nvcc_error.log"
+                write_text(log_path, f"$ {' '.join(map(str, cmd))}\n{proc.stdout}{proc.stderr}")
+                fix = f"fix the errors nvcc reported (this item's details; all its output: {log_path})"
                 if "not supported on .target" in log and not arch.endswith("a"):
                     fix = f"this code needs the arch-specific target: pass --kopt-arch {arch}a"
                 elif "not supported on .target" in log:

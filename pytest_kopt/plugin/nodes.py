@@ -117,6 +117,8 @@ class KoptItem(pytest.Item):
         except Blocked as exc:
             fix = exc.fix or f"make the {exc.gate} item pass (its own fix says how): this one runs once it does"
             self.user_properties += [("kopt_status", "SKIPPED"), ("kopt_blocked_by", exc.gate), ("kopt_fix", fix)]
+            if exc.details:  # the item that met the cause keeps its long text; the skip reason stays one line
+                self.user_properties.append(("kopt_details", exc.details[-4000:]))
             pytest.skip(str(exc))
         except KoptError as exc:
             if not exc.gate:

@@ -1,5 +1,5 @@
 """The terminal concern: the ``kopt gates`` summary, one line per gate item (or per kernel with ``-q``), the time
-per gate, a line per kernel whose output was never checked, the PR gate's verdicts, the loop's outcome and the
+per gate, a verdict line per kernel, the PR gate's verdicts, the loop's outcome and the
 exit code with its meaning."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ..gates.table import GateTable
-from ..errors import exit_meaning
+from ..errors import clip, exit_meaning
 from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 
@@ -27,18 +27,35 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
             v["status"] + (f" ({note})" if note else "")
         fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
             (f", {v['speedup_vs_ref']:.2f}x ref" if v["speedup_vs_ref"] is not None else "")
-        tr.write_line(f"{v['name']:<{width}}  {status}{fig}"[:200])
+        tr.write_line(clip(f"{v['name']:<{width}}  {status}{fig}", 200))
 
 
-def _unchecked(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
-    """One line per kernel that passed with its output never compared with the reference (NOT_CHECKED): after the
-    item lines, which read PASSED and SKIPPED, so exit 0 is not taken for a correct output."""
+def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
+    """One verdict line per kernel after the item lines (:func:`pytest_kopt.records.kernel_verdicts`), whatever its
+    kind: ``NAME: PASSED: ...`` with its timing (or why it was not timed), ``NAME: NOT_CHECKED: passed, output not
+    checked (why)`` (the item lines read PASSED and SKIPPED, so exit 0 is not taken for a correct output),
+    ``NAME: STATUS at GATE`` for a failure, ``NAME: SKIPPED: ...`` when every item skipped."""
+    def skip_reason(name: str, gate: str) -> str | None:
+        return next((r.message for r in rows if r.nodeid.split("::")[0] == name and r.gate == gate
+                     and r.outcome == "skipped" and r.message), None)
+
     for v in kernel_verdicts(rows, table):
-        if v["status"] != NOT_CHECKED:
-            continue
-        why = next((r.message for r in rows if r.nodeid.split("::")[0] == v["name"] and r.gate == "correctness"
-                    and r.outcome == "skipped" and r.message), None) or "no correctness item ran"
-        tr.write_line(f"{v['name']}: {NOT_CHECKED}: passed, output not checked ({why})"[:400], yellow=True)
+        name, status = v["name"], v["status"]
+        if status == NOT_CHECKED:
+            why = skip_reason(name, "correctness") or "no correctness item ran"
+            tr.write_line(clip(f"{name}: {NOT_CHECKED}: passed, output not checked ({why})", 400), yellow=True)
+        elif v["failed_gate"]:
+            tr.write_line(f"{name}: {status} at {v['failed_gate']}", red=True)
+        elif status == "SKIPPED":
+            tr.write_line(f"{name}: SKIPPED: every item skipped ({v['skipped']})", yellow=True)
+        else:
+            if v["median_ms"] is not None:
+                how = f"median {v['median_ms']:.4g} ms" + (f", {v['speedup_vs_ref']:.2f}x the reference"
+                                                           if v["speedup_vs_ref"] is not None else "")
+            else:
+                why = skip_reason(name, "timing")
+                how = "output checked, not timed" + (f" ({why})" if why else "")
+            tr.write_line(clip(f"{name}: PASSED: {how}", 400), green=True)
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
@@ -61,9 +78,9 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     for r in rows:
         text = r.summary if r.outcome == "passed" else (r.message or "")
         line = f"{name(r):<{width}} {r.status:<20} {text}"
-        tr.write_line(line if len(line) <= 400 else line[:399] + "…")
+        tr.write_line(clip(line, 400))
     if rows:
-        _unchecked(tr, rows, table)
+        _verdicts(tr, rows, table)
     per_gate: dict[str, list[float]] = {}
     for r in records:
         per_gate.setdefault(r.gate, []).append(r.duration_s)

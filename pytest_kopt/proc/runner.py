@@ -235,15 +235,18 @@ def read_result(out: str, output: str, gate: str, path: str, on_error: Callable[
         raise ConfigError(message, gate=gate, path=path, details=details, status="FILE_CHANGED",
                           fix=fix or "restore the file and run the session again")
     if category == "needs_gpu":  # a field format's code hard-codes "cuda": one clear skip on a machine without one
-        raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX)
+        raise Blocked("hardware", f"no GPU, and {message}", NO_GPU_FIX, details=details)
     if category == "interpreter_gap":  # Triton's interpreter cannot run what the kernel calls: no verdict on it here
         raise Blocked("hardware", f"{message}; checked on a GPU", NO_GPU_FIX)
     if category == "compile":
         raise CompileError(message, gate=gate, path=path, line=line, details=details,
                            fix=fix or "fix the Triton compile error")
     raise KernelRuntimeError(message, gate=gate, path=path, line=line, details=details,
-                             fix=fix or (f"fix the error at {where} (the traceback above is the kernel's own code)"
-                                         if line else "the kernel raised an error at run time; see the message above"))
+                             fix=fix or (f"fix the error at {where} (the traceback in this item's details is the "
+                                         "kernel's own code)" if line else
+                                         "the kernel raised an error at run time; its traceback is in this item's "
+                                         "details" if details else "the kernel raised an error at run time, the one "
+                                         "the message names"))
 
 
 def shown_path(path: str) -> str:
