@@ -269,7 +269,7 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
                                "elements unlike the inputs drawn for it)")
     inp.poison_outputs()
     outs = reference_results(torch, ref, inp, req)
-    tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}
+    tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol"), req.get("dtype_tol")) for n in outs}
     outputs = list(outs)
     cand = {k: v for k, v in given.items() if k.startswith("cand1__")}
     missing = [f"cand1__{o}" for o in outputs if f"cand1__{o}" not in cand]
