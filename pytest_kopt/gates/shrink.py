@@ -171,6 +171,9 @@ def smallest_failure(ctx: Context, case: dict[str, Any], exc: Any, key: str, att
             if ran is not None:
                 break
     order = list(dims) + [k for k in best["dims"] if k not in dims]  # the case's own order of its dims
+    # a case at dims of its own (an edge or boundary shape) names them, so its minimum reads as a whole shape
+    own = {k: v for k, v in dims.items() if ctx.settings.dims.get(k) != v and _size(v)}
+    best["dims"] = {**own, **best["dims"]}
     shown = {k: best["dims"][k] for k in order if k in best["dims"]}
     parts = ([dims_label(shown)] if shown else []) + ([_values_label(best["plan"])] if best["plan"]
                                                                      else [])
