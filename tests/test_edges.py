@@ -250,3 +250,38 @@ def test_dtype_claims_are_checked_at_preflight(pytester: pytest.Pytester) -> Non
     (item,) = report["items"]
     assert code == 4 and item["status"] == "CONTRACT_ERROR", item
     assert "setup()'s dtype defaults to 'float16'" in item["message"] and "dtype='float32'" in item["fix"]
+
+
+TAIL_CU = """\
+#include <cuda_runtime.h>
+__global__ void twice(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+extern "C" void solve(const float* x, float* y, int n) {
+    if (n >= 256) twice<<<n / 256, 256>>>(x, y, n);  // the tail past the last full block is never written
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_tail_dropping_cu_on_the_gpu(pytester: pytest.Pytester, declared: bool) -> None:
+    """A .cu whose grid is n / 256, at n=4096 (a multiple): caught at its edge shapes (n=1 is the first: nothing
+    written), and passed once the reference declares n a multiple of 256."""
+    pytester.makefile(".cu", kernel=TAIL_CU)
+    pytester.makepyfile(ref=REF.format(extra='constraints = {"n": {"multiple_of": 256}}' if declared else ""))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.cu", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=4096", "--kopt-seeds", "3", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "correctness", timeout=600)
+    report = json.loads((pytester.path / "r.json").read_text())
+    items = correctness(report)
+    if declared:
+        assert result.ret == 0 and list(items) == ["seed=3"], items
+        assert len(report["kernels"][0]["edge_excluded"]) == 5
+    else:
+        assert result.ret == 2
+        assert list(items) == ["seed=3", "n=1", "n=37", "n=4088", "n=2049", "n=4097"]
+        assert items["seed=3"]["status"] == "PASSED"
+        assert all(items[c]["status"] == "UNWRITTEN" for c in ("n=1", "n=37", "n=4088", "n=2049", "n=4097"))
+        assert items["n=4097"]["message"].startswith("edge shape n=4097 (near): ")
