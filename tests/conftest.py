@@ -55,4 +55,6 @@ def _edge_shapes_off_elsewhere(request: pytest.FixtureRequest, monkeypatch: pyte
     runs every example with them, as a user's session does."""
     if request.module.__name__.rsplit(".", 1)[-1] in EDGE_SHAPE_MODULES:
         return
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS as it starts: set it after
     monkeypatch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} --kopt-edge-shapes off".strip())
