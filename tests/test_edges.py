@@ -173,7 +173,7 @@ def test_a_tail_dropping_kernel_is_caught_at_edge_shapes_and_shrunk(pytester: py
     assert "shrunk earlier from n=37" in items["n=65"]["message"]
     (kernel,) = report["kernels"]
     assert kernel["edge_checked"] == ["n=1", "n=37", "n=56", "n=33", "n=65"] and kernel["edge_excluded"] == []
-    edges = json.loads(next((pytester.path / ".kopt").rglob("correctness/edges.json")).read_text())
+    edges = json.loads(next((pytester.path / ".kopt").rglob("edges.json")).read_text())
     assert [c["category"] for c in edges["checked"]] == ["ones", "prime", "unaligned", "pow2+1", "near"]
 
 

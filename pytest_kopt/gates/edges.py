@@ -53,7 +53,7 @@ class EdgePlan:
         return out
 
     def document(self) -> dict[str, Any]:
-        """The correctness artifact's ``edges.json``: the note, the sizes varied, the checked shapes (category,
+        """The kernel's ``edges.json`` (beside its correctness records): the note, the sizes varied, the checked shapes (category,
         dims, label) and the excluded ones (label, reason)."""
         return {"note": self.note, "sizes": list(self.sizes),
                 "checked": [{"category": c, "dims": d, "label": dims_label(d)} for c, d in self.checked],
