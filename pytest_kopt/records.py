@@ -82,8 +82,28 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
                     "output_checked": checked,
                     "timed": timing is not None,
                     "median_ms": (timing or {}).get("median_ms"),
-                    "speedup_vs_ref": (timing or {}).get("speedup_vs_ref")})
+                    "speedup_vs_ref": (timing or {}).get("speedup_vs_ref"),
+                    **coverage([r for r in recs if r.gate == "correctness"])})
     return out
+
+
+def coverage(records: list[GateRecord]) -> dict[str, Any]:
+    """What a kernel's correctness items say of the shapes and dtypes beyond its seeds (every item carries them,
+    :meth:`pytest_kopt.gates.edges.EdgePlan.figures`): ``edge_shapes`` (the note: counts, or why none), the edge
+    shapes ``edge_checked`` (their dims labels) and ``edge_excluded`` (``shape``, ``reason``: what the reference's
+    constraints rule out), and ``dtypes_checked`` (the dtypes of the items that ran, in order); None and empty
+    lists when no correctness item carries them."""
+    figs = next((r.figures for r in records if r.figures.get("edge_shapes") is not None), {})
+    checked = [x for x in str(figs.get("edge_checked") or "").split("; ") if x]
+    excluded = []
+    for part in str(figs.get("edge_excluded") or "").split(" | "):
+        if part:
+            shape, _, reason = part.partition(": ")
+            excluded.append({"shape": shape, "reason": reason})
+    dtypes = list(dict.fromkeys(str(r.figures["dtype"]) for r in records
+                                if r.outcome != "skipped" and r.figures.get("dtype")))
+    return {"edge_shapes": figs.get("edge_shapes"), "edge_checked": checked, "edge_excluded": excluded,
+            "dtypes_checked": dtypes}
 
 
 def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:

@@ -105,6 +105,9 @@ class Settings:
     #: ``--kopt-compile-jobs``: ``auto`` (SKILL.md's default) or the most nvcc builds at once
     #: (:mod:`pytest_kopt.compile_jobs`)
     compile_jobs: str | int = defaults.COMPILE_JOBS
+    #: ``--kopt-edge-shapes``: ``auto`` (correctness also at edge shapes derived from the dims,
+    #: :mod:`pytest_kopt.gates.edges`) or ``off`` (the given dims and ``extra_dims`` only)
+    edge_shapes: str = "auto"
 
     @property
     def pr_gate(self) -> bool:
@@ -509,6 +512,9 @@ def build_settings(get: Callable[[str], Any], base: Path,
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError(f"--kopt-precision: {precision!r} is not one of KernelBench's precisions",
                           fix=f"choose {', '.join(PRECISIONS)}")
+    edge_shapes = str(opt("edge_shapes") or "auto")
+    if edge_shapes not in ("auto", "off"):
+        raise ConfigError(f"--kopt-edge-shapes: {edge_shapes!r}", fix="choose auto or off")
     storage = Path(str(opt("storage") or ".benchmarks"))
     compile_jobs = parse_compile_jobs(opt("compile_jobs"))
     return Settings(invocation_dir=base.resolve(), baseline=baseline_path, ref=ref_path, dims=dims,
@@ -527,7 +533,8 @@ def build_settings(get: Callable[[str], Any], base: Path,
                               if opt("branches") else defaults.BRANCHES),
                     ncu_num=(_count(str(opt("ncu_num")), "--kopt-ncu-num", defaults.NCU_NUM)
                              if opt("ncu_num") else defaults.NCU_NUM),
-                    noise_pct=noise, numerics_mode=mode, precision=precision, compile_jobs=compile_jobs)
+                    noise_pct=noise, numerics_mode=mode, precision=precision, compile_jobs=compile_jobs,
+                    edge_shapes=edge_shapes)
 
 
 def parse_compile_jobs(value: Any, source: str = "--kopt-compile-jobs") -> str | int:

@@ -48,3 +48,20 @@ def example(pytester: pytest.Pytester):
         shutil.copytree(EXAMPLES / name, dest)
         return dest
     return copy
+
+
+#: The test modules whose sessions run with edge shapes as a user's do (``--kopt-edge-shapes auto``, the default).
+EDGE_SHAPE_MODULES = frozenset({"test_edges", "test_examples"})
+
+
+@pytest.fixture(autouse=True)
+def _edge_shapes_off_elsewhere(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions the other tests start (pytester's, a subprocess's) run without edge shapes, through
+    ``PYTEST_ADDOPTS``: each adds five correctness items to a session whose test is about something else (its item
+    counts, its CPU time in Triton's interpreter). ``tests/test_edges.py`` tests them, and ``tests/test_examples.py``
+    runs every example with them, as a user's session does."""
+    if request.module.__name__.rsplit(".", 1)[-1] in EDGE_SHAPE_MODULES:
+        return
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS as it starts: set it after
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} --kopt-edge-shapes off".strip())

@@ -9,12 +9,12 @@ document and is the one place it is built and written (:mod:`.bench` ``bench.jso
 from __future__ import annotations
 
 from .bench import BENCH, Basis, Bench, FirstAttempt, Head, TimedRun, Timing
-from .correctness import CORRECTNESS, CorrectnessRecord
+from .correctness import CORRECTNESS, EDGES, CorrectnessRecord, write_edges
 from .env import ENV, Env
 from .io import read_dict, read_json, write_json, write_text
 from .ncu import NCU_TOP, NcuTop
 from .roofline import ROOFLINE, Achieved, Floor, Roofline
 
-__all__ = ["BENCH", "CORRECTNESS", "ENV", "NCU_TOP", "ROOFLINE", "Achieved", "Basis", "Bench", "CorrectnessRecord",
+__all__ = ["BENCH", "CORRECTNESS", "EDGES", "ENV", "NCU_TOP", "ROOFLINE", "Achieved", "Basis", "Bench", "CorrectnessRecord",
            "Env", "FirstAttempt", "Floor", "Head", "NcuTop", "Roofline", "TimedRun", "Timing", "read_dict",
-           "read_json", "write_json", "write_text"]
+           "read_json", "write_edges", "write_json", "write_text"]

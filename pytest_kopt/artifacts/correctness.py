@@ -59,3 +59,15 @@ class CorrectnessRecord:
         """Write the case's record ``doc`` with its ``mac`` (the session key's MAC of its fingerprint and verdict,
         :meth:`pytest_kopt.gates.trust.Trust.mac`) to :meth:`path` atomically; returns the path."""
         return write_json(CorrectnessRecord.path(outdir, label), {**doc, "mac": mac})
+
+
+#: ``edges.json`` in the kernel's artifact folder (beside ``correctness/``, which holds one record per case): the
+#: kernel's edge shapes (:meth:`pytest_kopt.gates.edges.EdgePlan.document`), the dtypes checked and the shapes
+#: excluded and why; written by :func:`write_edges`, read back with ``read_dict``.
+EDGES = "edges.json"
+
+
+def write_edges(outdir: Path, doc: Mapping[str, Any]) -> Path:
+    """Write the kernel's ``edges.json`` (``note``, ``sizes``, ``checked``: category, dims, label; ``excluded``:
+    label, reason; ``dtypes``) into its artifact folder ``outdir`` atomically; returns the path."""
+    return write_json(Path(outdir) / EDGES, dict(doc))

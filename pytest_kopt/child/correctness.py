@@ -273,7 +273,7 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     # holds what the kernel wrote, its output (judged below), not a changed input
     writes = data_outputs(ref, outs)
     changed = {n: f for n, f in changed.items() if inp.tensors[n].data_ptr() not in writes}
-    tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol")) for n in outs}
+    tol = {n: tolerances(ref, n, req.get("atol"), req.get("rtol"), req.get("dtype_tol")) for n in outs}
     outputs = list(outs)
     cand = {k: v for k, v in given.items() if k.startswith("cand1__")}
     missing = [f"cand1__{o}" for o in outputs if f"cand1__{o}" not in cand]

@@ -13,6 +13,27 @@ from . import HarnessError
 C_SPELLING = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
               "int32": "int", "uint32": "unsigned int", "int64": "int64_t", "uint64": "uint64_t", "int16": "short",
               "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+
+#: The dim a dtype case adds to its dims (:func:`pytest_kopt.gates.correctness.cases`): given only to a function
+#: that takes it (:func:`taken`).
+DTYPE_DIM = "dtype"
+
+
+def taken(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for calling ``fn``: without :data:`DTYPE_DIM` when ``fn`` has neither a parameter of that name nor
+    ``**kwargs`` (a ``setup()`` or ``shapes()`` that makes one dtype only); every other key as it is."""
+    if DTYPE_DIM not in kwargs:
+        return kwargs
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if DTYPE_DIM in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k != DTYPE_DIM}
+
 INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
 #: The poison of a float output before the second call on the same inputs, when the request draws none: half the
 #: dtype's most negative finite value (exact in it). With NaN before the first call, an element left unwritten
@@ -46,7 +67,7 @@ def declared_shapes(ref: Any, dims: dict[str, Any], ref_path: str) -> dict[str, 
     if not callable(getattr(ref, "shapes", None)):
         return {}
     try:
-        given = dict(ref.shapes(**dims))
+        given = dict(ref.shapes(**taken(ref.shapes, dims)))
     except HarnessError:  # a field format's adapter words its own (its generator needs a GPU)
         raise
     except Exception as exc:
@@ -195,7 +216,7 @@ class Inputs:
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         made: dict[str, Any] = {}
         if callable(getattr(ref, "make_inputs", None)):
-            made = dict(ref.make_inputs(seed=int(seed), **dims))
+            made = dict(ref.make_inputs(seed=int(seed), **taken(ref.make_inputs, dims)))
         redraw = getattr(ref, "draws_regimes", False) and plan.get("regime") not in (None, "problem")
         for s in self.spec:
             t = self.tensors[s["name"]]

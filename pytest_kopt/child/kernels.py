@@ -10,7 +10,8 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import Inputs, check_layout, def_line, returned_outputs, spec_from_params, spec_from_setup
+from .inputs import (Inputs, check_layout, def_line, returned_outputs, spec_from_params, spec_from_setup,
+                     taken)
 from .formats import load_candidate, load_reference
 
 
@@ -91,7 +92,7 @@ class Candidate:
         made: dict[str, Any] = {}
         if callable(getattr(self.ref, "make_inputs", None)):
             try:
-                made = dict(self.ref.make_inputs(seed=seed, **self.dims))
+                made = dict(self.ref.make_inputs(seed=seed, **taken(self.ref.make_inputs, self.dims)))
             except HarnessError:  # a field format's adapter words its own (a size of the wrong kind, no GPU)
                 raise
             except Exception as exc:
@@ -112,7 +113,7 @@ class Candidate:
                 pins = req.get("autotune_pin") or {}
                 autotune.install("pin" if pins else ("first" if self.device == "cpu" else "tune"), pins)
             self.kernel = load_candidate(req["kernel"], self.ref)
-            kwargs = dict(self.dims)
+            kwargs = taken(self.kernel.setup, dict(self.dims))
             kwargs["seed"] = seed
             sig = inspect.signature(self.kernel.setup)
             if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import HarnessError
 from .inputs import (check_layout, check_spec, contiguous_stride, declared_shapes, def_line, spec_from_params,
-                     spec_from_setup)
+                     spec_from_setup, taken)
 from .formats import load_candidate, load_reference
 from .kernels import check_run_kernel
 from .reference import trusted_scalars
@@ -30,7 +30,7 @@ def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
 
     kernel = load_candidate(req["kernel"], load_reference(req["ref"], req.get("seed"),
                                                           precision=req.get("precision")))
-    kwargs: dict[str, Any] = {**req["dims"], "seed": int(req["seed"])}
+    kwargs: dict[str, Any] = {**taken(kernel.setup, dict(req["dims"])), "seed": int(req["seed"])}
     sig = inspect.signature(kernel.setup)
     if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         kwargs["device"] = "meta"

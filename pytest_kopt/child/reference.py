@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from . import HarnessError
 from .gpumode import GpuModeReference
-from .inputs import Inputs, aliases, check_spec, poison, returned_outputs, same_values
+from .inputs import Inputs, aliases, check_spec, poison, returned_outputs, same_values, taken
 from .kernelbench import KernelBenchReference
 
 #: upstream's defaults when neither the command line nor the reference gives a tolerance
@@ -30,11 +30,11 @@ def trusted_scalars(ref: Any, req: dict[str, Any]) -> dict[str, Any]:
     out = dict(req["dims"])
     if callable(getattr(ref, "make_inputs", None)):
         try:
-            made = dict(ref.make_inputs(seed=int(req["seed"]), **req["dims"]))
+            made = dict(ref.make_inputs(seed=int(req["seed"]), **taken(ref.make_inputs, dict(req["dims"]))))
         except Exception:  # the reference's own inputs fail: the fill below raises it with its message
-            return out
+            return taken(getattr(ref, "reference", None), out)
         out.update({k: v for k, v in made.items() if isinstance(v, (int, float, str, bool)) and k not in out})
-    return out
+    return taken(getattr(ref, "reference", None), out)
 
 
 def data_outputs(adapter: Any, got: dict[str, Any]) -> set[int]:
@@ -232,7 +232,7 @@ def reference_outputs(torch: Any, ref: Any, req: dict[str, Any]) -> tuple[RefEnt
         raise HarnessError("contract", f"{req['ref']}: reference() returned outputs of other shapes (or names) on "
                            f"a second set of inputs of the same shapes ({'; '.join(odd)})",
                            fix="return outputs whose shapes depend on the dims only")
-    tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol")) for name in names}
+    tol = {name: tolerances(ref, name, req.get("atol"), req.get("rtol"), req.get("dtype_tol")) for name in names}
     # only for tolerances someone chose: the defaults would warn on every first kernel
     chosen = [n for n, t in tol.items() if "default" not in (t["atol_source"], t["rtol_source"])]
     warns = _tolerance_warnings(torch, chosen, arrays, {n: (t["atol"], t["rtol"]) for n, t in tol.items()}) \
@@ -278,7 +278,7 @@ def unrepeatable(torch: Any, ref: Any, req: dict[str, Any], arrays: dict[str, An
             continue
         if same_values(torch, a, b):
             continue
-        t = tolerances(ref, name, req.get("atol"), req.get("rtol"))
+        t = tolerances(ref, name, req.get("atol"), req.get("rtol"), req.get("dtype_tol"))
         host = HostArrays(torch, {"a": a, "b": b})
         c = compare(name, host["b"], host["a"], t["atol"], t["rtol"])
         if not c.ok:
@@ -286,12 +286,27 @@ def unrepeatable(torch: Any, ref: Any, req: dict[str, Any], arrays: dict[str, An
     return out
 
 
-def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None) -> dict[str, Any]:
+def tolerances(ref: Any, name: str, atol_cli: float | None, rtol_cli: float | None,
+               dtype_tol: dict[str, Any] | None = None) -> dict[str, Any]:
     """(atol, rtol) of output ``name``: the command line, else the reference's (a number, or a dict keyed by output
     name; a field format's adapter gives the problem's own: KernelBench's per precision, a GPU MODE problem's
     ``atol``/``rtol`` or ``make_match_reference`` arguments), else 1e-3 / 1e-3 (upstream's defaults); with where each
-    came from. Raises HarnessError('contract') when
+    came from. ``dtype_tol``: a case in another dtype than the reference's first
+    (:func:`pytest_kopt.gates.correctness.dtype_tolerance`): ``atol``, ``rtol`` and ``source``, used instead of the
+    reference's (``floor`` true: kopt's default for that dtype, raised to the reference's where that is looser).
+    Raises HarnessError('contract') when
     the reference gives per-output tolerances and none for ``name`` (an output named otherwise would escape them)."""
+    if dtype_tol:
+        own = tolerances(ref, name, atol_cli, rtol_cli)
+        out = dict(own)
+        for key, cli in (("atol", atol_cli), ("rtol", rtol_cli)):
+            if cli is not None:
+                continue
+            value = float(dtype_tol[key])
+            if dtype_tol.get("floor") and own[key] > value:
+                continue
+            out[key], out[f"{key}_source"] = value, str(dtype_tol["source"])
+        return out
     out: dict[str, Any] = {}
     for key, cli in (("atol", atol_cli), ("rtol", rtol_cli)):
         v = getattr(ref, key, None)

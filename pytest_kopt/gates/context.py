@@ -178,6 +178,24 @@ class Context:
         return out
 
     @property
+    def edge_plan(self) -> Any:
+        """The kernel's edge shapes (:func:`pytest_kopt.gates.edges.edge_plan`): derived from the dims, the
+        reference's ``constraints`` and what the kernel takes at run time."""
+        from .edges import edge_plan
+
+        return edge_plan(self)
+
+    @property
+    def dtypes(self) -> list[str]:
+        """The dtypes the reference says the kernel handles (its ``dtypes`` literal, a list of torch dtype names,
+        the first the one every gate but the extra dtype cases runs); [] when it lists none, or none valid
+        (preflight reports that)."""
+        value = self.ref_constant("dtypes")
+        if not isinstance(value, (list, tuple)) or not all(isinstance(d, str) for d in value):
+            return []
+        return list(dict.fromkeys(value))
+
+    @property
     def arch(self) -> str:
         """The build arch: ``--kopt-arch``, else the detected GPU's (``sm_90a`` on an H200), else ``sm_90a``."""
         return self.settings.arch or self.env.get("sm_arch") or DEFAULT_ARCH

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import CorrectnessRecord, read_dict
+from ..artifacts import CorrectnessRecord, read_dict, write_edges
 from ..child.inputs import SECOND_POISON
 from ..errors import NO_GPU_FIX, Blocked, ContractError, IncorrectError, KernelRuntimeError, KoptError
 from ..child.autotune import describe
@@ -58,15 +58,48 @@ def raise_guards(ctx: Context, found: Any, seed: int, replay: str, who: str) -> 
 def cases(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
     """(label, case) per item: one per validation seed (``index``, ``seed``, ``dims`` None = the session's) on each
     test shape (several shapes: ``dims`` and ``shape`` set, labelled ``M=..,N=..,seed=S``), then one per entry of
-    the reference's ``extra_dims`` (boundary shapes) with the first seed."""
+    the reference's ``extra_dims`` (boundary shapes), one per edge shape (``edge``: its category,
+    :mod:`pytest_kopt.gates.edges`) and one per dtype the reference lists after its first (``dtype``, also in the
+    case's dims: ``setup()``, ``shapes()``, ``make_inputs()`` and ``reference()`` get it when they take a ``dtype``
+    parameter), each with the first seed."""
     out: list[dict[str, Any]] = []
     several = len(ctx.shapes) > 1
+    first = ctx.settings.seeds[0]
     for shape in ctx.shapes:
         for s in ctx.settings.seeds:
             out.append({"index": len(out), "seed": s, "dims": dict(shape) if several else None, "shape": several})
     for extra in ctx.extra_dims:
-        out.append({"index": len(out), "seed": ctx.settings.seeds[0], "dims": {**ctx.settings.dims, **extra}})
+        out.append({"index": len(out), "seed": first, "dims": {**ctx.settings.dims, **extra}})
+    for category, dims in ctx.edge_plan.checked:
+        out.append({"index": len(out), "seed": first, "dims": dict(dims), "edge": category})
+    for dtype in ctx.dtypes[1:]:
+        out.append({"index": len(out), "seed": first, "dims": {**ctx.settings.dims, "dtype": dtype}, "dtype": dtype})
     return [(case_label(c), c) for c in out]
+
+
+#: Tolerances of a dtype case whose reference gives none for its dtype (``dtype_tolerances``): about two units in
+#: the last place of the format's mantissa (float16: 10 bits, eps 9.8e-4; bfloat16: 7 bits, eps 7.8e-3), as
+#: (atol, rtol); the reference's own tolerance where it is looser. float32 and float64 take the reference's.
+DTYPE_TOLERANCE = {"float16": (1e-3, 2e-3), "bfloat16": (1e-2, 1.6e-2)}
+
+
+def dtype_tolerance(ctx: Context, dtype: str | None) -> dict[str, Any] | None:
+    """The tolerance of a case in ``dtype`` (None: the reference's own, for its first dtype or a dtype without
+    one): the reference's ``dtype_tolerances[dtype]`` (``{"atol": a, "rtol": r}``), else
+    :data:`DTYPE_TOLERANCE`'s, raised to the reference's where that is looser (``floor``). The child's
+    :func:`pytest_kopt.child.reference.tolerances` applies it, the command line's ``--kopt-atol``/``--kopt-rtol``
+    before it."""
+    if dtype is None or not ctx.dtypes or dtype == ctx.dtypes[0]:
+        return None
+    given = ctx.ref_constant("dtype_tolerances")
+    own = given.get(dtype) if isinstance(given, dict) else None
+    if isinstance(own, dict) and {"atol", "rtol"} <= set(own):
+        return {"atol": float(own["atol"]), "rtol": float(own["rtol"]),
+                "source": f"ref.dtype_tolerances[{dtype}]", "floor": False}
+    if dtype in DTYPE_TOLERANCE:
+        atol, rtol = DTYPE_TOLERANCE[dtype]
+        return {"atol": atol, "rtol": rtol, "source": f"kopt's {dtype} default", "floor": True}
+    return None
 
 
 def case_label(case: Mapping[str, Any]) -> str:
@@ -195,13 +228,18 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
         except (OSError, KoptError):
             pass  # the ncu item starts its own
     record = CorrectnessRecord.start(case, device, fingerprint(ctx, res, case, device))
+    edges = ctx.edge_plan
+    write_edges(ctx.outdir, {**edges.document(), "dtypes": ctx.dtypes})
+    extra = {**edges.figures(), **_case_figures(ctx, case)}
     try:
         outcome = _check_case(ctx, res, case, device, record)
         record["passed"] = True
-        return outcome
+        return Outcome({**outcome.figures, **extra}, _case_prefix(case) + outcome.summary, outcome.artifacts)
     except KoptError as exc:
         if device == "cuda":
             ctx.ahead.abandon_profiles(ctx)  # the ncu item is blocked now: its profile must not wait for it
+        exc.message = _case_prefix(case) + exc.message
+        exc.figures.update(extra)
         if exc.status in SHRINKABLE:
             found = smallest_failure(ctx, case, exc, digest(fingerprint(ctx, res, {}, device), ctx.settings.seeds),
                                      lambda c, timeout_s: _attempt(ctx, res, c, device, timeout_s))
@@ -220,6 +258,27 @@ def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:
     finally:
         CorrectnessRecord.write(ctx.outdir, case_label(case), record,
                                 mac=ctx.trust.mac(record["fingerprint"], record["passed"]))
+
+
+def _case_prefix(case: Mapping[str, Any]) -> str:
+    """What a message or summary of an edge-shape or dtype case starts with: the shape (its dims, its category) or
+    the dtype, so a failure there names it."""
+    if case.get("edge"):
+        return f"edge shape {dims_label(case['dims'])} ({case['edge']}): "
+    if case.get("dtype"):
+        return f"dtype {case['dtype']}: "
+    return ""
+
+
+def _case_figures(ctx: Context, case: Mapping[str, Any]) -> dict[str, Any]:
+    """The case's own scalars: ``edge_shape`` (its category) and ``dims_checked`` for an edge case; ``dtype`` for a
+    dtype case, and on every case of a reference listing dtypes ``dtypes`` (comma-separated)."""
+    out: dict[str, Any] = {}
+    if case.get("edge"):
+        out.update(edge_shape=case["edge"], dims_checked=dims_label(case["dims"]))
+    if ctx.dtypes:
+        out.update(dtype=case.get("dtype") or ctx.dtypes[0], dtypes=",".join(ctx.dtypes))
+    return out
 
 
 def _all_ones(dims: dict[str, Any]) -> bool:
@@ -300,6 +359,7 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
                           plan=case.get("plan"))
     if pin is not None:
         req["autotune_pin"] = pin
+    req["dtype_tol"] = dtype_tolerance(ctx, case.get("dtype"))
     ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)  # its torch import overlaps the candidate's request
     clock = time.perf_counter()
     hint = ctx.kind.timeout_hint(device)

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import ConfigError, ContractError
 from ..settings import ref_shapes
 from . import contract
+from .claims import check_claims
 from .context import Context, Outcome
 from .inputs import REGIMES
 
@@ -20,7 +21,8 @@ class KoptDimsWarning(UserWarning):
 
 def preflight(ctx: Context) -> list[contract.Param]:
     """The static contract check, shared by every later gate: the reference's (its literals: ``regimes``,
-    ``dims``, ``benchmarks``, ``inplace``, ``extra_dims``), then the kernel's, which its kind checks
+    ``dims``, ``benchmarks``, ``inplace``, ``extra_dims``, and its claims: ``constraints``, ``dtypes``,
+    ``dtype_tolerances``, :mod:`pytest_kopt.gates.claims`), then the kernel's, which its kind checks
     (:meth:`~pytest_kopt.kinds.base.Kind.preflight`), then that the reference takes every dim
     (:func:`check_reference_dims`). Returns ``solve``'s parameters ([] for a kind without them).
     Raises ContractError (exit 4) naming the file, the line and the fix."""
@@ -58,6 +60,7 @@ def preflight(ctx: Context) -> list[contract.Param]:
             isinstance(d, dict) and all(isinstance(v, (int, float)) for v in d.values()) for d in extra)):
         raise ContractError(f"extra_dims = {extra!r} is not a list of dicts of numbers", gate="preflight",
                             path=str(ctx.ref), fix='e.g. extra_dims = [{"M": 1, "N": 1}, {"M": 127, "N": 33}]')
+    check_claims(ctx, c)
     params = ctx.kind.preflight(ctx)
     # after the kernel's: a dim the kernel needs and --kopt-dims lacks is the first thing to fix
     check_reference_dims(c, ctx.settings.dims, ctx.ref)

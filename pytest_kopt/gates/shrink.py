@@ -4,7 +4,8 @@ smaller sizes where the problem's sizes are free, then simpler values, as hypoth
 harness, a candidate's four calls and the judge, so the search is kopt's own: greedy, deterministic, bounded).
 
 - **Sizes**: each integer size (the case's dims; a KernelBench problem's literal module globals, tuples
-  included), largest first, halved while the smaller case still fails with the same status; a size the problem
+  included), largest first, halved (rounded down, else rounded up where that differs: an odd tail stays odd) while
+  the smaller case still fails with the same status; a size the problem
   does not allow (its code raises, the reference refuses it) is a case that does not fail alike, so the search
   stops there.
 - **Values**: small integers, simplest first: all ones, then {0, 1}, then {-1, 0, 1} (kopt's ``small_int`` regime
@@ -41,7 +42,8 @@ BUDGET_S = 30.0
 #: Simpler values, simplest first: the range of ``small_int`` (inclusive).
 SIMPLE_VALUES = ((1, 1), (0, 1), (-1, 1))
 #: Module-level names of a reference that are no sizes.
-NOT_SIZES = frozenset({"atol", "rtol", "regimes", "dims", "benchmarks", "extra_dims", "inplace", "outputs"})
+NOT_SIZES = frozenset({"atol", "rtol", "regimes", "dims", "benchmarks", "extra_dims", "inplace", "outputs",
+                       "constraints", "dtypes", "dtype_tolerances"})
 
 
 def literal_sizes(path: Path) -> dict[str, Any]:
@@ -95,6 +97,10 @@ def _halved(v: Any) -> Any:
     return [max(1, x // 2) for x in v] if isinstance(v, (list, tuple)) else max(1, v // 2)
 
 
+def _halved_up(v: Any) -> Any:
+    return [max(1, (x + 1) // 2) for x in v] if isinstance(v, (list, tuple)) else max(1, (v + 1) // 2)
+
+
 def _values_label(plan: dict[str, Any]) -> str:
     lo, hi = plan.get("int_lo"), plan.get("int_hi")
     return "all ones" if (lo, hi) == (1, 1) else f"small integers in [{lo}, {hi}]"
@@ -145,8 +151,12 @@ def smallest_failure(ctx: Context, case: dict[str, Any], exc: Any, key: str, att
     changed: dict[str, Any] = {}
     for name, value in sizes.items():
         while _weight(value) > 1:
-            smaller = _halved(value)
-            if not fails({**changed, name: smaller}, plan):
+            # half, else half rounded up where that differs: a tail bug (a grid of n // BLOCK) passes at 2048 but
+            # fails at 2049, so an odd size halves through odd sizes
+            tries_here = [h for h in (_halved(value), _halved_up(value)) if _weight(h) < _weight(value)]
+            smaller = next((h for i, h in enumerate(tries_here) if h not in tries_here[:i]
+                            and fails({**changed, name: h}, plan)), None)
+            if smaller is None:
                 break
             changed[name], value = smaller, smaller
     if simple:
@@ -161,6 +171,9 @@ def smallest_failure(ctx: Context, case: dict[str, Any], exc: Any, key: str, att
             if ran is not None:
                 break
     order = list(dims) + [k for k in best["dims"] if k not in dims]  # the case's own order of its dims
+    # a case at dims of its own (an edge or boundary shape) names them, so its minimum reads as a whole shape
+    own = {k: v for k, v in dims.items() if ctx.settings.dims.get(k) != v and _size(v)}
+    best["dims"] = {**own, **best["dims"]}
     shown = {k: best["dims"][k] for k in order if k in best["dims"]}
     parts = ([dims_label(shown)] if shown else []) + ([_values_label(best["plan"])] if best["plan"]
                                                                      else [])

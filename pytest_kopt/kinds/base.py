@@ -74,6 +74,11 @@ class Kind:
         of a Python file, whose functions may name dims), None for a kind whose source is no Python."""
         return None
 
+    def runtime_dims(self, ctx: Context) -> frozenset[str] | None:
+        """The dims the kernel takes at run time (an edge shape, :mod:`pytest_kopt.gates.edges`, changes only
+        those), None for every dim; by default none: a kind that does not say is checked at the given dims only."""
+        return frozenset()
+
     def describe(self, ctx: Context, params: list[Any], note: str) -> tuple[dict[str, Any], str]:
         """The preflight item's figures and one-line summary (``note`` is the gate's own remark, appended)."""
         return {"kind": self.name}, f"{self.name}: contract found{note}"

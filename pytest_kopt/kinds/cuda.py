@@ -43,20 +43,7 @@ class CudaKind(Kind):
         """``solve``'s signature (in the file, or in a local header it includes) against ``--kopt-dims``: every
         scalar given a value that fits its C type, no half-precision scalar by value, and the reference's
         parameters named by ``solve``'s or the dims. Returns the parameters."""
-        source = ctx.kernel.read_text(errors="replace")
-        macros = contract.header_macros(ctx.kernel)
-        try:
-            params = contract.parse_solve_signature(source, ctx.display, macros)
-        except ContractError as exc:
-            params = None
-            for header in contract.local_headers(ctx.kernel):
-                try:
-                    params = contract.parse_solve_signature(header.read_text(errors="replace"), str(header), macros)
-                    break
-                except ContractError:
-                    continue
-            if params is None:
-                raise exc from None
+        params = self.solve_params(ctx)
         contract.check_dims(params, ctx.settings.dims, ctx.display)
         for p in params:
             if p.is_pointer:
@@ -84,6 +71,29 @@ class CudaKind(Kind):
                                 gate="preflight", path=str(ctx.ref), line=line,
                                 fix="name reference()'s parameters after solve()'s, or accept **kwargs")
         return params
+
+    def solve_params(self, ctx: Context) -> list[contract.Param]:
+        """``solve``'s parameters, parsed from the file or, failing that, from a local header it includes. Raises
+        the file's ContractError when neither declares it."""
+        source = ctx.kernel.read_text(errors="replace")
+        macros = contract.header_macros(ctx.kernel)
+        try:
+            return contract.parse_solve_signature(source, ctx.display, macros)
+        except ContractError as exc:
+            for header in contract.local_headers(ctx.kernel):
+                try:
+                    return contract.parse_solve_signature(header.read_text(errors="replace"), str(header), macros)
+                except ContractError:
+                    continue
+            raise exc from None
+
+    def runtime_dims(self, ctx: Context) -> frozenset[str] | None:
+        """``solve``'s scalar parameters: a dim it does not take is compiled into the kernel. Empty when the
+        signature does not parse (the preflight item says why)."""
+        try:
+            return frozenset(p.name for p in self.solve_params(ctx) if not p.is_pointer)
+        except (ContractError, OSError):
+            return frozenset()
 
     def describe(self, ctx: Context, params: list[Any], note: str) -> tuple[dict[str, Any], str]:
         """``kind``, the numbers of inputs and outputs; the signature as parsed."""

@@ -79,6 +79,18 @@ class PyFileKind(Kind):
                                     fix="name reference()'s parameters after setup()'s inputs, or give them defaults")
         return []
 
+    def runtime_dims(self, ctx: Context) -> frozenset[str] | None:
+        """``setup()``'s parameters (it builds the buffers from them at run time), None when it takes
+        ``**kwargs``; empty when the file does not parse or has no ``setup`` (a field format's candidate)."""
+        try:
+            found = contract.read_python(ctx.kernel).functions.get("setup")
+        except ContractError:
+            return frozenset()
+        if found is None:
+            return frozenset()
+        params, kwargs, _line = found
+        return None if kwargs else frozenset(params)
+
     def source_contract(self, ctx: Context) -> Any:
         """The file's :class:`~pytest_kopt.gates.contract.PyContract`."""
         return contract.read_python(ctx.kernel)

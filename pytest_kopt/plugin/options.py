@@ -47,6 +47,9 @@ OPTIONS = (
     ("ncu-num", f"Top ncu metrics kept per axis in ncu_top.json (default {defaults.NCU_NUM})", "N"),
     ("precision", "KernelBench problems: fp32 (default), fp16 or bf16, as KernelBench's precision argument (inputs "
                   "and both models cast, its tolerance 1e-4, 1e-2, 1e-2)", "PRECISION"),
+    ("edge-shapes", "Correctness also at edge shapes derived from the dims (sizes 1, a small prime, not a multiple "
+                    "of 16, just past a power of two, one off the given size) where the kernel takes its sizes at "
+                    "run time: auto (default) or off", "MODE"),
 )
 #: (flag, help): boolean options every session reads, each with an ini twin.
 FLAGS = (

@@ -1,0 +1,287 @@
+"""Coverage beyond the given dims: edge shapes derived from the dims (the sizes, their cost, the constraints that
+exclude them), dtypes a reference lists, and whole sessions on the CPU through the ``--kopt-json`` report: a
+tail-dropping Triton kernel caught with no extra shape in its reference, passed once the reference declares the
+multiple it needs, its failing edge shape shrunk; a two-dtype reference checked twice. Every kernel here is written
+for these tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_kopt.gates.claims import setup_dtype_default
+from pytest_kopt.gates.edges import (derive, edge_plan, parse_constraints, past_pow2, small_prime, unaligned,
+                                     violation)
+
+needs_triton = pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("triton") is None, reason="triton not installed")
+
+REF = """\
+atol = 1e-6
+rtol = 1e-6
+{extra}
+
+def shapes(n):
+    return {{"x": ((n,), "float32"), "y": ((n,), "float32")}}
+
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+#: y = 2x over blocks of 16, the grid rounded down: the tail past the last full block is never written.
+TAIL = """\
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 16
+
+
+@triton.jit
+def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2, mask=m)
+
+
+def setup(n, seed, device="cuda"):
+    x = torch.empty(n, device=device)
+    return {{"inputs": {{"x": x, "y": torch.empty_like(x)}}, "outputs": ["y"]}}
+
+
+def run_kernel(x, y):
+    n = x.numel()
+    double[({grid},)](x, y, n, BLOCK=BLOCK)
+"""
+
+
+def session(pytester: pytest.Pytester, kernel: str, ref: str, *args: str) -> tuple[int, dict]:
+    """A CPU session of ``kernel`` against ``ref`` at n=64 with two seeds; (exit code, --kopt-json report)."""
+    pytester.makepyfile(kernel=kernel, ref=ref)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=64", "--kopt-seeds", "3,5", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "not sass", *args, timeout=600)
+    return result.ret, json.loads((pytester.path / "r.json").read_text())
+
+
+def correctness(report: dict) -> dict[str, dict]:
+    """The correctness items by case."""
+    return {i["case"]: i for i in report["items"] if i["gate"] == "correctness"}
+
+
+def test_sizes_of_each_category() -> None:
+    """1, the largest prime up to 37, a multiple of 8 but of no 16, the largest power of two below plus one."""
+    assert [small_prime(d) for d in (1, 2, 4, 36, 64, 4096)] == [1, 2, 3, 31, 37, 37]
+    assert [unaligned(d) for d in (4096, 64, 1000, 1)] == [4088, 56, 1000, 8]
+    assert all(unaligned(d) % 8 == 0 and unaligned(d) % 16 for d in range(1, 5000, 7))
+    assert [past_pow2(d) for d in (4096, 1000, 65, 3, 2)] == [2049, 513, 65, 3, 2]
+
+
+def test_a_gemm_gets_five_cheap_cases_one_size_near_the_given_dims_in_each() -> None:
+    """M=N=K=4096: ones, primes, then one lead size per case (4088, 2049, 4097) with the others at 37, so no case
+    costs more than 1/1000 of the given dims' M*N*K and every size is near its given value in one case."""
+    dims = {"M": 4096, "N": 4096, "K": 4096}
+    checked, excluded = derive(dims, ("M", "N", "K"), {})
+    assert excluded == []
+    assert [(c, tuple(d.values())) for c, d in checked] == [
+        ("ones", (1, 1, 1)), ("prime", (37, 37, 37)), ("unaligned", (4088, 37, 37)), ("pow2+1", (37, 2049, 37)),
+        ("near", (37, 37, 4097))]
+    assert max(d["M"] * d["N"] * d["K"] for _, d in checked) < 4096 ** 3 / 1000
+
+
+def test_floats_and_fixed_sizes_stay_and_repeats_are_dropped() -> None:
+    """eps is no size; a case equal to a listed shape (an extra_dims entry) or the given dims is not checked again."""
+    dims = {"M": 64, "N": 1000, "eps": 1e-5}
+    checked, _ = derive(dims, ("M", "N"), {}, skip=[{"M": 1, "N": 1, "eps": 1e-5}])
+    assert [c for c, _ in checked] == ["prime", "unaligned", "pow2+1", "near"]
+    assert all(d["eps"] == 1e-5 for _, d in checked)
+    one, _ = derive({"n": 1}, ("n",), {})  # 8 (unaligned) would be 8x the given size: above the plan
+    assert one == [("near", {"n": 2})]
+
+
+def test_a_constraint_excludes_the_shapes_that_break_it_and_says_why() -> None:
+    checked, excluded = derive({"M": 256, "K": 128}, ("M", "K"), {"M": {"multiple_of": 128}, "K": {"min": 16}})
+    assert checked == []
+    assert excluded[0] == ("M=1,K=1", "M=1 is not a multiple of 128; K=1 is below its min 16 (ref.py constraints)")
+    assert len(excluded) == 5
+    assert violation("M", 4096, {"max": 1024}) == "M=4096 is above its max 1024"
+
+
+@pytest.mark.parametrize("value, problem", [
+    ({"Q": {"min": 1}}, "constraints names 'Q', which is not a dim"),
+    ({"n": {"multiple": 16}}, "has 'multiple'; the keys are multiple_of, min, max"),
+    ({"n": {"multiple_of": 0}}, "each value must be an integer >= 1"),
+    ({"n": "constant"}, "is neither \"fixed\" nor a dict"),
+    ({"n": {"multiple_of": 128}}, "the given dims break constraints['n']: n=64 is not a multiple of 128"),
+    ({"n": {"min": 8, "max": 4}}, "min is above max"),
+    (["n"], "is not a dict of dim name"),
+])
+def test_constraint_literals_are_checked(value: object, problem: str) -> None:
+    _, problems = parse_constraints(value, {"n": 64})
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+def _ctx(dims: dict, constants: dict, taken: frozenset | None = None, **settings: object) -> SimpleNamespace:
+    """What :func:`edge_plan` reads of a gate context, for a kopt reference with ``constants``."""
+    s = SimpleNamespace(**{"dims": dims, "edge_shapes": "auto", "loop_mode": None, **settings})
+    kind = SimpleNamespace(runtime_dims=lambda ctx: taken)
+    return SimpleNamespace(settings=s, problem_format="kopt", ref_constant=constants.get, kind=kind,
+                           shapes=(dims,), extra_dims=[])
+
+
+def test_the_plan_says_why_there_are_none() -> None:
+    """Off, a field format, a loop branch session without constraints, a size the kernel is built for."""
+    dims = {"n": 64}
+    assert edge_plan(_ctx(dims, {}, edge_shapes="off")).note == "off (--kopt-edge-shapes off)"
+    field = _ctx(dims, {})
+    field.problem_format = "kernelbench"
+    assert "KernelBench problem is checked at its own fixed shapes" in edge_plan(field).note
+    assert "loop branch session" in edge_plan(_ctx(dims, {}, loop_mode="run")).note
+    assert len(edge_plan(_ctx(dims, {"constraints": {}}, loop_mode="run")).checked) == 5
+    assert edge_plan(_ctx(dims, {}, frozenset())).checked == ()  # a .cu whose solve() takes no n
+    assert edge_plan(_ctx(dims, {"constraints": {"n": "fixed"}})).checked == ()
+    plan = edge_plan(_ctx({"M": 64, "N": 8}, {}, frozenset({"M"})))  # N compiled in: M alone varies
+    assert {d["N"] for _, d in plan.checked} == {8} and plan.sizes == ("M",)
+
+
+def test_setup_dtype_default(tmp_path: Path) -> None:
+    k = tmp_path / "k.py"
+    for src, want in (("def setup(n, seed, dtype='float16'): ...", "float16"),
+                      ("def setup(n, seed, *, dtype='bfloat16', device='cuda'): ...", "bfloat16"),
+                      ("def setup(n, seed, **kw): ...", "**kwargs"), ("def setup(n, seed): ...", None),
+                      ("def setup(n, dtype): ...", "<no default>")):
+        k.write_text(src)
+        assert setup_dtype_default(k) == want, src
+
+
+@needs_triton
+def test_a_tail_dropping_kernel_is_caught_at_edge_shapes_and_shrunk(pytester: pytest.Pytester) -> None:
+    """The grid rounds down (n // 16, at least 1): n=64 and n=1 pass, every other edge shape leaves its tail
+    unwritten; the first failure (n=37) names its shape and shrinks to n=18, which the later ones point at."""
+    code, report = session(pytester, TAIL.format(grid="max(1, n // BLOCK)"), REF.format(extra=""))
+    assert code == 2
+    items = correctness(report)
+    assert {c: i["status"] for c, i in items.items()} == {
+        "seed=3": "PASSED", "seed=5": "PASSED", "n=1": "PASSED", "n=37": "UNWRITTEN", "n=56": "UNWRITTEN",
+        "n=33": "UNWRITTEN", "n=65": "UNWRITTEN"}
+    first = items["n=37"]
+    assert first["message"].startswith("edge shape n=37 (prime): ")
+    assert first["figures"]["edge_shape"] == "prime" and first["figures"]["shrunk"] == "n=18, all ones"
+    assert "shrunk to n=18, all ones" in first["message"]
+    assert "shrunk earlier from n=37" in items["n=65"]["message"]
+    (kernel,) = report["kernels"]
+    assert kernel["edge_checked"] == ["n=1", "n=37", "n=56", "n=33", "n=65"] and kernel["edge_excluded"] == []
+    edges = json.loads(next((pytester.path / ".kopt").rglob("edges.json")).read_text())
+    assert [c["category"] for c in edges["checked"]] == ["ones", "prime", "unaligned", "pow2+1", "near"]
+
+
+@needs_triton
+def test_the_same_kernel_passes_once_its_reference_declares_the_multiple(pytester: pytest.Pytester) -> None:
+    """grid n // 16 (none at n=1): with constraints = {"n": {"multiple_of": 16}} every derived shape is excluded,
+    each with its reason in the report; with --kopt-edge-shapes off only the given dims are checked."""
+    code, report = session(pytester, TAIL.format(grid="n // BLOCK"),
+                           REF.format(extra='constraints = {"n": {"multiple_of": 16}}'))
+    assert code == 0, report["items"]
+    assert set(correctness(report)) == {"seed=3", "seed=5"}
+    (kernel,) = report["kernels"]
+    assert kernel["status"] == "PASSED" and kernel["edge_checked"] == []
+    assert kernel["edge_shapes"] == "0 checked, 5 excluded by constraints (sizes n)"
+    assert kernel["edge_excluded"][0] == {"shape": "n=1", "reason": "n=1 is not a multiple of 16 (ref.py constraints)"}
+    code, report = session(pytester, TAIL.format(grid="n // BLOCK"), REF.format(extra=""), "--kopt-edge-shapes",
+                           "off")
+    assert code == 0 and set(correctness(report)) == {"seed=3", "seed=5"}
+    assert report["kernels"][0]["edge_shapes"] == "off (--kopt-edge-shapes off)"
+
+
+DTYPE_REF = """\
+import torch
+atol = 1e-6
+rtol = 1e-6
+dtypes = ["float32", "float16"]
+
+
+def shapes(n, dtype="float32"):
+    return {"x": ((n,), dtype), "y": ((n,), dtype)}
+
+
+def reference(x, y, **_):
+    y.copy_((2 * x.double()).to(y.dtype))
+"""
+DTYPE_KERNEL = """\
+import torch
+
+
+def setup(n, seed, device="cpu", dtype={default!r}):
+    x = torch.empty(n, device=device, dtype=getattr(torch, {made}))
+    return {{"inputs": {{"x": x, "y": torch.empty_like(x)}}, "outputs": ["y"]}}
+
+
+def run_kernel(x, y):
+    y.copy_(x * 2)
+"""
+
+
+def test_a_two_dtype_reference_is_checked_in_each(pytester: pytest.Pytester) -> None:
+    """dtypes = ["float32", "float16"]: the seeds in float32, one more case in float16 (its dtype in the case's dims,
+    kopt's float16 tolerance); a setup() that ignores its dtype fails that case, so the dtype did reach it."""
+    code, report = session(pytester, DTYPE_KERNEL.format(default="float32", made="dtype"), DTYPE_REF,
+                           "--kopt-edge-shapes", "off")
+    assert code == 0, [i["message"] for i in report["items"] if i["message"]]
+    items = correctness(report)
+    assert list(items) == ["seed=3", "seed=5", "n=64,dtype=float16"]
+    assert [i["figures"]["dtype"] for i in items.values()] == ["float32", "float32", "float16"]
+    assert items["seed=3"]["figures"]["atol"] == 1e-6 and items["n=64,dtype=float16"]["figures"]["atol"] == 1e-3
+    assert report["kernels"][0]["dtypes_checked"] == ["float32", "float16"]
+    code, report = session(pytester, DTYPE_KERNEL.format(default="float32", made='"float32"'), DTYPE_REF,
+                           "--kopt-edge-shapes", "off")
+    assert code != 0
+    bad = correctness(report)["n=64,dtype=float16"]
+    assert bad["outcome"] == "failed" and "dtype float16: " in bad["message"], bad
+    assert all(i["outcome"] == "passed" for c, i in correctness(report).items() if c.startswith("seed"))
+
+
+def test_dtype_claims_are_checked_at_preflight(pytester: pytest.Pytester) -> None:
+    """A setup() whose dtype default is not the first listed dtype (the one timed) is a contract error naming the
+    kernel and the fix."""
+    code, report = session(pytester, DTYPE_KERNEL.format(default="float16", made="dtype"), DTYPE_REF,
+                           "-k", "preflight")
+    (item,) = report["items"]
+    assert code == 4 and item["status"] == "CONTRACT_ERROR", item
+    assert "setup()'s dtype defaults to 'float16'" in item["message"] and "dtype='float32'" in item["fix"]
+
+
+TAIL_CU = """\
+#include <cuda_runtime.h>
+__global__ void twice(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+extern "C" void solve(const float* x, float* y, int n) {
+    if (n >= 256) twice<<<n / 256, 256>>>(x, y, n);  // the tail past the last full block is never written
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_tail_dropping_cu_on_the_gpu(pytester: pytest.Pytester, declared: bool) -> None:
+    """A .cu whose grid is n / 256, at n=4096 (a multiple): caught at its edge shapes (n=1 is the first: nothing
+    written), and passed once the reference declares n a multiple of 256."""
+    pytester.makefile(".cu", kernel=TAIL_CU)
+    pytester.makepyfile(ref=REF.format(extra='constraints = {"n": {"multiple_of": 256}}' if declared else ""))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.cu", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=4096", "--kopt-seeds", "3", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "correctness", timeout=600)
+    report = json.loads((pytester.path / "r.json").read_text())
+    items = correctness(report)
+    if declared:
+        assert result.ret == 0 and list(items) == ["seed=3"], items
+        assert len(report["kernels"][0]["edge_excluded"]) == 5
+    else:
+        assert result.ret == 2
+        assert list(items) == ["seed=3", "n=1", "n=37", "n=4088", "n=2049", "n=4097"]
+        assert items["seed=3"]["status"] == "PASSED"
+        assert all(items[c]["status"] == "UNWRITTEN" for c in ("n=1", "n=37", "n=4088", "n=2049", "n=4097"))
+        assert items["n=4097"]["message"].startswith("edge shape n=4097 (near): ")
