@@ -53,8 +53,8 @@ class EdgePlan:
         return out
 
     def document(self) -> dict[str, Any]:
-        """The kernel's ``edges.json`` (beside its correctness records): the note, the sizes varied, the checked shapes (category,
-        dims, label) and the excluded ones (label, reason)."""
+        """The kernel's ``edges.json`` (beside its correctness records): the note, the sizes varied, the checked
+        shapes (category, dims, label) and the excluded ones (label, reason)."""
         return {"note": self.note, "sizes": list(self.sizes),
                 "checked": [{"category": c, "dims": d, "label": dims_label(d)} for c, d in self.checked],
                 "excluded": [{"label": label, "reason": why} for label, why in self.excluded]}
