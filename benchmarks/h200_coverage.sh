@@ -17,8 +17,10 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 python3 -c "import pynvml" 2>/dev/null && echo "nvidia-ml-py: $(python3 -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))' 2>/dev/null || echo present)" \
   || echo "nvidia-ml-py: missing (the basis will be device_used)"
-CC=benchmarks/coverage_cases
+CASES=benchmarks/coverage_cases  # not CC: an exported CC is the C compiler Triton builds its driver with
 K="-p no:randomly -p no:cacheprovider"
+# KOPT_COVERAGE_K: a -k expression for every case (e.g. "not ncu and not roofline and not sass" in a short call)
+KSEL=(); [ -n "${KOPT_COVERAGE_K:-}" ] && KSEL=(-k "$KOPT_COVERAGE_K")
 report() {  # case, JSON report, session rc, wall s
   python3 - "$@" <<'PY' | tee -a "$OUT/coverage.log"
 import glob, json, sys
@@ -47,13 +49,13 @@ PY
 }
 for s in ${*:-leak_cu twin_cu leak_triton}; do
   case $s in
-    leak_cu) kernel=$CC/leak_malloc.cu ;;
-    twin_cu) kernel=$CC/scratch_malloc.cu ;;
-    leak_triton) kernel=$CC/leak_list.py ;;
+    leak_cu) kernel=$CASES/leak_malloc.cu ;;
+    twin_cu) kernel=$CASES/scratch_malloc.cu ;;
+    leak_triton) kernel=$CASES/leak_list.py ;;
     *) echo "unknown case $s"; continue ;;
   esac
   t0=$(date +%s)
-  timeout 200 python3 -m pytest $K --kopt-baseline $kernel --kopt-ref $CC/ref.py --kopt-dims n=524288 \
+  timeout 200 python3 -m pytest $K "${KSEL[@]}" --kopt-baseline $kernel --kopt-ref $CASES/ref.py --kopt-dims n=524288 \
     --kopt-outdir /tmp/kcov/$s --kopt-json "$OUT/coverage_$s.json" > "$OUT/coverage_$s.log" 2>&1
   rc=$?
   report "$s" "$OUT/coverage_$s.json" "$rc" "$(( $(date +%s) - t0 ))"

@@ -185,8 +185,10 @@ needs_nvcc = pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc
 @needs_nvcc
 def test_gpu_a_cuda_malloc_per_call_fails_leak_and_its_twin_passes(pytester: pytest.Pytester) -> None:
     """On a GPU: benchmarks/coverage_cases/leak_malloc.cu (2 MiB cudaMalloc'd per call, never freed) fails its
-    timing item with LEAK, exit 2, about 2 MiB per call; scratch_malloc.cu (the same, freed) passes with its memory
-    flat."""
+    timing item with LEAK, exit 2, about 2 MiB per call; scratch_malloc.cu (the same, freed) is no LEAK: its memory
+    is flat. Its timing verdict is the host-work rule's, not the leak check's: on an H100 (2026-12-05) it was SUSPECT
+    (CUDA events 0.1136 ms a call, the kernel 6.69 us, the GPU idle 74.2 us a profiled call: the cudaMalloc and
+    cudaFree around the kernel are more host work than the profiled calls showed), so only LEAK is ruled out here."""
     verdicts = {}
     for name in ("leak_malloc.cu", "scratch_malloc.cu"):
         report = pytester.path / f"{name}.json"
@@ -203,8 +205,8 @@ def test_gpu_a_cuda_malloc_per_call_fails_leak_and_its_twin_passes(pytester: pyt
     # 2 MiB cudaMalloc'd per call (the driver maps whole 2 MiB pages; more only if it pads an allocation)
     assert 1.9 * MIB <= figures["leak_bytes_per_call"] <= 4.1 * MIB and memory["check"] == "leak"
     ret, status, figures, memory = verdicts["scratch_malloc.cu"]
-    assert (ret, status) == (0, "PASSED"), memory
-    assert memory["check"] == "flat" and figures["memory_check"] == "flat"
+    assert status != "LEAK" and "leak_bytes_per_call" not in figures, (status, memory)
+    assert memory["check"] == "flat" and memory["leak"] is False and memory["growth_bytes"] == 0, memory
 
 
 def test_forged_readings_are_dropped_not_a_crash() -> None:
