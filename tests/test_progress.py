@@ -68,3 +68,17 @@ def test_in_a_ci_log_each_item_is_a_line_and_quiet_is_quiet(pytester: pytest.Pyt
                                  "  correctness?seed=3? PASSED in *", "  timing SKIPPED in *"])
     quiet = pytester.runpytest_subprocess(*args, "-q", timeout=600)
     assert quiet.ret == 0 and not any(" PASSED in " in line for line in quiet.outlines), quiet.stdout.str()
+
+
+def test_in_a_ci_log_the_short_summary_names_the_outcome(pytester: pytest.Pytester) -> None:
+    """A CI log's short test summary (``-rf``) keeps pytest's word before a failing kopt item's node id
+    (``FAILED wrong.py::correctness[seed=3] - ...``): the item's own line replaces its dot, not the word."""
+    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref_softmax.py")
+    honest = (REDTEAM / "honest_python.py").read_text()
+    pytester.makepyfile(wrong=honest.replace("torch.softmax(x, dim=-1)", "torch.softmax(x, dim=-1) * 1.5"))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "wrong.py", "--kopt-ref", "ref_softmax.py",
+                                           "--kopt-dims", "M=4,N=16", "--kopt-seeds", "3", "--kopt-edge-shapes",
+                                           "off", "-p", "no:cacheprovider", "-rf", timeout=600)
+    assert result.ret == 2, result.stdout.str()
+    result.stdout.fnmatch_lines(["  correctness?seed=3? INCORRECT_NUMERICAL in *",
+                                 "FAILED wrong.py::correctness?seed=3? - ?correctness? INCORRECT_NUMERICAL*"])

@@ -143,7 +143,8 @@ class ProgressPlugin:
             # the file's name heads its items' lines, except under xdist (no header) or with several kernels
             several = len(self.kernels) > 1 or self.config.pluginmanager.hasplugin("dsession")
             name = report.nodeid if several else report.nodeid.split("::", 1)[-1]
-            return report.outcome, f"\n  {name} {status} in {report.duration:.1f} s", ""
+            # the third is the word the short test summary puts before the node id (FAILED, SKIPPED)
+            return report.outcome, f"\n  {name} {status} in {report.duration:.1f} s", report.outcome.upper()
         return None
 
     @pytest.hookimpl(tryfirst=True)
