@@ -184,14 +184,17 @@ class Blocked(Exception):
     ``fix`` is the one sentence saying what to change (the JSON report's item ``fix``); None where the cause is
     another item's failure, whose own ``fix`` says it. ``details`` (optional): the long text behind a short
     ``reason`` (an error's traceback), for the JSON report's item that met it; the items blocked after it get the
-    reason only."""
+    reason only. ``local``: this item alone is blocked (one case a CPU cannot judge, as a bfloat16 case in Triton's
+    interpreter); the gates that need this one are not blocked by it, so they say their own reason."""
 
-    def __init__(self, gate: str, reason: str, fix: str | None = None, details: str | None = None) -> None:
+    def __init__(self, gate: str, reason: str, fix: str | None = None, details: str | None = None,
+                 local: bool = False) -> None:
         super().__init__(f"blocked by {gate}: {reason}")
         self.gate = gate
         self.reason = reason
         self.fix = fix
         self.details = details
+        self.local = local
 
 
 def clip(text: str, limit: int) -> str:

@@ -242,6 +242,46 @@ def test_a_two_dtype_reference_is_checked_in_each(pytester: pytest.Pytester) -> 
     assert all(i["outcome"] == "passed" for c, i in correctness(report).items() if c.startswith("seed"))
 
 
+TRITON_DTYPE_KERNEL = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def twice(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def setup(n, seed, device="cpu", dtype="float32"):
+    x = torch.empty(n, device=device, dtype=getattr(torch, dtype))
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+
+def run_kernel(x, y):
+    twice[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), BLOCK=64)
+"""
+
+
+def test_a_case_the_interpreter_cannot_judge_blocks_only_itself(pytester: pytest.Pytester) -> None:
+    """A Triton kernel claiming float32 and bfloat16, on a CPU: the bfloat16 case skips (Triton's interpreter does
+    not compute bfloat16 right), the float32 seeds pass, and the timing item says its own reason (no GPU), not the
+    bfloat16 case's."""
+    pytest.importorskip("triton")
+    ref = DTYPE_REF.replace('["float32", "float16"]', '["float32", "bfloat16"]')
+    code, report = session(pytester, TRITON_DTYPE_KERNEL, ref, "--kopt-edge-shapes", "off")
+    items = correctness(report)
+    assert [(c, i["outcome"]) for c, i in items.items()] == [("seed=3", "passed"), ("seed=5", "passed"),
+                                                             ("n=64,dtype=bfloat16", "skipped")], items
+    assert "does not compute bfloat16 right" in items["n=64,dtype=bfloat16"]["message"]
+    timing = next(i for i in report["items"] if i["gate"] == "timing")
+    assert timing["outcome"] == "skipped" and timing["blocked_by"] == "hardware", timing
+    assert "bfloat16" not in timing["message"] and "no GPU" in timing["message"], timing["message"]
+    assert code == 0
+
+
 def test_dtype_claims_are_checked_at_preflight(pytester: pytest.Pytester) -> None:
     """A setup() whose dtype default is not the first listed dtype (the one timed) is a contract error naming the
     kernel and the fix."""

@@ -205,12 +205,13 @@ def interpreter_unsound(ctx: Context, device: str, spec: list[dict[str, Any]] | 
                         dtypes: dict[str, str] | None = None) -> None:
     """Raise Blocked (by hardware: a GPU judges it) when the kernel would be run on ``device`` where its kind does
     not compute a buffer's dtype right (:meth:`~pytest_kopt.kinds.base.Kind.unsound_dtypes`: Triton's interpreter
-    and bfloat16): never a false "incorrect"."""
+    and bfloat16): never a false "incorrect". The block is the item's own (``local``): the later gates of a kernel
+    whose other cases were judged say their own reason (no GPU), not this one."""
     found = sorted(({b["dtype"] for b in spec or []} | set((dtypes or {}).values())) & ctx.kind.unsound_dtypes(device))
     if found:
         raise Blocked("hardware", f"no GPU, and Triton's interpreter does not compute {', '.join(found)} right (it "
                       "fails on or miscomputes these dtypes), so its outputs would say nothing about the kernel: "
-                      "a kernel with these dtypes is judged on a GPU", NO_GPU_FIX)
+                      "a kernel with these dtypes is judged on a GPU", NO_GPU_FIX, local=True)
 
 
 def gate_correctness(ctx: Context, case: dict[str, Any]) -> Outcome:

@@ -151,7 +151,8 @@ def run(gate: Gate, ctx: Context, case: Any = None, label: str = "") -> Outcome:
     try:
         return gate.run(ctx, case)
     except Blocked as exc:
-        ctx.blocks.record(ctx.kernel, gate.name, exc.gate, exc.reason, exc.fix)
+        if not exc.local:
+            ctx.blocks.record(ctx.kernel, gate.name, exc.gate, exc.reason, exc.fix)
         raise
     except KoptError as exc:
         ctx.blocks.record(ctx.kernel, gate.name, gate.name, f"{label}: {exc.message}" if label else exc.message)
