@@ -325,3 +325,60 @@ def test_a_tail_dropping_cu_on_the_gpu(pytester: pytest.Pytester, declared: bool
         assert items["seed=3"]["status"] == "PASSED"
         assert all(items[c]["status"] == "UNWRITTEN" for c in ("n=1", "n=37", "n=4088", "n=2049", "n=4097"))
         assert items["n=4097"]["message"].startswith("edge shape n=4097 (near): ")
+
+
+PLAIN_REF = """\
+import torch
+atol = 1e-6
+rtol = 1e-6
+{head}
+
+
+def shapes(n, **_):
+    return {{"x": ((n,), "float32"), "y": ((n,), "float32")}}
+
+
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+PLAIN_KERNEL = DTYPE_KERNEL.format(default="float32", made="dtype")
+
+
+@pytest.mark.parametrize(("head", "args", "says", "line"), [
+    # a second shape the kernel does not claim: refused before it runs, not a crash at that shape
+    ('constraints = {"n": {"multiple_of": 32}}\nextra_dims = [{"n": 37}]', (),
+     "the given dims break constraints['n']: n=37 is not a multiple of 32", 4),
+    ('constraints = {"n": "fixed"}\nextra_dims = [{"n": 32}]', (),
+     "constraints['n'] is \"fixed\" at n=64, but a shape the session checks has n=32", 4),
+    # changed by code after the literal: kopt reads the literal only, so the change is refused, never dropped
+    ('constraints = {}\nconstraints["n"] = {"multiple_of": 128}', (), "constraints is changed after its literal (line 5)",
+     5),
+    ('constraints = {"n": {"min": 1}}\nif True:\n    constraints = {"n": {"multiple_of": 128}}', (),
+     "constraints is changed after its literal (line 6)", 6),
+    # one listed dtype is a claim too: setup() must make it
+    ('dtypes = ["float64"]', (), "setup()'s dtype defaults to 'float32'", None),
+])
+def test_claims_a_session_could_not_keep_are_refused_at_preflight(pytester: pytest.Pytester, head: str,
+                                                                  args: tuple[str, ...], says: str,
+                                                                  line: int | None) -> None:
+    """Constraints and dtypes the session's own shapes or code would contradict: exit 4 at preflight, naming the
+    file, the line and what is wrong (found by a red-team pass: each ran before, crashed at the unclaimed shape or
+    passed claiming what it never checked)."""
+    code, report = session(pytester, PLAIN_KERNEL, PLAIN_REF.format(head=head), "-k", "preflight", *args)
+    (item,) = report["items"]
+    assert (code, item["status"]) == (4, "CONTRACT_ERROR"), item
+    assert says in item["message"], item["message"]
+    if line is not None:
+        assert item["line"] == line and item["path"].endswith("ref.py"), item
+
+
+def test_the_reference_dtypes_decide_the_dtype_dim(pytester: pytest.Pytester) -> None:
+    """--kopt-dims giving dtype beside the reference's dtypes: every case would have run that dtype while the report
+    said the first listed (a red-team find); refused at preflight, naming the dtypes line."""
+    pytester.makepyfile(kernel=PLAIN_KERNEL, ref=PLAIN_REF.format(head='dtypes = ["float32", "float16"]'))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           'n=64,dtype="float16"', "--kopt-json", "r.json", "-k", "preflight",
+                                           "-p", "no:cacheprovider", timeout=600)
+    (item,) = json.loads((pytester.path / "r.json").read_text())["items"]
+    assert (result.ret, item["status"], item["line"]) == (4, "CONTRACT_ERROR", 4), item
+    assert item["message"].startswith("--kopt-dims gives dtype, which the reference's dtypes decides"), item

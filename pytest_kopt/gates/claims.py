@@ -23,12 +23,22 @@ CONSTRAINTS_FIX = ('e.g. constraints = {"M": {"multiple_of": 128}, "K": {"min": 
 def check_claims(ctx: Context, c: PyContract) -> None:
     """``constraints``, ``dtypes`` and ``dtype_tolerances`` of the reference ``c`` (its contract), against the
     session's dims and the kernel. Raises ContractError (exit 4)."""
+    rewritten = rewritten_lines(ctx.ref, "constraints")
+    if rewritten:
+        raise ContractError(f"constraints is changed after its literal (line {', '.join(map(str, rewritten))}): "
+                            "kopt reads the one top-level literal from the source, without running ref.py, so a "
+                            "change made by code would be silently left out", gate="preflight", path=str(ctx.ref),
+                            line=rewritten[0], fix="write every constraint in the one literal: "
+                                                    + CONSTRAINTS_FIX)
     if "constraints" in c.constants:
-        _, problems = parse_constraints(c.constants["constraints"], dict(ctx.settings.dims))
-        if problems:
-            raise ContractError("; ".join(problems), gate="preflight", path=str(ctx.ref),
-                                line=c.constant_lines.get("constraints"), fix=CONSTRAINTS_FIX)
+        _check_constraints(ctx, c)
     if "dtypes" in c.constants:
+        if "dtype" in ctx.settings.dims:
+            raise ContractError("--kopt-dims gives dtype, which the reference's dtypes decides: each dtype case "
+                                "sets it, and every other case runs the first listed", gate="preflight",
+                                path=str(ctx.ref), line=c.constant_lines.get("dtypes"),
+                                fix="leave dtype out of --kopt-dims (or dims in ref.py); order dtypes so the "
+                                    "one to time is first")
         _check_dtypes(ctx, c)
     if "dtype_tolerances" in c.constants:
         value = c.constants["dtype_tolerances"]
@@ -43,6 +53,64 @@ def check_claims(ctx: Context, c: PyContract) -> None:
                                 fix='e.g. dtype_tolerances = {"bfloat16": {"atol": 2e-2, "rtol": 2e-2}}')
 
 
+def _check_constraints(ctx: Context, c: PyContract) -> None:
+    """The literal's entries, and every shape the session is given (each test shape, each ``extra_dims`` entry)
+    within them: a shape the kernel does not claim is a contract error, not a run that crashes; a ``"fixed"`` dim
+    must be the same in every shape."""
+    value, line = c.constants["constraints"], c.constant_lines.get("constraints")
+    base = dict(ctx.settings.dims) or dict(ctx.shapes[0] if ctx.shapes else {})
+    shapes = [base, *(dict(s) for s in ctx.shapes), *({**base, **e} for e in ctx.extra_dims)]
+    problems: list[str] = []
+    for i, dims in enumerate(shapes):
+        parsed, found = parse_constraints(value, dims)
+        problems += [p for p in found if p not in problems]
+        if i == 0 and found:
+            break  # the literal itself is wrong: its problems are the first to fix
+        for name, rule in parsed.items():
+            if rule == "fixed" and dims.get(name) != shapes[0].get(name):
+                problem = (f"constraints[{name!r}] is \"fixed\" at {name}={shapes[0].get(name)!r}, but a shape "
+                           f"the session checks has {name}={dims.get(name)!r}")
+                if problem not in problems:
+                    problems.append(problem)
+    if problems:
+        where = "the given dims" if any("break" in p or "fixed" in p for p in problems) else "the literal"
+        fix = (CONSTRAINTS_FIX if where == "the literal" else
+               "change the shapes given (--kopt-dims, dims or extra_dims in ref.py) to sizes the kernel claims, or "
+               "widen the constraint if the kernel handles those sizes")
+        raise ContractError("; ".join(problems), gate="preflight", path=str(ctx.ref), line=line, fix=fix)
+
+
+def rewritten_lines(path: Path, name: str) -> list[int]:
+    """Lines of ``path`` (a reference) that change the module-level ``name`` other than by its one top-level
+    assignment: a second assignment, an assignment inside a block (``if``, ``for``, a function), an item or
+    attribute assignment (``name["M"] = ...``), or a method call on it (``name.update(...)``). [] when the file does
+    not parse (the contract's own check says so)."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    top = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+           and any(isinstance(t, ast.Name) and t.id == name
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    lines = [n.lineno for n in top[1:]]
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        for t in targets:
+            base = t
+            while isinstance(base, (ast.Subscript, ast.Attribute)):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == name and (base is not t or node not in top):
+                lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
 def _check_dtypes(ctx: Context, c: PyContract) -> None:
     value = c.constants["dtypes"]
     line = c.constant_lines.get("dtypes")
@@ -55,12 +123,13 @@ def _check_dtypes(ctx: Context, c: PyContract) -> None:
         raise ContractError("dtypes is kopt's contract; a KernelBench or GPU MODE problem's dtypes are its own "
                             "(KernelBench: --kopt-precision)", gate="preflight", path=str(ctx.ref), line=line,
                             fix="leave dtypes out of the problem file")
-    if len(value) < 2:
-        return
     if ctx.kind.launcher == "solve":
+        # one listed dtype would claim nothing shapes() and the pointer types do not already say (and could say
+        # otherwise): a .cu's dtypes are its signature's
         raise ContractError(f"dtypes lists {', '.join(value)}, but {ctx.display}'s solve() fixes its buffers' "
                             "dtypes in its signature", gate="preflight", path=str(ctx.ref), line=line,
-                            fix=f"list one dtype (dtypes = [{value[0]!r}]), or write one kernel per dtype")
+                            fix="leave dtypes out (shapes() gives each buffer's dtype, checked against solve()'s "
+                                "pointers), or write one kernel per dtype")
     default = setup_dtype_default(ctx.kernel)
     if default is None:
         raise ContractError(f"dtypes lists {', '.join(value)}, but {ctx.display}'s setup() takes no dtype "

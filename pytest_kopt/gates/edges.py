@@ -131,9 +131,12 @@ def parse_constraints(value: Any, dims: dict[str, Any]) -> tuple[dict[str, dict[
         if "min" in entry and "max" in entry and entry["min"] > entry["max"]:
             problems.append(f"constraints[{name!r}] = {entry!r}: min is above max")
             continue
+        if not is_size(dims[name]):
+            problems.append(f"constraints[{name!r}]: {name}={dims[name]!r} is no integer size, and constraints "
+                            "apply to sizes only")
+            continue
         out[name] = dict(entry)
-        why = violation(name, dims[name], entry) if is_size(dims[name]) else \
-            f"{name}={dims[name]!r} is no integer size"
+        why = violation(name, dims[name], entry)
         if why:
             problems.append(f"the given dims break constraints[{name!r}]: {why}")
     return out, problems
