@@ -382,3 +382,18 @@ def test_the_reference_dtypes_decide_the_dtype_dim(pytester: pytest.Pytester) ->
     (item,) = json.loads((pytester.path / "r.json").read_text())["items"]
     assert (result.ret, item["status"], item["line"]) == (4, "CONTRACT_ERROR", 4), item
     assert item["message"].startswith("--kopt-dims gives dtype, which the reference's dtypes decides"), item
+
+
+def test_a_dtype_case_that_makes_no_buffer_of_its_dtype_is_refused(pytester: pytest.Pytester) -> None:
+    """dtypes = ["float32", "float16"] with a shapes() and a setup() that both make float32 whatever the dtype: the
+    float16 case ran float32 and the report said float16 was checked (a red-team find); now a contract error naming
+    the reference, and float16 is not among the dtypes checked."""
+    ref = DTYPE_REF.replace('def shapes(n, dtype="float32"):\n    return {"x": ((n,), dtype), "y": ((n,), dtype)}',
+                            'def shapes(n, **_):\n    return {"x": ((n,), "float32"), "y": ((n,), "float32")}')
+    assert ref != DTYPE_REF
+    code, report = session(pytester, DTYPE_KERNEL.format(default="float32", made='"float32"'), ref,
+                           "--kopt-edge-shapes", "off")
+    bad = correctness(report)["n=64,dtype=float16"]
+    assert (bad["status"], code) == ("CONTRACT_ERROR", 4), bad
+    assert "no buffer of this case is float16 (x: float32, y: float32)" in bad["message"]
+    assert bad["path"].endswith("ref.py") and report["kernels"][0]["dtypes_checked"] == ["float32"], report["kernels"]

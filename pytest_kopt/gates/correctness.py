@@ -201,6 +201,21 @@ def verdict_from(doc: dict[str, Any]) -> Any:
                    figures=dict(doc.get("figures") or {}), warnings=tuple(str(w) for w in doc.get("warnings") or ()))
 
 
+def unmade(ctx: Context, case: Mapping[str, Any], spec: list[dict[str, Any]]) -> None:
+    """A dtype case (``case["dtype"]``) whose buffers (``spec``, as setup() made them and shapes() agreed) hold no
+    buffer of that dtype: the case would have run another dtype and reported the claimed one. Raises ContractError
+    naming the reference and its shapes()/setup() (a claim the files do not keep is the problem's, exit 4)."""
+    dtype = case.get("dtype")
+    if not dtype or any(b.get("dtype") == dtype for b in spec):
+        return
+    made = ", ".join(f"{b['name']}: {b['dtype']}" for b in spec)
+    raise ContractError(f"dtype {dtype}: the reference lists dtype {dtype}, but no buffer of this case is {dtype} "
+                        f"({made}), so it would run another dtype under the name {dtype}", gate="correctness",
+                        path=str(ctx.ref),
+                        fix=f"make shapes() in {ctx.ref.name} and the kernel's setup() take dtype and give their "
+                            "float buffers in it (getattr(torch, dtype)), or leave it out of dtypes")
+
+
 def interpreter_unsound(ctx: Context, device: str, spec: list[dict[str, Any]] | None,
                         dtypes: dict[str, str] | None = None) -> None:
     """Raise Blocked (by hardware: a GPU judges it) when the kernel would be run on ``device`` where its kind does
@@ -370,6 +385,7 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
     record["plan"] = req["plan"]
     record["call_ms"] = cand.get("call_ms")
     check_report(ctx, cand, req, "correctness", replay)
+    unmade(ctx, case, cand["spec"])
     try:
         raise_guards(ctx, cand["guards"], seed, replay, "seen in the candidate's process")
         interpreter_unsound(ctx, device, cand["spec"], cand.get("dtypes"))
