@@ -397,3 +397,18 @@ def test_a_dtype_case_that_makes_no_buffer_of_its_dtype_is_refused(pytester: pyt
     assert (bad["status"], code) == ("CONTRACT_ERROR", 4), bad
     assert "no buffer of this case is float16 (x: float32, y: float32)" in bad["message"]
     assert bad["path"].endswith("ref.py") and report["kernels"][0]["dtypes_checked"] == ["float32"], report["kernels"]
+
+
+def test_an_edge_shape_gives_no_tolerance_warning(pytester: pytest.Pytester) -> None:
+    """The tolerance's sanity check (would a bf16 or fp16 computation pass it?) is made at the seeds' dims: a
+    softmax of one column is exactly 1 in any precision, so at the edge shape M=1,N=1 it warned that tolerances
+    below 0 would be needed (a red-team find)."""
+    redteam = Path(__file__).resolve().parent / "redteam"
+    pytester.makepyfile(kernel=(redteam / "honest_python.py").read_text(),
+                        ref=(redteam / "ref_softmax.py").read_text())
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "M=4,N=16", "--kopt-seeds", "3", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "correctness", timeout=600)
+    items = correctness(json.loads((pytester.path / "r.json").read_text()))
+    assert "M=1,N=1" in items and all(i["status"] == "PASSED" for i in items.values()), items
+    assert result.ret == 0 and "KoptToleranceWarning" not in result.stdout.str(), result.stdout.str()[-3000:]

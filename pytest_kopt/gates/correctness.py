@@ -439,7 +439,9 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
                             f"from {first['atol_source']}/{first['rtol_source']}; {replay})",
                             fix="loosen atol/rtol in ref.py (or --kopt-atol/--kopt-rtol) to what the "
                                 "reference itself meets, or compute the reference in higher precision")
-    if v.ok:
+    # the tolerance's sanity check (would a bf16/fp16 computation pass?) is the seeds' to make, at the given dims:
+    # at an edge shape (a 1-wide softmax is exactly 1 in any precision) it says nothing of the task
+    if v.ok and not case.get("edge"):
         v = dataclasses.replace(v, warnings=(*v.warnings, *judged["tolerance_warnings"]))
     for w in v.warnings:
         warnings.warn(KoptToleranceWarning(f"{ctx.display}: {w}"), stacklevel=1)
