@@ -412,3 +412,15 @@ def test_an_edge_shape_gives_no_tolerance_warning(pytester: pytest.Pytester) -> 
     items = correctness(json.loads((pytester.path / "r.json").read_text()))
     assert "M=1,N=1" in items and all(i["status"] == "PASSED" for i in items.values()), items
     assert result.ret == 0 and "KoptToleranceWarning" not in result.stdout.str(), result.stdout.str()[-3000:]
+
+
+def test_the_verdict_line_says_which_edge_shapes_were_checked(pytester: pytest.Pytester) -> None:
+    """A reference whose constraints exclude every edge shape: the kernel's verdict line says so (before, only the
+    JSON report did: a newcomer's find)."""
+    head = 'constraints = {"n": {"multiple_of": 64}}'
+    pytester.makepyfile(kernel=PLAIN_KERNEL, ref=PLAIN_REF.format(head=head))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=128", "--kopt-seeds", "3", "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["kernel.py: PASSED: output checked, not timed (*); edge shapes: 0 checked, "
+                                 "5 excluded by constraints (sizes n)"])

@@ -55,6 +55,11 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
             else:
                 why = skip_reason(name, "timing")
                 how = "output checked, not timed" + (f" ({why})" if why else "")
+            # which sizes beyond the given dims were checked, or why none (constraints, the format): the report's
+            # edge_shapes, said here too, so a reference whose constraints exclude every edge shape is seen
+            edges = v.get("edge_shapes")
+            if edges and not str(edges).startswith("off"):
+                how += f"; edge shapes: {edges}"
             tr.write_line(clip(f"{name}: PASSED: {how}", 400), green=True)
 
 
