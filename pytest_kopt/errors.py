@@ -197,6 +197,24 @@ class Blocked(Exception):
         self.local = local
 
 
+def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean `N`?)`` when ``name`` is close to one of ``choices`` (difflib's ratio of at least 0.6, its
+    default cutoff: a dim typed ``Nx`` for ``N``), else ``""``: for a message that names an unknown name."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def given_instead(name: str, given: list[str] | tuple[str, ...]) -> str:
+    """`` (--kopt-dims gives `nn`: meant `n`?)`` when a missing ``name`` is close to one of the ``given`` names
+    (:func:`did_you_mean`'s rule), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [str(g) for g in given if g != name], n=1)
+    return f" (--kopt-dims gives `{close[0]}`: meant `{name}`?)" if close else ""
+
+
 def clip(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters at a word boundary, with ``…`` where it was cut (a whole text
     as it is)."""

@@ -95,6 +95,22 @@ def test_dim_the_reference_does_not_take(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["k.cu: CONTRACT_ERROR at preflight"])  # the kernel's verdict line
 
 
+def test_a_dim_typed_wrong_is_named_with_the_one_meant(pytester: pytest.Pytester) -> None:
+    """``n`` typed ``nn``: the dim the reference does take is suggested (difflib's closest, at its default cutoff),
+    for the kernel's setup() and for the reference's functions alike."""
+    pytester.makefile(".cu", k=CU.replace("CTYPE", "float"))
+    pytester.makepyfile(ref=REF.replace("DTYPE", '"float32"'))
+    result, report = run_json(pytester, "--kopt-baseline", "k.cu", "--kopt-ref", "ref.py", "--kopt-dims",
+                              "nn=1000", "-k", "preflight")
+    pre = item(report, "preflight")
+    assert result.ret == 4 and pre["message"].endswith(" (--kopt-dims gives `nn`: meant `n`?)"), pre
+    pytester.makepyfile(mine="def setup(n, seed, device='cpu'):\n    pass\n\n\ndef run_kernel(**_):\n    pass\n")
+    result, report = run_json(pytester, "--kopt-baseline", "mine.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                              "nn=1000", "-k", "preflight")
+    pre = item(report, "preflight")
+    assert result.ret == 4 and pre["message"] == "setup() has no parameter `nn` (did you mean `n`?)", pre
+
+
 def test_dim_taken_through_kwargs_passes(pytester: pytest.Pytester) -> None:
     """A reference whose functions accept ``**kwargs`` takes any dim: an extra one only warns (a typo?)."""
     pytester.makefile(".cu", k=CU.replace("CTYPE", "float"))

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ContractError
+from ..errors import ContractError, did_you_mean, given_instead
 
 #: C type spelling -> dtype name used by the harness (torch attribute of the same name).
 C_TYPES: dict[str, str] = {
@@ -513,10 +513,10 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
                             fix="decorate the kernel with @triton.jit")
     params, has_kwargs, line = c.functions["setup"]
     if not has_kwargs:
-        for needed in [*dims, "seed"]:
-            if needed not in params:
-                raise ContractError(f"setup() has no parameter `{needed}`", gate="preflight", path=str(path),
-                                    line=line, fix=f"add `{needed}` to setup()'s parameters (or accept **kwargs)")
+        for needed in (n for n in [*dims, "seed"] if n not in params):
+            raise ContractError(f"setup() has no parameter `{needed}`" + did_you_mean(needed, params),
+                                gate="preflight", path=str(path), line=line,
+                                fix=f"add `{needed}` to setup()'s parameters (or accept **kwargs)")
     missing = [n for n in c.required.get("setup", []) if n not in dims and n not in ("seed", "device")]
     if missing:
         raise ContractError(f"setup() needs {', '.join(missing)}, which --kopt-dims does not give", gate="preflight",
@@ -544,15 +544,14 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
 
 
 def check_dims(params: list[Param], dims: dict[str, int | float], path: str) -> None:
-    """Every scalar of ``solve`` must have a dim of the same name; integer scalars need integer values.
-
-    Raises ContractError naming the parameter's line and the ``--kopt-dims`` fix.
-    """
+    """Every scalar of ``solve`` must have a dim of the same name; integer scalars need integer values. Raises
+    ContractError naming the parameter's line and the ``--kopt-dims`` fix (and a given dim it looks mistyped as)."""
     missing = [p for p in params if not p.is_pointer and p.name not in dims]
     if missing:  # all of them at once, so one run tells the whole fix
         names = ", ".join(f"`{p.ctype} {p.name}`" for p in missing)
         raise ContractError(f"solve() scalar{'s' if len(missing) > 1 else ''} {names} "
-                            f"{'have' if len(missing) > 1 else 'has'} no value in --kopt-dims", gate="preflight",
+                            f"{'have' if len(missing) > 1 else 'has'} no value in --kopt-dims"
+                            + given_instead(missing[0].name, list(dims)), gate="preflight",
                             path=path, line=missing[0].line,
                             fix="add " + ",".join(f"{p.name}=<value>" for p in missing) + " to --kopt-dims")
     for p in params:

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ContractError
+from ..errors import ConfigError, ContractError, did_you_mean
 from ..settings import ref_shapes
 from . import contract
 from .claims import check_claims
@@ -87,8 +87,10 @@ def check_reference_dims(c: contract.PyContract, dims: dict[str, int | float], p
             continue
         takes = [p for p in params if p != "seed" and p != "self"]
         listed = ", ".join(unknown)
+        hint = did_you_mean(unknown[0], takes) if len(unknown) == 1 else ""
         raise ContractError(f"--kopt-dims gives {listed}, which {name}() in {path.name} does not take (its "
-                            f"parameters: {', '.join(takes) or 'none'})", gate="preflight", path=str(path), line=line,
+                            f"parameters: {', '.join(takes) or 'none'}){hint}", gate="preflight", path=str(path),
+                            line=line,
                             fix=f"leave {listed} out of --kopt-dims, or add {'it' if len(unknown) == 1 else 'them'} "
                                 f"to {name}()'s parameters (or accept **kwargs) in {path.name}")
 
