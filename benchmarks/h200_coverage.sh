@@ -4,7 +4,8 @@
 # gate with --kopt-json:
 #   leak_cu      leak_malloc.cu: solve() cudaMalloc's 2 MiB per call and never frees it -> timing LEAK, exit 2,
 #                about 2 MiB (2097152 bytes) per call
-#   twin_cu      scratch_malloc.cu: the same, cudaFree'd before solve() returns -> timing PASSED, exit 0, memory flat
+#   twin_cu      scratch_malloc.cu: the same, cudaFree'd before solve() returns -> timing PASSED on the events basis
+#                (host work inside the call, issue #41), exit 0, memory flat
 #   leak_triton  leak_list.py: a Triton kernel whose run_kernel() keeps each call's 2 MiB output in a module-level
 #                list -> timing LEAK, exit 2, about 2 MiB per call (torch's allocated bytes grow by exactly that)
 # One line per case: status of the timing item, the session's exit code, bytes per call, a call's peak bytes, the
@@ -45,6 +46,11 @@ for f in sorted(glob.glob(f"{doc['outdir']}/**/bench.json", recursive=True)):
           f"{m.get('growth_bytes')}, halves {m.get('halves_bytes')}, per {m.get('per')}, torch {m.get('torch')}, "
           f"peak_call {m.get('peak_call')}")
     print(f"{case} |   points [samples, calls, bytes]: {m.get('points')}")
+    b = json.load(open(f)); kt = b.get("kernel_time") or {}
+    print(f"{case} |   timing: basis {b.get('timing_basis')}, median {b.get('median_ms')} ms, events "
+          f"{(b.get('events') or {}).get('median_ms')} ms, cupti {kt.get('median_us')} us, host_work_ms "
+          f"{b.get('host_work_ms')}, idle_median_us {kt.get('idle_median_us')}, host_inside_median_us "
+          f"{kt.get('host_inside_median_us')}, suspect {b.get('suspect')}")
 PY
 }
 for s in ${*:-leak_cu twin_cu leak_triton}; do

@@ -31,7 +31,7 @@ for f in sorted(glob.glob(f"{doc['outdir']}/**/bench.json", recursive=True)):
     b = json.load(open(f)); kt = b.get("kernel_time") or {}
     print(f"{case} |   {f.split(doc['outdir'])[-1]}: basis {b.get('timing_basis')}, median {b.get('median_ms')} ms, "
           f"events {(b.get('events') or {}).get('median_ms')} ms, host_work_ms {b.get('host_work_ms')}, "
-          f"idle_median_us {kt.get('idle_median_us')}, cupti {kt.get('median_us')} us ({kt.get('backend')}, "
+          f"idle_median_us {kt.get('idle_median_us')}, host_inside_median_us {kt.get('host_inside_median_us')}, cupti {kt.get('median_us')} us ({kt.get('backend')}, "
           f"{kt.get('batches')} batches, {kt.get('profile_s')} s), stop {b.get('stop_reason')}, "
           f"shapes {[(r['label'], r.get('stop_reason')) for r in b.get('shapes') or []]}")
 PY

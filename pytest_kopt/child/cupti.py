@@ -111,6 +111,30 @@ def idle_in_calls(records: list[tuple[float, float, str, int]], segments: list[l
     return out
 
 
+def host_before_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
+                       segments: list[list[tuple[float, float, str]]],
+                       call_windows: list[tuple[float, float]]) -> list[float]:
+    """Per call that launched something (in ``segments`` order, as :func:`idle_in_calls`), the µs the host spent
+    inside the call before its first launch that ran on the device: from the host's start of the call to the host
+    time of the earliest launch (``launches``, by the correlation id of a device record in ``records``) inside the
+    call's window. Same clock and arguments as :func:`idle_in_calls`.
+
+    Host work ahead of the first kernel (a ``cudaMalloc``, a copy's set-up) is queued behind the flush window's spin
+    while profiled, so the GPU does not idle through it there; behind the event timer's shorter hold it is inside
+    the events' window. A call with no host work spends here only its launch path (a few µs; a Triton or torch
+    candidate's Python, tens of µs)."""
+    import bisect
+
+    launched = sorted(launches[c] for *_, c in records if c in launches)
+    out = []
+    for seg, (lo, hi) in zip(segments, call_windows):
+        if not seg:
+            continue
+        k = bisect.bisect_left(launched, lo)
+        out.append(launched[k] - lo if k < len(launched) and launched[k] <= hi else 0.0)
+    return out
+
+
 def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
     """How many calls the first batch of :func:`cupti_samples` profiles for a kernel whose event median is
     ``median_ms`` (ms) and one of whose event samples took ``call_wall_ms`` of wall time (ms: the fresh values
@@ -347,7 +371,9 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     ``kernels_per_call`` (the distinct counts seen), ``launch_sets`` (each distinct sorted list of kernel names a
     call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
     ``idle_us`` and ``idle_median_us`` (per call with records, the µs its GPU idled while the host was inside the
-    call: :func:`idle_in_calls`; absent where the records are split by names),
+    call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call before its first launch:
+    :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and ``host_inside_median_us``; all absent
+    where the records are split by names,
     ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
     gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
     H200 (docs/timing.md)."""
@@ -386,8 +412,9 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         split = "names"
     spans = [max(e for _, e, _ in seg) - min(s for s, _, _ in seg) for seg in segments if seg]
     call_windows = rest[0] if rest else []
-    idle = idle_in_calls(records, segments, call_windows) \
-        if split == "launch" and len(call_windows) == len(segments) else None
+    timed_calls = split == "launch" and len(call_windows) == len(segments)
+    idle = idle_in_calls(records, segments, call_windows) if timed_calls else None
+    before = host_before_launch(records, launches, segments, call_windows) if timed_calls else None
     sets: dict[tuple[str, ...], int] = {}
     for seg in segments:
         if seg:
@@ -396,12 +423,15 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     base: dict[str, Any] = {**info, "calls": len(spans), "empty_calls": sum(1 for seg in segments if not seg),
                             "split": split, "flush_names": sorted(flush_names), "spans_us": spans,
                             "launch_sets": [{"kernels": list(k), "calls": n} for k, n in sets.items()]}
-    if idle is not None:
+    if idle is not None and before is not None:
         base["idle_us"] = idle
+        base["before_launch_us"] = before
+        base["host_inside_us"] = [a + b for a, b in zip(idle, before)]
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
     if idle:
         base["idle_median_us"] = median(idle)
+        base["host_inside_median_us"] = median(base["host_inside_us"])
     return {**base, "median_us": median(spans), "p10_us": quantile(spans, 0.1), "p90_us": quantile(spans, 0.9),
             "kernels_per_call": sorted({len(seg) for seg in segments if seg}),
             "kernels": sorted({n for _, _, n in segments[0]}) if segments and segments[0] else []}
@@ -494,6 +524,11 @@ def _capture_torch(backend: dict[str, Any], timer: Timer, calls: int, start: int
     return records, launches, windows, calls_at
 
 
+#: The per-call lists of where the host worked inside a profiled call (:func:`idle_in_calls`,
+#: :func:`host_before_launch` and their sum), merged over batches while every batch has them.
+HOST_INSIDE_KEYS = ("idle_us", "before_launch_us", "host_inside_us")
+
+
 def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> dict[str, Any]:
     """Kernel-only samples (:func:`kernel_times`) in batches until :func:`cupti_stop` stops them: the first batch
     :func:`cupti_calls` calls behind a 1 ms spin each; when every call of it launched one kernel (whose span no
@@ -529,7 +564,8 @@ def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> 
         out["calls"] += nxt["calls"]
         out["empty_calls"] += nxt["empty_calls"]
         # the GPU's idle time inside the calls, while every batch has it (one split by names has none)
-        out["idle_us"] = out["idle_us"] + nxt["idle_us"] if "idle_us" in out and "idle_us" in nxt else None
+        for key in HOST_INSIDE_KEYS:
+            out[key] = out[key] + nxt[key] if out.get(key) is not None and key in nxt else None
         out["kernels_per_call"] = sorted(set(out["kernels_per_call"]) | set(nxt.get("kernels_per_call") or []))
         merged = {tuple(d["kernels"]): d["calls"] for d in out["launch_sets"]}
         for d in nxt["launch_sets"]:
@@ -538,11 +574,12 @@ def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> 
         if nxt["split"] != "launch":
             out["split"] = nxt["split"]
     spans = out["spans_us"]
-    if out.get("idle_us"):
+    if out.get("idle_us") and out.get("host_inside_us"):
         out["idle_median_us"] = median(out["idle_us"])
+        out["host_inside_median_us"] = median(out["host_inside_us"])
     else:
-        out.pop("idle_us", None)
-        out.pop("idle_median_us", None)
+        for key in (*HOST_INSIDE_KEYS, "idle_median_us", "host_inside_median_us"):
+            out.pop(key, None)
     out.update(median_us=median(spans), p10_us=quantile(spans, 0.1), p90_us=quantile(spans, 0.9), stop_reason=reason,
                profile_s=time.perf_counter() - t0)
     return out

@@ -22,7 +22,7 @@ from .context import Context
 from .correctness import check_report, judge_request, verdict_from
 from .leaks import ProcessMemory
 from .request import harness_request
-from .suspects import host_work, idle_ms, unstable_causes
+from .suspects import host_inside_ms, host_work, unstable_causes
 from .trust import digest, local_sources
 
 #: Timing policy: warmup 100 ms of wall time; then samples until the median's relative standard error is under
@@ -355,7 +355,7 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
     "reference", "baseline" (ms lists; baseline None without one), "note"}`` (and ``host_work_ms``, below). A
     candidate whose profiled calls launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught,
     never timed by events instead. A candidate whose calls do host work inside them (events beyond the kernels'
-    span, accounted for by the GPU idling inside its profiled calls: :func:`~pytest_kopt.gates.suspects.host_work`)
+    span, accounted for by the host's time inside its profiled calls while the GPU waited: :func:`~pytest_kopt.gates.suspects.host_work`)
     is timed by CUDA events, every party alike, and ``host_work_ms`` says how much (ms per call)."""
     events = {"basis": result.get("method", "events"),
               "kernel": result["event_ms"], "reference": ref_result["event_ms"],
@@ -374,14 +374,15 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
     spans = {who: [x * MS_PER_US for x in p["cupti"]["spans_us"]] for who, p in parties}
     events_ms = stats.median(result["event_ms"]) if result["event_ms"] else 0.0
     kernel_ms = stats.median(spans["kernel"])
-    work = host_work(events_ms, kernel_ms, idle_ms(cupti))
+    work = host_work(events_ms, kernel_ms, host_inside_ms(cupti))
     if work is not None:
         # the kernels' span leaves the host work out; what a call costs its user is the events' time, and a call
         # that only imitates host work while profiled hides nothing there (suspects.host_work)
         return {**events, "note": f"timed by CUDA events: the call does host work inside it ({stats.fmt_ms(work)} "
                                   f"per call: CUDA events {stats.fmt_ms(events_ms)}, the kernels' own records "
-                                  f"{stats.fmt_ms(kernel_ms)}; the GPU idled {stats.fmt_ms(idle_ms(cupti) or 0.0)} "
-                                  "per profiled call while the host worked inside it)",
+                                  f"{stats.fmt_ms(kernel_ms)}; the host worked "
+                                  f"{stats.fmt_ms(host_inside_ms(cupti) or 0.0)} per profiled call inside it "
+                                  "while the GPU waited)",
                 "host_work_ms": work}
     return {"basis": "cupti", "kernel": spans["kernel"], "reference": spans["reference"],
             "baseline": spans.get("baseline"), "note": None}

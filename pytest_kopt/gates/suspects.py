@@ -104,39 +104,42 @@ def _events_exceed(events_median_ms: float, kernel_median_ms: float) -> bool:
     return events_median_ms > EVENTS_OVER_KERNEL * kernel_median_ms + EVENTS_GAP_MS
 
 
-def host_work(events_median_ms: float, kernel_median_ms: float, idle_median_ms: float | None) -> float | None:
+def host_work(events_median_ms: float, kernel_median_ms: float, host_inside_ms: float | None) -> float | None:
     """The host work inside a call (ms: the event median less the kernel-only median) when the events exceed the
     kernels' own span beyond what launch gaps and the flush's tail explain (:data:`EVENTS_OVER_KERNEL`,
-    :data:`EVENTS_GAP_MS`) *and* the profiled calls show where the difference went: their GPU idled
-    ``idle_median_ms`` per call while the host was still inside the call (``idle_in_calls`` in
-    :mod:`pytest_kopt.child.cupti`), enough that the events less that idle time are within the bound. None when the
-    events are within the bound, or when the idle time does not account for them (:func:`events_over_kernel`).
+    :data:`EVENTS_GAP_MS`) *and* the profiled calls show where the difference went: the host worked
+    ``host_inside_ms`` per call inside the call while its GPU waited (before the call's first launch, and while the
+    GPU idled between or after its kernels: ``host_inside_median_us`` of :mod:`pytest_kopt.child.cupti`), enough
+    that the events less that time are within the bound. None when the events are within the bound, or when the
+    host's time does not account for them (:func:`events_over_kernel`).
 
     What tells the two apart. Honest host work (a ``solve()`` that calls ``cudaMalloc``/``cudaFree`` per call, a
-    copy to the host and back) happens in the profiled calls too: CUPTI records the GPU waiting for the host inside
-    the call (after the last kernel while ``cudaFree`` runs, between two kernels). The attack the rule was written
-    for does its work only when not profiled: its profiled calls launch a cheap kernel and return, their GPU never
-    idles inside the call, and the events (taken without the profiler) hold work nothing recorded. A candidate can
-    imitate honest host work in its profiled calls (sleep after its cheap kernel), so a call with host work is
-    timed by its CUDA events, host work included, never by the kernels' span
-    (:func:`pytest_kopt.gates.measure.timing_basis`): what an imitation would hide is then in the reported time."""
-    if idle_median_ms is None or not _events_exceed(events_median_ms, kernel_median_ms):
+    copy to the host and back) happens in the profiled calls too: CUPTI records the host inside the call ahead of
+    its first launch (``cudaMalloc``) and the GPU waiting for the host (after the last kernel while ``cudaFree``
+    runs, between two kernels). The attack the rule was written for does its work only when not profiled: its
+    profiled calls launch a cheap kernel and return, and the events (taken without the profiler) hold work nothing
+    recorded. A candidate can imitate honest host work in its profiled calls (sleep before or after its cheap
+    kernel), so a call with host work is timed by its CUDA events, host work included, never by the kernels' span
+    (:func:`pytest_kopt.gates.measure.timing_basis`): what an imitation would hide is then in the reported time.
+    The host's time ahead of the first launch counts in full though the event timer's hold covers part of it: an
+    over-count moves the timing to the events, the call's whole cost, and never under it."""
+    if host_inside_ms is None or not _events_exceed(events_median_ms, kernel_median_ms):
         return None
-    if _events_exceed(events_median_ms - idle_median_ms, kernel_median_ms):
+    if _events_exceed(events_median_ms - host_inside_ms, kernel_median_ms):
         return None
     return events_median_ms - kernel_median_ms
 
 
 def events_over_kernel(events_median_ms: float, kernel_median_ms: float,
-                       idle_median_ms: float | None = None) -> list[Finding]:
-    """Kernel-only samples (ms) far under the event samples (:data:`EVENTS_OVER_KERNEL`), where the GPU's idle time
-    inside the profiled calls (``idle_median_ms``, ms; None when not measured) does not account for the difference
-    (:func:`host_work`): calls that do their work when not profiled only."""
+                       host_inside_ms: float | None = None) -> list[Finding]:
+    """Kernel-only samples (ms) far under the event samples (:data:`EVENTS_OVER_KERNEL`), where the host's time
+    inside the profiled calls while their GPU waited (``host_inside_ms``, ms; None when not measured) does not
+    account for the difference (:func:`host_work`): calls that do their work when not profiled only."""
     if not _events_exceed(events_median_ms, kernel_median_ms) \
-            or host_work(events_median_ms, kernel_median_ms, idle_median_ms) is not None:
+            or host_work(events_median_ms, kernel_median_ms, host_inside_ms) is not None:
         return []
-    idle = (f"; the GPU idled only {stats.fmt_ms(idle_median_ms)} per profiled call while the host worked inside "
-            "it" if idle_median_ms is not None else "")
+    idle = (f"; the host worked only {stats.fmt_ms(host_inside_ms)} per profiled call inside it while the GPU "
+            "waited" if host_inside_ms is not None else "")
     # honest calls differ by launch gaps and the flush's tail (2.5 to 3 µs on an H200, EVENTS_OVER_KERNEL)
     return [(f"CUDA events saw {stats.fmt_ms(events_median_ms)} per call but the kernels' own records "
              f"{stats.fmt_ms(kernel_median_ms)} (more than {EVENTS_OVER_KERNEL:g}x + "
@@ -154,11 +157,12 @@ def kernel_not_profiled(cupti: Mapping[str, Any], ref_cupti: Mapping[str, Any]) 
              "leave the profiler alone in solve()/run_kernel(); --kopt-timing events times without it")]
 
 
-def idle_ms(cupti: Mapping[str, Any]) -> float | None:
-    """The GPU's median idle time (ms) inside the kernel's profiled calls while the host was in them (``cupti``'s
-    ``idle_median_us``), None when it was not measured."""
-    idle = cupti.get("idle_median_us")
-    return None if idle is None else float(idle) * 1e-3
+def host_inside_ms(cupti: Mapping[str, Any]) -> float | None:
+    """The host's median time (ms) inside the kernel's profiled calls while their GPU waited for it: before the
+    first launch and while the GPU idled between or after the call's kernels (``cupti``'s
+    ``host_inside_median_us``; a record from before that field, ``idle_median_us``), None when not measured."""
+    t = cupti.get("host_inside_median_us", cupti.get("idle_median_us"))
+    return None if t is None else float(t) * 1e-3
 
 
 def suspects(*, basis: str, method: str, kernel_median_ms: float, events_median_ms: float, host_median_ms: float,
@@ -174,7 +178,7 @@ def suspects(*, basis: str, method: str, kernel_median_ms: float, events_median_
     if basis == "cupti" or (method == "cupti" and cupti.get("spans_us")):
         found += cupti_suspects(cupti)
     if basis == "cupti":
-        found += events_over_kernel(events_median_ms, kernel_median_ms, idle_ms(cupti))
+        found += events_over_kernel(events_median_ms, kernel_median_ms, host_inside_ms(cupti))
     if method == "cupti" and basis == "events":
         found += kernel_not_profiled(cupti, ref_cupti)
     return found
