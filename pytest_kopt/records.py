@@ -91,7 +91,8 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
     """What a kernel's correctness items say of the shapes and dtypes beyond its seeds (every item carries them,
     :meth:`pytest_kopt.gates.edges.EdgePlan.figures`): ``edge_shapes`` (the note: counts, or why none), the edge
     shapes ``edge_checked`` (their dims labels) and ``edge_excluded`` (``shape``, ``reason``: what the reference's
-    constraints rule out), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
+    constraints rule out), ``edge_fitted`` (``shape``, ``fitted``: a checked shape moved into those constraints, from
+    what), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
     failed or was refused is not one the kernel was shown to handle); None and empty
     lists when no correctness item carries them."""
     figs = next((r.figures for r in records if r.figures.get("edge_shapes") is not None), {})
@@ -101,10 +102,15 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
         if part:
             shape, _, reason = part.partition(": ")
             excluded.append({"shape": shape, "reason": reason})
+    fitted = []
+    for part in str(figs.get("edge_fitted") or "").split(" | "):
+        if part:
+            shape, _, how = part.partition(": ")
+            fitted.append({"shape": shape, "fitted": how})
     dtypes = list(dict.fromkeys(str(r.figures["dtype"]) for r in records
                                 if r.outcome == "passed" and r.figures.get("dtype")))
     return {"edge_shapes": figs.get("edge_shapes"), "edge_checked": checked, "edge_excluded": excluded,
-            "dtypes_checked": dtypes}
+            "edge_fitted": fitted, "dtypes_checked": dtypes}
 
 
 def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:

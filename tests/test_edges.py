@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from pytest_kopt.gates.claims import setup_dtype_default
-from pytest_kopt.gates.edges import (derive, edge_plan, parse_constraints, past_pow2, small_prime, unaligned,
-                                     violation)
+from pytest_kopt.gates.edges import (derive, edge_plan, fit, parse_constraints, past_pow2, small_prime,
+                                     unaligned, violation)
 
 needs_triton = pytest.mark.skipif(
     __import__("importlib.util").util.find_spec("triton") is None, reason="triton not installed")
@@ -83,8 +84,8 @@ def test_a_gemm_gets_five_cheap_cases_one_size_near_the_given_dims_in_each() -> 
     """M=N=K=4096: ones, primes, then one lead size per case (4088, 2049, 4097) with the others at 37, so no case
     costs more than 1/1000 of the given dims' M*N*K and every size is near its given value in one case."""
     dims = {"M": 4096, "N": 4096, "K": 4096}
-    checked, excluded = derive(dims, ("M", "N", "K"), {})
-    assert excluded == []
+    checked, excluded, fitted = derive(dims, ("M", "N", "K"), {})
+    assert excluded == [] and fitted == []
     assert [(c, tuple(d.values())) for c, d in checked] == [
         ("ones", (1, 1, 1)), ("prime", (37, 37, 37)), ("unaligned", (4088, 37, 37)), ("pow2+1", (37, 2049, 37)),
         ("near", (37, 37, 4097))]
@@ -94,19 +95,42 @@ def test_a_gemm_gets_five_cheap_cases_one_size_near_the_given_dims_in_each() -> 
 def test_floats_and_fixed_sizes_stay_and_repeats_are_dropped() -> None:
     """eps is no size; a case equal to a listed shape (an extra_dims entry) or the given dims is not checked again."""
     dims = {"M": 64, "N": 1000, "eps": 1e-5}
-    checked, _ = derive(dims, ("M", "N"), {}, skip=[{"M": 1, "N": 1, "eps": 1e-5}])
+    checked, _, _ = derive(dims, ("M", "N"), {}, skip=[{"M": 1, "N": 1, "eps": 1e-5}])
     assert [c for c, _ in checked] == ["prime", "unaligned", "pow2+1", "near"]
     assert all(d["eps"] == 1e-5 for _, d in checked)
-    one, _ = derive({"n": 1}, ("n",), {})  # 8 (unaligned) would be 8x the given size: above the plan
+    one, _, _ = derive({"n": 1}, ("n",), {})  # 8 (unaligned) would be 8x the given size: above the plan
     assert one == [("near", {"n": 2})]
 
 
-def test_a_constraint_excludes_the_shapes_that_break_it_and_says_why() -> None:
-    checked, excluded = derive({"M": 256, "K": 128}, ("M", "K"), {"M": {"multiple_of": 128}, "K": {"min": 16}})
-    assert checked == []
-    assert excluded[0] == ("M=1,K=1", "M=1 is not a multiple of 128; K=1 is below its min 16 (ref.py constraints)")
-    assert len(excluded) == 5
+def test_a_shape_that_breaks_a_constraint_is_fitted_into_it_and_says_from_what() -> None:
+    """A tiled kernel's M multiple of 128 and K at least 16: each derived shape moves to the nearest sizes allowed
+    (near's 257 rounds up, the others down; 1 goes to the smallest allowed), a fitted shape that repeats one already
+    checked is excluded with what it became."""
+    checked, excluded, fitted = derive({"M": 256, "K": 128}, ("M", "K"), {"M": {"multiple_of": 128}, "K": {"min": 16}})
+    assert checked == [("ones", {"M": 128, "K": 16}), ("prime", {"M": 128, "K": 37}),
+                       ("pow2+1", {"M": 128, "K": 65}), ("near", {"M": 384, "K": 37})]
+    assert fitted[0] == ("M=128,K=16", "ones M=1,K=1 fitted to ref.py constraints (M 1 -> 128, K 1 -> 16)")
+    assert fitted[3] == ("M=384,K=37", "near M=257,K=37 fitted to ref.py constraints (M 257 -> 384)")
+    assert excluded == [("M=248,K=37", "M=248 is not a multiple of 128 (ref.py constraints); fitted to them it is "
+                                       "M=128,K=37, already checked")]
     assert violation("M", 4096, {"max": 1024}) == "M=4096 is above its max 1024"
+
+
+@pytest.mark.parametrize(("v", "rule", "up", "want"), [
+    (1, {"multiple_of": 128}, False, 128), (4088, {"multiple_of": 128}, False, 3968),
+    (4097, {"multiple_of": 8}, True, 4104), (5, {"min": 16, "multiple_of": 10}, False, 20),
+    (900, {"max": 100, "multiple_of": 30}, False, 90), (7, {"min": 40, "max": 50, "multiple_of": 64}, False, None),
+    (7, "fixed", False, 7),
+])
+def test_fit_moves_a_size_to_the_nearest_one_its_constraint_allows(v: int, rule: Any, up: bool, want: Any) -> None:
+    assert fit(v, rule, up) == want
+
+
+def test_a_1d_kernel_specialised_to_a_multiple_is_checked_at_other_multiples() -> None:
+    """n multiple of 256 at n=4096: checked at 256, 3840 and 2048; near's 4097 fitted back to the given size."""
+    checked, excluded, _ = derive({"n": 4096}, ("n",), {"n": {"multiple_of": 256}})
+    assert [d["n"] for _, d in checked] == [256, 3840, 2048]
+    assert [why.rsplit(", ", 1)[-1] for _, why in excluded] == ["already checked", "the given dims"]
 
 
 @pytest.mark.parametrize("value, problem", [
@@ -179,16 +203,22 @@ def test_a_tail_dropping_kernel_is_caught_at_edge_shapes_and_shrunk(pytester: py
 
 @needs_triton
 def test_the_same_kernel_passes_once_its_reference_declares_the_multiple(pytester: pytest.Pytester) -> None:
-    """grid n // 16 (none at n=1): with constraints = {"n": {"multiple_of": 16}} every derived shape is excluded,
-    each with its reason in the report; with --kopt-edge-shapes off only the given dims are checked."""
+    """grid n // 16 (none at n=1): with constraints = {"n": {"multiple_of": 16}} the derived shapes move to
+    multiples of 16 (16, 32, 48), which it handles, each with where it came from in the report; two that fit back
+    onto a shape already checked are excluded with their reason; with --kopt-edge-shapes off only the given dims
+    are checked."""
     code, report = session(pytester, TAIL.format(grid="n // BLOCK"),
                            REF.format(extra='constraints = {"n": {"multiple_of": 16}}'))
     assert code == 0, report["items"]
-    assert set(correctness(report)) == {"seed=3", "seed=5"}
+    assert set(correctness(report)) == {"seed=3", "seed=5", "n=16", "n=32", "n=48"}
     (kernel,) = report["kernels"]
-    assert kernel["status"] == "PASSED" and kernel["edge_checked"] == []
-    assert kernel["edge_shapes"] == "0 checked, 5 excluded by constraints (sizes n)"
-    assert kernel["edge_excluded"][0] == {"shape": "n=1", "reason": "n=1 is not a multiple of 16 (ref.py constraints)"}
+    assert kernel["status"] == "PASSED" and kernel["edge_checked"] == ["n=16", "n=32", "n=48"]
+    assert kernel["edge_shapes"] == ("3 checked (3 fitted to the reference's constraints), 2 excluded by "
+                                     "constraints (sizes n)")
+    assert kernel["edge_fitted"][0] == {"shape": "n=16",
+                                        "fitted": "ones n=1 fitted to ref.py constraints (n 1 -> 16)"}
+    assert kernel["edge_excluded"][0] == {"shape": "n=33", "reason": "n=33 is not a multiple of 16 (ref.py "
+                                          "constraints); fitted to them it is n=32, already checked"}
     code, report = session(pytester, TAIL.format(grid="n // BLOCK"), REF.format(extra=""), "--kopt-edge-shapes",
                            "off")
     assert code == 0 and set(correctness(report)) == {"seed=3", "seed=5"}
@@ -308,7 +338,7 @@ extern "C" void solve(const float* x, float* y, int n) {
 @pytest.mark.parametrize("declared", [False, True])
 def test_a_tail_dropping_cu_on_the_gpu(pytester: pytest.Pytester, declared: bool) -> None:
     """A .cu whose grid is n / 256, at n=4096 (a multiple): caught at its edge shapes (n=1 is the first: nothing
-    written), and passed once the reference declares n a multiple of 256."""
+    written), and passed once the reference declares n a multiple of 256 (then checked at n=256, 3840, 2048)."""
     pytester.makefile(".cu", kernel=TAIL_CU)
     pytester.makepyfile(ref=REF.format(extra='constraints = {"n": {"multiple_of": 256}}' if declared else ""))
     result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.cu", "--kopt-ref", "ref.py", "--kopt-dims",
@@ -317,8 +347,8 @@ def test_a_tail_dropping_cu_on_the_gpu(pytester: pytest.Pytester, declared: bool
     report = json.loads((pytester.path / "r.json").read_text())
     items = correctness(report)
     if declared:
-        assert result.ret == 0 and list(items) == ["seed=3"], items
-        assert len(report["kernels"][0]["edge_excluded"]) == 5
+        assert result.ret == 0 and list(items) == ["seed=3", "n=256", "n=3840", "n=2048"], items
+        assert len(report["kernels"][0]["edge_excluded"]) == 2
     else:
         assert result.ret == 2
         assert list(items) == ["seed=3", "n=1", "n=37", "n=4088", "n=2049", "n=4097"]
@@ -415,12 +445,13 @@ def test_an_edge_shape_gives_no_tolerance_warning(pytester: pytest.Pytester) -> 
 
 
 def test_the_verdict_line_says_which_edge_shapes_were_checked(pytester: pytest.Pytester) -> None:
-    """A reference whose constraints exclude every edge shape: the kernel's verdict line says so (before, only the
-    JSON report did: a newcomer's find)."""
+    """A reference whose constraints leave one edge shape (n=64, fitted from n=1) and exclude four: the kernel's
+    verdict line says so (before, only the JSON report did: a newcomer's find)."""
     head = 'constraints = {"n": {"multiple_of": 64}}'
     pytester.makepyfile(kernel=PLAIN_KERNEL, ref=PLAIN_REF.format(head=head))
     result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
                                            "n=128", "--kopt-seeds", "3", "-p", "no:cacheprovider", timeout=600)
     assert result.ret == 0, result.stdout.str()[-2000:]
-    result.stdout.fnmatch_lines(["kernel.py: PASSED: output checked, not timed (*); edge shapes: 0 checked, "
-                                 "5 excluded by constraints (sizes n)"])
+    result.stdout.fnmatch_lines(["correctness?n=64? *PASSED*edge shape n=64 (ones, within ref.py constraints): *",
+                                 "kernel.py: PASSED: output checked, not timed (*); edge shapes: 1 checked (1 fitted "
+                                 "to the reference's constraints), 4 excluded by constraints (sizes n)"])

@@ -70,8 +70,10 @@ def cases(ctx: Context) -> list[tuple[str, dict[str, Any]]]:
             out.append({"index": len(out), "seed": s, "dims": dict(shape) if several else None, "shape": several})
     for extra in ctx.extra_dims:
         out.append({"index": len(out), "seed": first, "dims": {**ctx.settings.dims, **extra}})
+    fitted = {label for label, _ in ctx.edge_plan.fitted}
     for category, dims in ctx.edge_plan.checked:
-        out.append({"index": len(out), "seed": first, "dims": dict(dims), "edge": category})
+        out.append({"index": len(out), "seed": first, "dims": dict(dims), "edge": category,
+                    "fitted": dims_label(dims) in fitted})
     for dtype in ctx.dtypes[1:]:
         out.append({"index": len(out), "seed": first, "dims": {**ctx.settings.dims, "dtype": dtype}, "dtype": dtype})
     return [(case_label(c), c) for c in out]
@@ -280,7 +282,8 @@ def _case_prefix(case: Mapping[str, Any]) -> str:
     """What a message or summary of an edge-shape or dtype case starts with: the shape (its dims, its category) or
     the dtype, so a failure there names it."""
     if case.get("edge"):
-        return f"edge shape {dims_label(case['dims'])} ({case['edge']}): "
+        within = ", within ref.py constraints" if case.get("fitted") else ""
+        return f"edge shape {dims_label(case['dims'])} ({case['edge']}{within}): "
     if case.get("dtype"):
         return f"dtype {case['dtype']}: "
     return ""

@@ -33,13 +33,16 @@ EDGE_MODES = ("auto", "off")
 @dataclass(frozen=True, slots=True)
 class EdgePlan:
     """What edge shapes a kernel gets: ``checked`` (category, dims) in run order, ``excluded`` (dims label,
-    reason) for derived shapes a constraint rules out, ``note`` one line for the report (why there are none, or
-    the counts)."""
+    reason) for derived shapes that fitted to the reference's constraints repeat a shape already checked (or that
+    no size within them can replace), ``note`` one line for the report (why there are none, or the counts),
+    ``sizes`` the dims varied, ``fitted`` (checked dims label, how it was fitted) for checked shapes moved into the
+    constraints."""
 
     checked: tuple[tuple[str, dict[str, Any]], ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()
     note: str = ""
     sizes: tuple[str, ...] = field(default=())
+    fitted: tuple[tuple[str, str], ...] = ()
 
     def figures(self) -> dict[str, Any]:
         """Scalars for every correctness item's figures (junit user_properties): ``edge_shapes`` (the note),
@@ -50,13 +53,19 @@ class EdgePlan:
             out["edge_checked"] = "; ".join(dims_label(d) for _, d in self.checked)
         if self.excluded:
             out["edge_excluded"] = " | ".join(f"{label}: {why}" for label, why in self.excluded)
+        if self.fitted:
+            out["edge_fitted"] = " | ".join(f"{label}: {how}" for label, how in self.fitted)
         return out
 
     def document(self) -> dict[str, Any]:
         """The kernel's ``edges.json`` (beside its correctness records): the note, the sizes varied, the checked
-        shapes (category, dims, label) and the excluded ones (label, reason)."""
+        shapes (category, dims, label, and ``fitted``: how a shape was moved into the reference's constraints),
+        and the excluded ones (label, reason)."""
+        how = dict(self.fitted)
         return {"note": self.note, "sizes": list(self.sizes),
-                "checked": [{"category": c, "dims": d, "label": dims_label(d)} for c, d in self.checked],
+                "checked": [{"category": c, "dims": d, "label": dims_label(d),
+                             **({"fitted": how[dims_label(d)]} if dims_label(d) in how else {})}
+                            for c, d in self.checked],
                 "excluded": [{"label": label, "reason": why} for label, why in self.excluded]}
 
 
@@ -155,6 +164,22 @@ def violation(name: str, v: int, rule: dict[str, int] | str) -> str | None:
     return None
 
 
+def fit(v: int, rule: dict[str, int] | str, up: bool = False) -> int | None:
+    """The size nearest ``v`` that ``rule`` (a constraints entry) allows, rounding down to its ``multiple_of`` (up
+    with ``up``: for a size derived above the given one) and clamped to its ``min``/``max`` (each moved to the
+    nearest multiple inside): 1 -> 128 and 4088 -> 3968 under ``multiple_of`` 128, 4097 -> 4104 up under
+    ``multiple_of`` 8. None when no size satisfies it (a ``max`` below the smallest multiple at or above ``min``)."""
+    if not isinstance(rule, dict):
+        return v
+    m = rule.get("multiple_of", 1)
+    lo = -(-rule.get("min", 1) // m) * m
+    hi = rule["max"] // m * m if "max" in rule else None
+    if hi is not None and hi < lo:
+        return None
+    w = max(lo, -(-v // m) * m if up else v // m * m)
+    return min(w, hi) if hi is not None else w
+
+
 def _product(dims: dict[str, Any], names: tuple[str, ...]) -> int:
     n = 1
     for k in names:
@@ -163,19 +188,24 @@ def _product(dims: dict[str, Any], names: tuple[str, ...]) -> int:
 
 
 def derive(dims: dict[str, Any], sizes: tuple[str, ...], constraints: dict[str, Any],
-           skip: list[dict[str, Any]] = ()) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str]]]:
+           skip: list[dict[str, Any]] = ()) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str]],
+                                                     list[tuple[str, str]]]:
     """The edge cases of ``dims`` over the dims named in ``sizes`` (integer sizes the kernel takes at run time and
     no constraint fixes): one case per :data:`CATEGORIES` entry. In ``ones`` and ``prime`` every size takes the
     category's value; in the others one lead dim (the first size for ``unaligned``, the second for ``pow2+1``, the
     third for ``near``, round the sizes) takes it and the others their small prime, so a case costs about the lead
     dim's size times a few dozen per other dim, never the given dims' cost again (a 4096^3 GEMM's ``near`` case is
-    37 x 37 x 4097). A case equal to the given dims or to one in ``skip`` (the test shapes and ``extra_dims``), a
-    repeat, or one above the given dims' product of sizes by more than :data:`PLAN_SLACK` is dropped; one that breaks
-    a constraint is excluded. Returns (checked: (category, dims), excluded: (dims label, reason))."""
+    37 x 37 x 4097). A size that breaks its constraint is moved to the nearest one it allows (:func:`fit`: a tiled
+    GEMM's ``M`` multiple of 128 gets 128 for ``ones``, 3968 for ``unaligned``), so a specialised kernel is still
+    checked off its given dims, within what it claims. A case equal to the given dims, a repeat (after fitting: the
+    excluded list says which), or one above the given dims' product of sizes by more than :data:`PLAN_SLACK` is
+    dropped. Returns (checked: (category, dims), excluded: (dims label as derived, reason), fitted: (checked dims
+    label, how it was fitted))."""
     checked: list[tuple[str, dict[str, Any]]] = []
     excluded: list[tuple[str, str]] = []
+    fitted: list[tuple[str, str]] = []
     if not sizes:
-        return checked, excluded
+        return checked, excluded, fitted
     seen = [dict(dims), *[dict(s) for s in skip]]
     limit = _product(dims, sizes) * (1 + PLAN_SLACK) + 1
     led = 0
@@ -191,13 +221,29 @@ def derive(dims: dict[str, Any], sizes: tuple[str, ...], constraints: dict[str, 
                 case[k] = category_value(category, dims[k], i) if k == lead else small_prime(dims[k])
         if any(case == s for s in seen) or _product(case, sizes) > limit:
             continue
-        seen.append(case)
         why = [w for k in sizes if (w := violation(k, case[k], constraints.get(k, {})))]
-        if why:
-            excluded.append((dims_label(case), "; ".join(why) + " (ref.py constraints)"))
-        else:
+        if not why:
+            seen.append(case)
             checked.append((category, case))
-    return checked, excluded
+            continue
+        moved = {k: fit(case[k], constraints.get(k, {}), up=case[k] > dims[k]) for k in sizes}
+        if any(v is None for v in moved.values()):
+            excluded.append((dims_label(case), "; ".join(why) + " and no size within ref.py constraints replaces it"))
+            continue
+        inside = {**case, **moved}
+        if _product(inside, sizes) > limit:  # rounded up past the plan: the nearest allowed size below instead
+            moved = {k: fit(case[k], constraints.get(k, {})) for k in sizes}
+            inside = {**case, **moved}
+        if any(inside == s for s in seen) or _product(inside, sizes) > limit:
+            excluded.append((dims_label(case), "; ".join(why) + f" (ref.py constraints); fitted to them it is "
+                             f"{dims_label(inside)}, " + ("the given dims" if inside == dims else "already checked"
+                                                          if any(inside == s for s in seen) else "above the plan")))
+            continue
+        seen.append(inside)
+        checked.append((category, inside))
+        fitted.append((dims_label(inside), f"{category} {dims_label(case)} fitted to ref.py constraints ("
+                       + ", ".join(f"{k} {case[k]} -> {moved[k]}" for k in sizes if moved[k] != case[k]) + ")"))
+    return checked, excluded, fitted
 
 
 def edge_plan(ctx: Any) -> EdgePlan:
@@ -225,6 +271,7 @@ def edge_plan(ctx: Any) -> EdgePlan:
     if not sizes:
         return EdgePlan(note="none: the kernel takes no integer size at run time that the reference leaves free")
     skip = [*ctx.shapes, *({**dims, **e} for e in ctx.extra_dims)]
-    checked, excluded = derive(dims, sizes, constraints, skip)
-    note = f"{len(checked)} checked, {len(excluded)} excluded by constraints (sizes {', '.join(sizes)})"
-    return EdgePlan(tuple(checked), tuple(excluded), note, sizes)
+    checked, excluded, fitted = derive(dims, sizes, constraints, skip)
+    note = f"{len(checked)} checked" + (f" ({len(fitted)} fitted to the reference's constraints)" if fitted else "") \
+        + (f", {len(excluded)} excluded by constraints" if excluded else "") + f" (sizes {', '.join(sizes)})"
+    return EdgePlan(tuple(checked), tuple(excluded), note, sizes, tuple(fitted))
