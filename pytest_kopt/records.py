@@ -94,8 +94,15 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
     constraints rule out), ``edge_fitted`` (``shape``, ``fitted``: a checked shape moved into those constraints, from
     what), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
     failed or was refused is not one the kernel was shown to handle); None and empty
-    lists when no correctness item carries them."""
-    figs = next((r.figures for r in records if r.figures.get("edge_shapes") is not None), {})
+    lists when no correctness item carries them, and the plan under "not run" with empty lists when every item
+    carrying them was skipped."""
+    carrying = [r for r in records if r.figures.get("edge_shapes") is not None]
+    ran = [r for r in carrying if r.outcome != "skipped"]
+    if carrying and not ran:  # every item skipped (a .cu without a GPU): the plan is reported, nothing as checked
+        note = carrying[0].figures["edge_shapes"]
+        return {"edge_shapes": f"not run (its correctness items were skipped); planned: {note}", "edge_checked": [],
+                "edge_excluded": [], "edge_fitted": [], "dtypes_checked": []}
+    figs = ran[0].figures if ran else {}
     checked = [x for x in str(figs.get("edge_checked") or "").split("; ") if x]
     excluded = []
     for part in str(figs.get("edge_excluded") or "").split(" | "):

@@ -455,3 +455,25 @@ def test_the_verdict_line_says_which_edge_shapes_were_checked(pytester: pytest.P
     result.stdout.fnmatch_lines(["correctness?n=64? *PASSED*edge shape n=64 (ones, within ref.py constraints): *",
                                  "kernel.py: PASSED: output checked, not timed (*); edge shapes: 1 checked (1 fitted "
                                  "to the reference's constraints), 4 excluded by constraints (sizes n)"])
+
+
+def test_a_cu_without_a_gpu_reports_its_planned_edge_shapes_as_not_run(pytester: pytest.Pytester) -> None:
+    """On a machine without a GPU a .cu's correctness items are skipped: the report's kernel entry says its edge
+    shapes were planned and not run (it read null before, beside five listed edge items), checks none, and each
+    skipped edge item still names its shape."""
+    from conftest import gpu_missing_reason
+
+    if gpu_missing_reason() is None:
+        pytest.skip("a GPU is present: the .cu's correctness items run (test_a_tail_dropping_cu_on_the_gpu)")
+    pytester.makefile(".cu", kernel=TAIL_CU)
+    pytester.makepyfile(ref=REF.format(extra=""))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.cu", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=4096", "--kopt-seeds", "3", "--kopt-json", "r.json", "-p",
+                                           "no:cacheprovider", "-k", "correctness", timeout=600)
+    report = json.loads((pytester.path / "r.json").read_text())
+    (kernel,) = report["kernels"]
+    assert result.ret == 0 and kernel["status"] == "SKIPPED", kernel
+    assert kernel["edge_shapes"] == "not run (its correctness items were skipped); planned: 5 checked (sizes n)"
+    assert kernel["edge_checked"] == [] and kernel["dtypes_checked"] == []
+    items = correctness(report)
+    assert items["n=37"]["status"] == "SKIPPED" and items["n=37"]["figures"]["dims_checked"] == "n=37"

@@ -26,7 +26,7 @@ def builtin_gates() -> list[Gate]:
         Gate("plan", gate_plan, needs=("preflight",), strict=True, stop_exit=EXIT_CONFIG, harness=True),
         Gate("compile", gate_compile, needs=("hardware", "preflight", "plan"), strict=True),
         Gate("correctness", correctness.gate_correctness, needs=("compile",), cases=correctness.cases, serial=True,
-             strict=True, harness=True),
+             strict=True, harness=True, planned=correctness.planned),
         Gate("sanitizer", sanitizer.gate_sanitizer, needs=("compile",), cases=sanitizer.cases, serial=True),
         Gate("timing", gate_timing, needs=("correctness",), cases=timing_cases, serial=True, strict=True,
              harness=True),

@@ -289,6 +289,13 @@ def _case_prefix(case: Mapping[str, Any]) -> str:
     return ""
 
 
+def planned(ctx: Context, case: Mapping[str, Any]) -> dict[str, Any]:
+    """What a correctness item would check, for its skip too (:attr:`~pytest_kopt.gates.table.Gate.planned`): the
+    kernel's edge-shape plan (:meth:`~pytest_kopt.gates.edges.EdgePlan.figures`) and the case's own scalars, so a
+    ``.cu`` without a GPU still reports the edge shapes it will be checked at."""
+    return {**ctx.edge_plan.figures(), **_case_figures(ctx, case)}
+
+
 def _case_figures(ctx: Context, case: Mapping[str, Any]) -> dict[str, Any]:
     """The case's own scalars: ``edge_shape`` (its category) and ``dims_checked`` for an edge case; ``dtype`` for a
     dtype case, and on every case of a reference listing dtypes ``dtypes`` (comma-separated)."""

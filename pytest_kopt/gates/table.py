@@ -34,7 +34,9 @@ class Gate:
     needs passed. ``per_branch``: collected for every branch and ablation of ``--kopt-run`` (False: the champion
     alone, when the iteration closes). ``stop_exit``: SKILL.md's exit code of a run stopped because this gate failed
     or blocked it. ``harness``: its requests go to the kernel's warm harness processes, started at its first item.
-    ``after``: place it right after this gate (default: after the last of its ``needs``, else at the end)."""
+    ``after``: place it right after this gate (default: after the last of its ``needs``, else at the end).
+    ``planned(ctx, case) -> figures``: what the item would check, reported on a skip too (the correctness gate's
+    edge shapes, so a blocked kernel's report still lists them); None for nothing."""
 
     name: str
     run: Callable[[Context, Any], Outcome]
@@ -46,6 +48,7 @@ class Gate:
     stop_exit: int = EXIT_KERNEL
     harness: bool = False
     after: str | None = None
+    planned: Callable[[Context, Any], dict[str, Any]] | None = None
 
     def items(self, ctx: Context) -> list[tuple[str, Any]]:
         """(node-id suffix, case) of each item for ``ctx``'s kernel: ``("", None)`` for a gate without cases."""
@@ -134,6 +137,17 @@ class GateTable:
         if gate in self.by_name:
             return self.by_name[gate].stop_exit
         return EXIT_CONFIG if gate == "methods" else EXIT_KERNEL
+
+
+def planned_figures(gate: Gate, ctx: Context, case: Any = None) -> dict[str, Any]:
+    """``gate``'s :attr:`Gate.planned` figures for an item that did not run ({} when it has none, or when what it
+    reads cannot be read: a kernel blocked at preflight has no plan to report, and its skip says why)."""
+    if gate.planned is None:
+        return {}
+    try:
+        return dict(gate.planned(ctx, case))
+    except Exception:  # noqa: BLE001 - figures for a skip: the skip's own reason stands whatever this meets
+        return {}
 
 
 def run(gate: Gate, ctx: Context, case: Any = None, label: str = "") -> Outcome:

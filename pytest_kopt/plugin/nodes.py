@@ -12,7 +12,7 @@ import pytest
 from .. import registry
 from ..errors import Blocked, KoptError, NotApplicable
 from ..gates.inputs import draw_plan
-from ..gates.table import Gate, run
+from ..gates.table import Gate, planned_figures, run
 from .stash import STATE
 
 #: The marker of a gate item that runs on the GPU, namespaced: a user's own ``gpu`` marker is theirs to define.
@@ -119,6 +119,8 @@ class KoptItem(pytest.Item):
             self.user_properties += [("kopt_status", "SKIPPED"), ("kopt_blocked_by", exc.gate), ("kopt_fix", fix)]
             if exc.details:  # the item that met the cause keeps its long text; the skip reason stays one line
                 self.user_properties.append(("kopt_details", exc.details[-4000:]))
+            self.user_properties += [(k, v) for k, v in planned_figures(self.gate, ctx, self.case).items()
+                                     if isinstance(v, (int, float, str, bool))]
             pytest.skip(str(exc))
         except KoptError as exc:
             if not exc.gate:
