@@ -387,6 +387,11 @@ PLAIN_KERNEL = DTYPE_KERNEL.format(default="float32", made="dtype")
      "constraints is changed after its literal (line 6)", 6),
     # one listed dtype is a claim too: setup() must make it
     ('dtypes = ["float64"]', (), "setup()'s dtype defaults to 'float32'", None),
+    # a tolerance no case would use, and one that accepts anything
+    ('dtype_tolerances = {"bfloat16": {"atol": 1e-2, "rtol": 1e-2}}', (),
+     "dtype_tolerances names bfloat16, which dtypes does not list (no dtypes): no case would use it", 4),
+    ('dtypes = ["float32", "float16"]\ndtype_tolerances = {"float16": {"atol": 1e-3, "rtol": 1e30}}', (),
+     "dtype_tolerances gives float16 rtol >= 1: an output off by its own size", 5),
 ])
 def test_claims_a_session_could_not_keep_are_refused_at_preflight(pytester: pytest.Pytester, head: str,
                                                                   args: tuple[str, ...], says: str,

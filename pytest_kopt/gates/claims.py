@@ -20,6 +20,11 @@ CONSTRAINTS_FIX = ('e.g. constraints = {"M": {"multiple_of": 128}, "K": {"min": 
                    'multiple_of, min, max: integers >= 1; "fixed": the kernel is built for the given value)')
 
 
+#: A relative tolerance at or above this accepts an output off by its own size (|out - ref| <= rtol * |ref| holds for
+#: out = 0 and for out = -ref when rtol >= 1, 2): no check of a dtype's rounding needs it.
+MAX_RTOL = 1.0
+
+
 def check_claims(ctx: Context, c: PyContract) -> None:
     """``constraints``, ``dtypes`` and ``dtype_tolerances`` of the reference ``c`` (its contract), against the
     session's dims and the kernel. Raises ContractError (exit 4)."""
@@ -51,6 +56,23 @@ def check_claims(ctx: Context, c: PyContract) -> None:
                                 "\"rtol\": r}", gate="preflight", path=str(ctx.ref),
                                 line=c.constant_lines.get("dtype_tolerances"),
                                 fix='e.g. dtype_tolerances = {"bfloat16": {"atol": 2e-2, "rtol": 2e-2}}')
+        listed = c.constants.get("dtypes")
+        listed = list(listed) if isinstance(listed, (list, tuple)) else []
+        unused = [k for k in value if k not in listed]
+        if unused:
+            raise ContractError(f"dtype_tolerances names {', '.join(unused)}, which dtypes does not list "
+                                f"({', '.join(listed) or 'no dtypes'}): no case would use "
+                                f"{'it' if len(unused) == 1 else 'them'}", gate="preflight", path=str(ctx.ref),
+                                line=c.constant_lines.get("dtype_tolerances"),
+                                fix=f"list {', '.join(unused)} in dtypes, or drop "
+                                    f"{'its' if len(unused) == 1 else 'their'} entry from dtype_tolerances")
+        vacuous = [k for k, v in value.items() if v["rtol"] >= MAX_RTOL]
+        if vacuous:
+            raise ContractError(f"dtype_tolerances gives {', '.join(vacuous)} rtol >= {MAX_RTOL:g}: an output off "
+                                "by its own size, or of the wrong sign, would pass", gate="preflight",
+                                path=str(ctx.ref), line=c.constant_lines.get("dtype_tolerances"),
+                                fix="give the tolerance the format's rounding needs (bfloat16: about 1.6e-2; "
+                                    "float16: about 2e-3), a few times that for long reductions")
 
 
 def _check_constraints(ctx: Context, c: PyContract) -> None:
