@@ -192,3 +192,48 @@ def test_a_late_failure_reports_its_own_figures(pytester: pytest.Pytester, examp
     assert result.ret == 2 and it["status"] in ("NONDETERMINISTIC", "INCORRECT_NUMERICAL"), it
     assert it["figures"]["mismatched"] == 4 * 16, it["figures"]
     assert it["figures"]["max_abs_err"] > 1e-2, it["figures"]  # half of the largest softmax value of a row
+
+
+POSONLY_KERNEL = """\
+import torch
+
+
+def setup(n, seed, device="cpu"):
+    x = torch.empty(n, device=device)
+    return {{"inputs": {{"x": x, "y": torch.empty_like(x)}}, "outputs": ["y"]}}
+
+
+def run_kernel({run}):
+    y.copy_(x * 2)
+"""
+POSONLY_REF = """\
+atol = 1e-6
+rtol = 1e-6
+
+
+def shapes(n, **_):
+    return {{"x": ((n,), "float32"), "y": ((n,), "float32")}}
+
+
+def reference({ref}):
+    y.copy_(2 * x)
+"""
+
+
+@pytest.mark.parametrize(("run", "ref", "where", "says"), [
+    ("x, y, /", "x, y, n", ("kernel.py", 9), "run_kernel() takes x, y positional-only (before its '/')"),
+    ("x, y", "x, y, /, n", ("ref.py", 9), "reference() takes x, y positional-only (before its '/')"),
+])
+def test_a_positional_only_parameter_kopt_passes_by_name_is_refused_at_preflight(
+        pytester: pytest.Pytester, run: str, ref: str, where: tuple[str, int], says: str) -> None:
+    """run_kernel(x, y, /) got a message contradicting itself at the plan gate ("gives x, y, which it has no
+    parameter for; needs x, y"); reference(x, y, /, n) passed preflight and failed every case alike (red-team).
+    Both are a CONTRACT_ERROR at preflight naming the def line and the '/' to remove."""
+    pytester.makepyfile(kernel=POSONLY_KERNEL.format(run=run), ref=POSONLY_REF.format(ref=ref))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=64", "--kopt-json", "r.json", "-k", "preflight", "-p",
+                                           "no:cacheprovider", timeout=600)
+    (item,) = json.loads((pytester.path / "r.json").read_text())["items"]
+    assert (result.ret, item["status"]) == (4, "CONTRACT_ERROR"), item
+    assert item["message"].startswith(says) and item["fix"].startswith("remove the '/'"), item
+    assert item["path"].endswith(where[0]) and item["line"] == where[1], item

@@ -35,6 +35,10 @@ def check_claims(ctx: Context, c: PyContract) -> None:
                             "change made by code would be silently left out", gate="preflight", path=str(ctx.ref),
                             line=rewritten[0], fix="write every constraint in the one literal: "
                                                     + CONSTRAINTS_FIX)
+    if c.problem_format == "kopt":
+        check_keyword_calls(ctx.ref, REF_KEYWORD_CALLS)
+        if Path(ctx.kernel).suffix == ".py":
+            check_keyword_calls(Path(ctx.kernel), KERNEL_KEYWORD_CALLS, shown=ctx.display)
     if "constraints" in c.constants:
         _check_constraints(ctx, c)
     if "dtypes" in c.constants:
@@ -163,6 +167,30 @@ def _check_dtypes(ctx: Context, c: PyContract) -> None:
                             f"every gate but the dtype cases runs, timing included) is {value[0]!r}",
                             gate="preflight", path=ctx.display,
                             fix=f"give setup() dtype={value[0]!r}, or list {default!r} first in dtypes")
+
+
+#: The functions of a kopt reference and of a Python or Triton kernel that kopt calls by keyword only
+#: (``reference(**buffers, **dims)``, ``shapes(**dims)``, ``make_inputs(seed=s, **dims)``,
+#: ``setup(**dims, seed=s, device=d)``, ``run_kernel(**inputs)``).
+REF_KEYWORD_CALLS = ("reference", "shapes", "make_inputs", "workload_model")
+KERNEL_KEYWORD_CALLS = ("setup", "run_kernel")
+
+
+def check_keyword_calls(path: Path, names: tuple[str, ...], shown: str | None = None) -> None:
+    """A positional-only parameter (before ``/``) of a function in ``names`` that kopt calls by keyword: the call
+    fails alike for every case (``reference(x, y, /, n)`` got x and y by name), so it is refused here. Raises
+    ContractError naming the file (``shown``, default ``path``), the ``def`` line and the parameters."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return  # the contract's own reading reports a file that does not parse
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names and node.args.posonlyargs:
+            only = [p.arg for p in node.args.posonlyargs]
+            raise ContractError(f"{node.name}() takes {', '.join(only)} positional-only (before its '/'), and kopt "
+                                f"calls {node.name}() by keyword, so every call would fail alike",
+                                gate="preflight", path=shown or str(path), line=node.lineno,
+                                fix=f"remove the '/' from def {node.name}(...)")
 
 
 def setup_dtype_default(kernel: Path) -> Any:
