@@ -4,7 +4,8 @@
 # every bundled example at its H200 dims with edge shapes on; then the gpu-marked tests of tests/test_edges.py.
 # Prints, per run: the exit code, the wall time, the correctness items' time and count, and per example its verdict
 # and each edge item's status. Logs and JSON reports in $OUT. Usage (device machine, repository root):
-#   bash benchmarks/edge_shapes_gpu.sh
+#   bash benchmarks/edge_shapes_gpu.sh [main] [examples] [tests]     (no argument: all three)
+#   KOPT_EDGE_K="correctness" bash benchmarks/edge_shapes_gpu.sh examples   (the examples' correctness items only)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
@@ -27,7 +28,9 @@ for i in edge:
     print(f"   {i['case']:<28} {i['status']:<12} {i['duration_s']:.2f} s")
 PY
 }
-for round in 1 2; do
+sections=" ${*:-main examples tests} "
+KSEL=(); [ -n "${KOPT_EDGE_K:-}" ] && KSEL=(-k "$KOPT_EDGE_K")
+[[ $sections == *" main "* ]] && for round in 1 2; do
   for mode in auto off; do
     t0=$(date +%s)
     timeout 150 python3 -m pytest -p no:randomly --kopt-baseline examples/gemm/gemm.cu --kopt-ref examples/gemm/ref.py \
@@ -37,7 +40,7 @@ for round in 1 2; do
     summary "main gemm edge=$mode round $round" "$OUT/main_${mode}_$round.json" $rc $(( $(date +%s) - t0 ))
   done
 done
-for spec in "gemm_tiled/gemm_tiled.cu M=4096,N=4096,K=4096" "gemm_cutlass/gemm_cutlass.cu M=4096,N=4096,K=4096" \
+[[ $sections == *" examples "* ]] && for spec in "gemm_tiled/gemm_tiled.cu M=4096,N=4096,K=4096" "gemm_cutlass/gemm_cutlass.cu M=4096,N=4096,K=4096" \
             "softmax_cuda/softmax.cu M=4096,N=1024" "batchnorm/batchnorm.cu N=16384,C=1024,eps=1e-5" \
             "layernorm/layernorm.cu M=16384,N=4096,eps=1e-5" "softmax_triton/softmax.py M=4096,N=1024" \
             "matmul_triton/matmul.py M=4096,N=4096,K=4096" "matmul_autotune/matmul.py M=4096,N=4096,K=4096"; do
@@ -46,10 +49,11 @@ for spec in "gemm_tiled/gemm_tiled.cu M=4096,N=4096,K=4096" "gemm_cutlass/gemm_c
   t0=$(date +%s)
   name=$(dirname $1)
   timeout 120 python3 -m pytest -p no:randomly --kopt-baseline examples/$1 --kopt-ref examples/$name/ref.py \
-    --kopt-dims $2 --kopt-seed 1 --kopt-json "$OUT/ex_$name.json" -q > "$OUT/ex_$name.log" 2>&1
+    --kopt-dims $2 --kopt-seed 1 "${KSEL[@]}" --kopt-json "$OUT/ex_$name.json" -q > "$OUT/ex_$name.log" 2>&1
   rc=$?
   summary "$name" "$OUT/ex_$name.json" $rc $(( $(date +%s) - t0 ))
 done
+[[ $sections == *" tests "* ]] || { echo "total wall=$(( $(date +%s) - T0 ))s"; exit 0; }
 t0=$(date +%s)
 timeout 60 python3 -m pytest tests/test_edges.py -m gpu -q -p no:randomly -p no:cacheprovider > "$OUT/tests.log" 2>&1
 echo "gpu tests of test_edges.py rc=$? wall=$(( $(date +%s) - t0 ))s: $(tail -1 "$OUT/tests.log")"
