@@ -222,3 +222,23 @@ def test_host_work_does_not_excuse_calls_that_launch_nothing_or_work_the_events_
     assert [f[0].split(" (work on")[0].split(" (a result")[0] for f in found] == [
         "the host clock (synchronised) saw 2.0000 ms per call but CUDA events 0.3753 ms",
         "5 of 25 profiled calls launched no GPU work"]
+
+
+def test_a_call_with_host_work_is_judged_stable_on_its_medians_precision() -> None:
+    """The H100 scratch twin (2026-12-05): events median 0.1065 ms with a robust CV of 0.26 over 1717 samples (its
+    cudaMalloc's time varies; a longer hold did not help, cudaFree synchronises) read UNSTABLE_TIMING. On the events
+    basis of host work the spread is the call's own: judged on the median's precision it is stable, and the summary
+    says which. The same spread on the kernel-only basis stays unstable."""
+    events = [0.1065 * (1 + 0.35 * ((i % 21) - 10) / 10) for i in range(1701)]
+    kernel = _party(events, [6.45] * 1701, idle_us=245.7)
+    ref = _party([0.5] * 1701, [480.0] * 1701)
+    ctx, m = _measured(kernel, ref)
+    assert m.basis.name == "events" and m.basis.host_work_ms is not None
+    j = judge(ctx, m, None)
+    assert j.timing.kernel.robust_cv == pytest.approx(0.26, abs=0.01)
+    assert (j.timing.stability, j.timing.stability_basis, j.valid) == ("stable", "median_rse", True)
+    assert "(robust CV 0.259, stable by the median's precision, n=1701, " in summary(m, j)
+    spans = [6.45 * (1 + 0.35 * ((i % 21) - 10) / 10) for i in range(1701)]
+    _, m2 = _measured(_party([0.0066] * 1701, spans), ref)
+    j2 = judge(ctx, m2, None)
+    assert m2.basis.name == "cupti" and (j2.timing.stability, j2.timing.stability_basis) == ("unstable", "robust_cv")

@@ -143,10 +143,14 @@ def judge(ctx: Context, m: Measured, peaks: dict[str, Any] | None) -> Judged:
                                     max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
                                     or None, (peaks or {}).get("dram_bytes_per_s"))
     graph = basis.name == "graph"
+    # graph samples' spread is the flush's, a call with host work's the host's own: both judged on the median's
+    # precision (measure.stability)
+    by_rse = graph or basis.host_work_ms is not None
     timing = Timing(basis=basis, kernel=k, reference=r, events=ke,
                     speedup=stats.bootstrap_ratio_ci(basis.reference, basis.kernel),
-                    stability=stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if graph else k.stability,
-                    stability_basis="median_rse" if graph else "robust_cv")
+                    stability=stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if by_rse
+                    else k.stability,
+                    stability_basis="median_rse" if by_rse else "robust_cv")
     found = suspects(basis=basis.name, method=ctx.settings.timing_method, kernel_median_ms=k.median_ms,
                      events_median_ms=ke.median_ms, host_median_ms=host_med, host_gap_ms=gap, floor_ms=floor,
                      cupti=run.cupti, ref_cupti=m.ref.cupti)
@@ -234,8 +238,9 @@ def summary(m: Measured, j: Judged, memory: dict[str, Any] | None = None) -> str
         extra += f"; no CUPTI time ({cupti['error'][:80]})"
     if memory is not None:
         extra += memory_note(memory)
+    judged = " by the median's precision" if t.stability_basis == "median_rse" else ""
     return (f"median {ms(k.median_ms)} [{ms(k.ci95_low_ms)}, {ms(k.ci95_high_ms)}] "
-            f"{BASIS_NAMES.get(basis.name, basis.name)} (robust CV {k.robust_cv:.3f}, {t.stability}, n={k.n}, "
+            f"{BASIS_NAMES.get(basis.name, basis.name)} (robust CV {k.robust_cv:.3f}, {t.stability}{judged}, n={k.n}, "
             f"{run.raw['stop_reason']}), reference {ms(t.reference.median_ms)}, speedup {speedup:.2f}x "
             f"[{sp_lo:.2f}, {sp_hi:.2f}]{extra}")
 
