@@ -392,6 +392,12 @@ PLAIN_KERNEL = DTYPE_KERNEL.format(default="float32", made="dtype")
      "dtype_tolerances names bfloat16, which dtypes does not list (no dtypes): no case would use it", 4),
     ('dtypes = ["float32", "float16"]\ndtype_tolerances = {"float16": {"atol": 1e-3, "rtol": 1e30}}', (),
      "dtype_tolerances gives float16 rtol >= 1: an output off by its own size", 5),
+    ('dtypes = ["float32", "float16"]\ndtype_tolerances = {"float32": {"atol": 1e-3, "rtol": 1e-3}}', (),
+     "dtype_tolerances names float32, the first of dtypes, whose cases (the seeds) take ref.py's atol", 5),
+    # every claim is read from its one literal: a change by code after it is refused, never dropped
+    ('dtypes = ["float32"]\ndtypes.append("float16")', (), "dtypes is changed after its literal (line 5)", 5),
+    ('dtypes = ["float32", "float16"]\ndtype_tolerances = {}\ndtype_tolerances["float16"] = '
+     '{"atol": 1e-2, "rtol": 1e-2}', (), "dtype_tolerances is changed after its literal (line 6)", 6),
 ])
 def test_claims_a_session_could_not_keep_are_refused_at_preflight(pytester: pytest.Pytester, head: str,
                                                                   args: tuple[str, ...], says: str,

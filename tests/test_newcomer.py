@@ -237,3 +237,19 @@ def test_a_positional_only_parameter_kopt_passes_by_name_is_refused_at_preflight
     assert (result.ret, item["status"]) == (4, "CONTRACT_ERROR"), item
     assert item["message"].startswith(says) and item["fix"].startswith("remove the '/'"), item
     assert item["path"].endswith(where[0]) and item["line"] == where[1], item
+
+
+def test_the_def_python_keeps_is_the_one_checked_and_an_async_def_is_refused(pytester: pytest.Pytester) -> None:
+    """A later def run_kernel(x, y) replaces an earlier positional-only one (Python keeps the last): it passes
+    preflight; an async def run_kernel is refused there (it returned a coroutine and failed later with another
+    message: red-team)."""
+    kernel = POSONLY_KERNEL.format(run="x, y, /") + "\n\ndef run_kernel(x, y):\n    y.copy_(x * 2)\n"
+    pytester.makepyfile(kernel=kernel, ref=POSONLY_REF.format(ref="x, y, n"))
+    args = ("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64", "--kopt-json", "r.json",
+            "-k", "preflight", "-p", "no:cacheprovider")
+    assert pytester.runpytest_subprocess(*args, timeout=600).ret == 0
+    pytester.makepyfile(kernel=POSONLY_KERNEL.format(run="x, y").replace("def run_kernel", "async def run_kernel"))
+    result = pytester.runpytest_subprocess(*args, timeout=600)
+    (item,) = json.loads((pytester.path / "r.json").read_text())["items"]
+    assert (result.ret, item["status"], item["line"]) == (4, "CONTRACT_ERROR", 9), item
+    assert item["message"].startswith("run_kernel() is an async def"), item

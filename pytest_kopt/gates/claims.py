@@ -28,13 +28,15 @@ MAX_RTOL = 1.0
 def check_claims(ctx: Context, c: PyContract) -> None:
     """``constraints``, ``dtypes`` and ``dtype_tolerances`` of the reference ``c`` (its contract), against the
     session's dims and the kernel. Raises ContractError (exit 4)."""
-    rewritten = rewritten_lines(ctx.ref, "constraints")
-    if rewritten:
-        raise ContractError(f"constraints is changed after its literal (line {', '.join(map(str, rewritten))}): "
-                            "kopt reads the one top-level literal from the source, without running ref.py, so a "
-                            "change made by code would be silently left out", gate="preflight", path=str(ctx.ref),
-                            line=rewritten[0], fix="write every constraint in the one literal: "
-                                                    + CONSTRAINTS_FIX)
+    for name in ("constraints", "dtypes", "dtype_tolerances"):
+        rewritten = rewritten_lines(ctx.ref, name)
+        if rewritten:
+            raise ContractError(f"{name} is changed after its literal (line {', '.join(map(str, rewritten))}): "
+                                "kopt reads the one top-level literal from the source, without running ref.py, so "
+                                "a change made by code would be silently left out", gate="preflight",
+                                path=str(ctx.ref), line=rewritten[0],
+                                fix=f"write all of {name} in the one literal" + (": " + CONSTRAINTS_FIX
+                                                                               if name == "constraints" else ""))
     if c.problem_format == "kopt":
         check_keyword_calls(ctx.ref, REF_KEYWORD_CALLS)
         if Path(ctx.kernel).suffix == ".py":
@@ -62,6 +64,11 @@ def check_claims(ctx: Context, c: PyContract) -> None:
                                 fix='e.g. dtype_tolerances = {"bfloat16": {"atol": 2e-2, "rtol": 2e-2}}')
         listed = c.constants.get("dtypes")
         listed = list(listed) if isinstance(listed, (list, tuple)) else []
+        if listed and listed[0] in value:  # the seeds' dtype: its tolerance is the reference's atol/rtol
+            raise ContractError(f"dtype_tolerances names {listed[0]}, the first of dtypes, whose cases (the seeds) "
+                                "take ref.py's atol and rtol: the entry would never be used", gate="preflight",
+                                path=str(ctx.ref), line=c.constant_lines.get("dtype_tolerances"),
+                                fix=f"give {listed[0]}'s tolerance as atol/rtol in ref.py and drop its entry")
         unused = [k for k in value if k not in listed]
         if unused:
             raise ContractError(f"dtype_tolerances names {', '.join(unused)}, which dtypes does not list "
@@ -178,19 +185,27 @@ KERNEL_KEYWORD_CALLS = ("setup", "run_kernel")
 
 def check_keyword_calls(path: Path, names: tuple[str, ...], shown: str | None = None) -> None:
     """A positional-only parameter (before ``/``) of a function in ``names`` that kopt calls by keyword: the call
-    fails alike for every case (``reference(x, y, /, n)`` got x and y by name), so it is refused here. Raises
-    ContractError naming the file (``shown``, default ``path``), the ``def`` line and the parameters."""
+    fails alike for every case (``reference(x, y, /, n)`` got x and y by name), so it is refused here; so is an
+    ``async def`` (its call returns a coroutine). The last top-level ``def`` of a name is the one Python keeps and
+    the one checked. Raises ContractError naming the file (``shown``, default ``path``), the ``def`` line and the
+    parameters."""
     try:
         tree = ast.parse(Path(path).read_bytes())
     except (OSError, SyntaxError, ValueError):
         return  # the contract's own reading reports a file that does not parse
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names and node.args.posonlyargs:
+    last = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}  # the one kept
+    for name in names:
+        node = last.get(name)
+        if isinstance(node, ast.AsyncFunctionDef):
+            raise ContractError(f"{name}() is an async def: kopt calls it and uses what it returns, and an async "
+                                "function returns a coroutine without running", gate="preflight",
+                                path=shown or str(path), line=node.lineno, fix=f"write def {name}(...), not async def")
+        if node is not None and node.args.posonlyargs:
             only = [p.arg for p in node.args.posonlyargs]
-            raise ContractError(f"{node.name}() takes {', '.join(only)} positional-only (before its '/'), and kopt "
-                                f"calls {node.name}() by keyword, so every call would fail alike",
+            raise ContractError(f"{name}() takes {', '.join(only)} positional-only (before its '/'), and kopt "
+                                f"calls {name}() by keyword, so every call would fail alike",
                                 gate="preflight", path=shown or str(path), line=node.lineno,
-                                fix=f"remove the '/' from def {node.name}(...)")
+                                fix=f"remove the '/' from def {name}(...)")
 
 
 def setup_dtype_default(kernel: Path) -> Any:
