@@ -90,7 +90,8 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
 def coverage(records: list[GateRecord]) -> dict[str, Any]:
     """What a kernel's correctness items say of the shapes and dtypes beyond its seeds (every item carries them,
     :meth:`pytest_kopt.gates.edges.EdgePlan.figures`): ``edge_shapes`` (the note: counts, or why none), the edge
-    shapes ``edge_checked`` (their dims labels) and ``edge_excluded`` (``shape``, ``reason``: what the reference's
+    shapes ``edge_checked`` (the dims labels of the planned shapes whose item passed here; when not all did, the
+    note says how many were planned and how many passed) and ``edge_excluded`` (``shape``, ``reason``: what the reference's
     constraints rule out), ``edge_fitted`` (``shape``, ``fitted``: a checked shape moved into those constraints, from
     what), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
     failed or was refused is not one the kernel was shown to handle); None and empty
@@ -99,11 +100,19 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
     carrying = [r for r in records if r.figures.get("edge_shapes") is not None]
     ran = [r for r in carrying if r.outcome != "skipped"]
     if carrying and not ran:  # every item skipped (a .cu without a GPU): the plan is reported, nothing as checked
-        note = carrying[0].figures["edge_shapes"]
+        note = str(carrying[0].figures["edge_shapes"]).removeprefix("planned: ")
         return {"edge_shapes": f"not run (its correctness items were skipped); planned: {note}", "edge_checked": [],
                 "edge_excluded": [], "edge_fitted": [], "dtypes_checked": []}
     figs = ran[0].figures if ran else {}
-    checked = [x for x in str(figs.get("edge_checked") or "").split("; ") if x]
+    planned = [x for x in str(figs.get("edge_checked") or "").split("; ") if x]
+    # the shapes checked are those whose item passed in this session, not the plan (-k, --lf or a node id may have
+    # deselected some, a failure or a skip may have stopped others)
+    passed = {str(r.figures.get("dims_checked")) for r in records if r.figures.get("edge_shape")
+              and r.outcome == "passed"}
+    checked = [x for x in planned if x in passed]
+    note = figs.get("edge_shapes")
+    if note is not None and len(checked) < len(planned):
+        note = f"{str(note).replace(f'{len(planned)} checked', f'{len(planned)} planned', 1)}; {len(checked)} passed"
     excluded = []
     for part in str(figs.get("edge_excluded") or "").split(" | "):
         if part:
@@ -116,7 +125,7 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
             fitted.append({"shape": shape, "fitted": how})
     dtypes = list(dict.fromkeys(str(r.figures["dtype"]) for r in records
                                 if r.outcome == "passed" and r.figures.get("dtype")))
-    return {"edge_shapes": figs.get("edge_shapes"), "edge_checked": checked, "edge_excluded": excluded,
+    return {"edge_shapes": note, "edge_checked": checked, "edge_excluded": excluded,
             "edge_fitted": fitted, "dtypes_checked": dtypes}
 
 

@@ -196,7 +196,9 @@ def test_a_tail_dropping_kernel_is_caught_at_edge_shapes_and_shrunk(pytester: py
     assert "shrunk to n=18, all ones" in first["message"]
     assert "shrunk earlier from n=37" in items["n=65"]["message"]
     (kernel,) = report["kernels"]
-    assert kernel["edge_checked"] == ["n=1", "n=37", "n=56", "n=33", "n=65"] and kernel["edge_excluded"] == []
+    # the shapes checked are those that passed; the note says how many of the planned did
+    assert kernel["edge_checked"] == ["n=1"] and kernel["edge_excluded"] == []
+    assert kernel["edge_shapes"] == "5 planned (sizes n); 1 passed"
     edges = json.loads(next((pytester.path / ".kopt").rglob("edges.json")).read_text())
     assert [c["category"] for c in edges["checked"]] == ["ones", "prime", "unaligned", "pow2+1", "near"]
 
@@ -488,3 +490,15 @@ def test_a_cu_without_a_gpu_reports_its_planned_edge_shapes_as_not_run(pytester:
     assert kernel["edge_checked"] == [] and kernel["dtypes_checked"] == []
     items = correctness(report)
     assert items["n=37"]["status"] == "SKIPPED" and items["n=37"]["figures"]["dims_checked"] == "n=37"
+
+
+def test_edge_shapes_deselected_are_not_reported_as_checked(pytester: pytest.Pytester) -> None:
+    """-k seed runs the seeds only: the kernel's entry lists no edge shape as checked and says none of the planned
+    passed (it read "5 checked" with all five listed: red-team)."""
+    pytester.makepyfile(kernel=PLAIN_KERNEL, ref=PLAIN_REF.format(head=""))
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=64", "--kopt-seeds", "3", "--kopt-json", "r.json", "-k", "seed",
+                                           "-p", "no:cacheprovider", timeout=600)
+    (kernel,) = json.loads((pytester.path / "r.json").read_text())["kernels"]
+    assert result.ret == 0 and kernel["edge_checked"] == [], kernel
+    assert kernel["edge_shapes"] == "5 planned (sizes n); 0 passed", kernel

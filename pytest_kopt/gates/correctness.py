@@ -293,7 +293,8 @@ def planned(ctx: Context, case: Mapping[str, Any]) -> dict[str, Any]:
     """What a correctness item would check, for its skip too (:attr:`~pytest_kopt.gates.table.Gate.planned`): the
     kernel's edge-shape plan (:meth:`~pytest_kopt.gates.edges.EdgePlan.figures`) and the case's own scalars, so a
     ``.cu`` without a GPU still reports the edge shapes it will be checked at."""
-    return {**ctx.edge_plan.figures(), **_case_figures(ctx, case)}
+    figs = ctx.edge_plan.figures()
+    return {**figs, "edge_shapes": f"planned: {figs['edge_shapes']}", **_case_figures(ctx, case)}
 
 
 def _case_figures(ctx: Context, case: Mapping[str, Any]) -> dict[str, Any]:
