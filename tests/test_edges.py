@@ -104,13 +104,14 @@ def test_floats_and_fixed_sizes_stay_and_repeats_are_dropped() -> None:
 
 def test_a_shape_that_breaks_a_constraint_is_fitted_into_it_and_says_from_what() -> None:
     """A tiled kernel's M multiple of 128 and K at least 16: each derived shape moves to the nearest sizes allowed
-    (near's 257 rounds up, the others down; 1 goes to the smallest allowed), a fitted shape that repeats one already
+    (down, near's 257 too: 384 would be 1.5x the given M, past the memory the plan checked for a buffer spanning M
+    alone; 1 goes to the smallest allowed), a fitted shape that repeats one already
     checked is excluded with what it became."""
     checked, excluded, fitted = derive({"M": 256, "K": 128}, ("M", "K"), {"M": {"multiple_of": 128}, "K": {"min": 16}})
     assert checked == [("ones", {"M": 128, "K": 16}), ("prime", {"M": 128, "K": 37}),
-                       ("pow2+1", {"M": 128, "K": 65}), ("near", {"M": 384, "K": 37})]
+                       ("pow2+1", {"M": 128, "K": 65}), ("near", {"M": 256, "K": 37})]
     assert fitted[0] == ("M=128,K=16", "ones M=1,K=1 fitted to ref.py constraints (M 1 -> 128, K 1 -> 16)")
-    assert fitted[3] == ("M=384,K=37", "near M=257,K=37 fitted to ref.py constraints (M 257 -> 384)")
+    assert fitted[3] == ("M=256,K=37", "near M=257,K=37 fitted to ref.py constraints (M 257 -> 256)")
     assert excluded == [("M=248,K=37", "M=248 is not a multiple of 128 (ref.py constraints); fitted to them it is "
                                        "M=128,K=37, already checked")]
     assert violation("M", 4096, {"max": 1024}) == "M=4096 is above its max 1024"
@@ -502,3 +503,15 @@ def test_edge_shapes_deselected_are_not_reported_as_checked(pytester: pytest.Pyt
     (kernel,) = json.loads((pytester.path / "r.json").read_text())["kernels"]
     assert result.ret == 0 and kernel["edge_checked"] == [], kernel
     assert kernel["edge_shapes"] == "5 planned (sizes n); 0 passed", kernel
+
+
+def test_a_fitted_size_stays_within_the_planned_memory() -> None:
+    """M multiple of 1024 at M=1024,N=128 (a buffer A[M, M]): near's M=1025 fits down to 1024, not up to 2048, which
+    would have made A four times the size the plan checked (red-team); a tile of 8 at 4096 may round 4097 up to
+    4104, within a percent."""
+    checked, excluded, _ = derive({"M": 1024, "N": 128}, ("M", "N"), {"M": {"multiple_of": 1024}})
+    assert all(d["M"] == 1024 for _, d in checked)
+    assert excluded[-1] == ("M=1025,N=37", "M=1025 is not a multiple of 1024 (ref.py constraints); fitted to them "
+                                           "it is M=1024,N=37, already checked")
+    near = derive({"n": 4096}, ("n",), {"n": {"multiple_of": 8}})[0][-1]
+    assert near == ("near", {"n": 4104})

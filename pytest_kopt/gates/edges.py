@@ -13,7 +13,8 @@ from ..settings import dims_label
 #: The categories of edge cases, in the order their items run; each is one case, not a product of sizes:
 #: ``ones`` every size 1; ``prime`` every size a small prime; ``unaligned`` a size that is a multiple of 8 but of
 #: no 16 (nor 32, 64, 128: a tile's tail while a vector load stays aligned); ``pow2+1`` a size just past a power of
-#: two; ``near`` the given size one up or one down (alternating across dims: a tail at the scale of the problem).
+#: two; ``near`` the given size one up (a tail at the scale of the problem; :func:`category_value` would take one down
+#: for a lead at an odd position among the sizes, which :func:`derive`'s rotation of the lead never picks).
 CATEGORIES = ("ones", "prime", "unaligned", "pow2+1", "near")
 #: The largest small prime: above a 32-wide tile (one full tile and a tail of 5), below a 64-wide one.
 PRIME_CAP = 37
@@ -226,14 +227,15 @@ def derive(dims: dict[str, Any], sizes: tuple[str, ...], constraints: dict[str, 
             seen.append(case)
             checked.append((category, case))
             continue
+        # a size derived above its given one rounds up to its multiple only while that stays within PLAN_SLACK of
+        # the given size: a buffer spanning that dim alone (A[M, M]) would grow past the memory the plan checked
         moved = {k: fit(case[k], constraints.get(k, {}), up=case[k] > dims[k]) for k in sizes}
+        moved = {k: fit(case[k], constraints.get(k, {})) if v is not None and v > dims[k] * (1 + PLAN_SLACK) else v
+                 for k, v in moved.items()}
         if any(v is None for v in moved.values()):
             excluded.append((dims_label(case), "; ".join(why) + " and no size within ref.py constraints replaces it"))
             continue
         inside = {**case, **moved}
-        if _product(inside, sizes) > limit:  # rounded up past the plan: the nearest allowed size below instead
-            moved = {k: fit(case[k], constraints.get(k, {})) for k in sizes}
-            inside = {**case, **moved}
         if any(inside == s for s in seen) or _product(inside, sizes) > limit:
             excluded.append((dims_label(case), "; ".join(why) + f" (ref.py constraints); fitted to them it is "
                              f"{dims_label(inside)}, " + ("the given dims" if inside == dims else "already checked"
