@@ -515,3 +515,45 @@ def test_a_fitted_size_stays_within_the_planned_memory() -> None:
                                            "it is M=1024,N=37, already checked")
     near = derive({"n": 4096}, ("n",), {"n": {"multiple_of": 8}})[0][-1]
     assert near == ("near", {"n": 4104})
+
+
+SHRINK_REF = """\
+import torch
+atol = 1e-6
+rtol = 1e-6
+constraints = {"n": {"multiple_of": 16}, "c": "fixed"}
+
+
+def shapes(n, c, **_):
+    return {"x": ((n, c), "float32"), "y": ((n, c), "float32")}
+
+
+def reference(x, y, **_):
+    y.copy_(2 * x)
+"""
+SHRINK_KERNEL = """\
+import torch
+
+
+def setup(n, c, seed, device="cpu"):
+    x = torch.empty(n, c, device=device)
+    return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+
+def run_kernel(x, y):
+    y.copy_(x * 2)
+    y[0, 0] += 1.0  # wrong at every size
+"""
+
+
+def test_a_shrunk_failure_stays_within_the_constraints(pytester: pytest.Pytester) -> None:
+    """n a multiple of 16, c fixed at 8: a kernel wrong at every size shrinks to n=16 with c kept (it shrank to
+    n=1,c=1, a shape the kernel never claimed: red-team)."""
+    pytester.makepyfile(kernel=SHRINK_KERNEL, ref=SHRINK_REF)
+    result = pytester.runpytest_subprocess("--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "n=256,c=8", "--kopt-seeds", "3", "--kopt-edge-shapes", "off",
+                                           "--kopt-json", "r.json", "-k", "correctness", "-p", "no:cacheprovider",
+                                           timeout=600)
+    (item,) = correctness(json.loads((pytester.path / "r.json").read_text())).values()
+    assert result.ret == 2 and item["status"] == "INCORRECT_NUMERICAL", item
+    assert "shrunk to n=16, " in item["message"] and "c=1" not in item["message"], item["message"]

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..artifacts import CORRECTNESS, read_dict, write_json
 from ..settings import dims_label
 from .context import Context
+from .edges import FIXED, fit, parse_constraints
 from .inputs import draw_plan
 
 #: The failures a shrink looks for a smaller case of: the judge's verdicts on values. Not a crash (RUNTIME_ERROR,
@@ -78,12 +79,29 @@ def _size(v: Any) -> bool:
 
 def free_sizes(ctx: Context, dims: dict[str, Any]) -> dict[str, Any]:
     """The sizes a shrink may change, by name: the case's integer dims (and tuples of them), and for a KernelBench
-    problem its literal module globals (:func:`literal_sizes`) under the dims given; those above 1, largest
-    first."""
+    problem its literal module globals (:func:`literal_sizes`) under the dims given; for a kopt reference only
+    those the kernel takes at run time and its ``constraints`` do not fix; those above 1, largest first."""
     found = dict(literal_sizes(ctx.ref)) if ctx.problem_format == "kernelbench" else {}
     found.update({k: v for k, v in dims.items() if _size(v)})
+    if ctx.problem_format == "kopt":  # what the kernel claims: sizes it takes at run time and the reference frees
+        rules = constraint_rules(ctx, dims)
+        taken = ctx.kind.runtime_dims(ctx)
+        found = {k: v for k, v in found.items() if rules.get(k) != FIXED and (taken is None or k in taken)}
     big = {k: v for k, v in found.items() if _weight(v) > 1}
     return dict(sorted(big.items(), key=lambda kv: -_weight(kv[1])))
+
+
+def constraint_rules(ctx: Context, dims: dict[str, Any]) -> dict[str, Any]:
+    """The reference's ``constraints`` by dim (:func:`pytest_kopt.gates.edges.parse_constraints`; {} for none)."""
+    declared = ctx.ref_constant("constraints") if ctx.problem_format == "kopt" else None
+    return parse_constraints(declared, dims)[0] if declared is not None else {}
+
+
+def _within(v: Any, rule: Any) -> Any:
+    """``v`` (a halved size) moved down into ``rule`` (:func:`pytest_kopt.gates.edges.fit`); tuples as they are."""
+    if isinstance(v, (list, tuple)) or not rule:
+        return v
+    return fit(v, rule)
 
 
 def _weight(v: Any) -> int:
@@ -149,11 +167,13 @@ def smallest_failure(ctx: Context, case: dict[str, Any], exc: Any, key: str, att
         return regime or "?"
 
     changed: dict[str, Any] = {}
+    rules = constraint_rules(ctx, dims)
     for name, value in sizes.items():
         while _weight(value) > 1:
             # half, else half rounded up where that differs: a tail bug (a grid of n // BLOCK) passes at 2048 but
-            # fails at 2049, so an odd size halves through odd sizes
-            tries_here = [h for h in (_halved(value), _halved_up(value)) if _weight(h) < _weight(value)]
+            # fails at 2049, so an odd size halves through odd sizes; each within the reference's constraints
+            halves = [_within(h, rules.get(name)) for h in (_halved(value), _halved_up(value))]
+            tries_here = [h for h in halves if h is not None and _weight(h) < _weight(value)]
             smaller = next((h for i, h in enumerate(tries_here) if h not in tries_here[:i]
                             and fails({**changed, name: h}, plan)), None)
             if smaller is None:
