@@ -93,8 +93,8 @@ def test_the_gpus_idle_time_inside_a_call_is_what_the_host_did_after_it_waited(s
     honest = stand_in(scan_with_malloc)
     assert honest["split"] == "launch" and honest["spans_us"] == [100.0] * 6
     assert honest["idle_us"] == [70.0] * 6 and honest["idle_median_us"] == 70.0
-    # its cudaMalloc: 30 µs on the host before the first launch, whose API record starts 0.5 µs into the launch
-    assert honest["before_launch_us"] == [30.5] * 6 and honest["host_inside_median_us"] == 100.5
+    # its cudaMalloc: 30 µs on the host before its launches, the last of whose API records starts 1.5 µs later
+    assert honest["before_launch_us"] == [31.5] * 6 and honest["host_inside_median_us"] == 101.5
     attack = stand_in(cheap_when_profiled)
     assert attack["spans_us"] == [5.0] * 6 and attack["idle_us"] == [0.0] * 6
     assert attack["before_launch_us"] == [0.5] * 6 and attack["host_inside_median_us"] == 0.5
@@ -113,15 +113,23 @@ def test_idle_time_is_counted_between_kernels_and_after_them_but_not_under_other
 
 
 def test_the_hosts_time_before_the_first_launch_is_counted_from_the_calls_own_launches() -> None:
-    """host_before_launch: from the host's start of each call to the earliest launch inside its window whose device
-    record exists (a runtime call with no device record, a cudaMalloc, is not a launch); the flush window's launches
-    before the call are not the call's."""
+    """host_before_launch: from the host's start of each call to the last launch inside its window whose device
+    record exists (a runtime call with no device record, a cudaMalloc, is not a launch), no later than the flush
+    window's spin ends (past it the GPU's idle time counts instead); the flush window's launches are not the
+    call's."""
     records = [(0.0, 100.0, "spin", 1), (100.0, 110.0, "k1", 3), (130.0, 140.0, "k2", 4),
                (200.0, 300.0, "spin", 5), (300.0, 350.0, "k", 6)]
     launches = {1: 10.0, 2: 52.0, 3: 71.0, 4: 80.0, 5: 180.0, 6: 207.0}  # 2: cudaMalloc, no device record
     segments = [[(100.0, 110.0, "k1"), (130.0, 140.0, "k2")], [], [(300.0, 350.0, "k")]]
     windows = [(50.0, 160.0), (170.0, 175.0), (205.0, 260.0)]
-    assert tm.host_before_launch(records, launches, segments, windows) == [21.0, 2.0]
+    assert tm.host_before_launch(records, launches, segments, windows) == [30.0, 2.0]
+    # the flush windows: call 0's spin (launched at 10) ended at 100, after its launches; call 2's at 300
+    assert tm.host_before_launch(records, launches, segments, windows, [(5.0, 40.0), (165.0, 168.0),
+                                                                        (176.0, 200.0)]) == [30.0, 2.0]
+    # a spin that ended before the call's last launch: counted up to the spin's end (75 - 50)
+    short = [(0.0, 75.0, "spin", 1), *records[1:]]
+    assert tm.host_before_launch(short, launches, segments, windows, [(5.0, 40.0), (165.0, 168.0),
+                                                                      (176.0, 200.0)])[0] == 25.0
 
 
 def scratch_malloc(gpu: StandInGpu) -> None:
@@ -242,3 +250,20 @@ def test_a_call_with_host_work_is_judged_stable_on_its_medians_precision() -> No
     _, m2 = _measured(_party([0.0066] * 1701, spans), ref)
     j2 = judge(ctx, m2, None)
     assert m2.basis.name == "cupti" and (j2.timing.stability, j2.timing.stability_basis) == ("unstable", "robust_cv")
+
+
+def memset_then_malloc(gpu: StandInGpu) -> None:
+    """Host work after a cheap first launch (red-team): a memset, cudaMalloc (40 µs), the kernel, cudaFree."""
+    gpu.launch("memset", 1.0)
+    gpu.host(40.0)
+    gpu.launch("k", 6.69)
+    gpu.synchronize()
+    gpu.host(74.2)
+
+
+def test_host_work_between_launches_under_the_spin_is_counted(stand_in) -> None:
+    """The cudaMalloc after the memset runs while the spin holds the GPU: counted up to the kernel's launch (it read
+    0.5 µs before, the time to the memset's launch, and the call was a false SUSPECT)."""
+    prof = stand_in(memset_then_malloc)
+    assert prof["before_launch_us"] == [41.5] * 6 and prof["idle_median_us"] == pytest.approx(74.2)
+    assert events_over_kernel(0.1156, prof["median_us"] * 1e-3, prof["host_inside_median_us"] * 1e-3) == []

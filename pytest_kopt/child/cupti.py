@@ -112,26 +112,40 @@ def idle_in_calls(records: list[tuple[float, float, str, int]], segments: list[l
 
 
 def host_before_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
-                       segments: list[list[tuple[float, float, str]]],
-                       call_windows: list[tuple[float, float]]) -> list[float]:
+                       segments: list[list[tuple[float, float, str]]], call_windows: list[tuple[float, float]],
+                       flush_windows: list[tuple[float, float]] | None = None) -> list[float]:
     """Per call that launched something (in ``segments`` order, as :func:`idle_in_calls`), the µs the host spent
-    inside the call before its first launch that ran on the device: from the host's start of the call to the host
-    time of the earliest launch (``launches``, by the correlation id of a device record in ``records``) inside the
-    call's window. Same clock and arguments as :func:`idle_in_calls`.
+    inside the call while the flush window's spin still held the GPU, up to the call's last launch that ran on the
+    device: from the host's start of the call to the earlier of that launch's host time (``launches``, by the
+    correlation id of a device record in ``records``) and the end of the flush window's last device record
+    (``flush_windows``: (host start, host end) of each window, whose launches are the flush's; without them, the
+    launch's time alone). Same clock and arguments as :func:`idle_in_calls`.
 
-    Host work ahead of the first kernel (a ``cudaMalloc``, a copy's set-up) is queued behind the flush window's spin
-    while profiled, so the GPU does not idle through it there; behind the event timer's shorter hold it is inside
-    the events' window. A call with no host work spends here only its launch path (a few µs; a Triton or torch
-    candidate's Python, tens of µs)."""
+    Host work between the call's launches while the spin runs (a ``cudaMalloc`` before the first kernel, or after a
+    first ``cudaMemsetAsync``) keeps the GPU busy with the spin while profiled, so :func:`idle_in_calls` does not
+    see it; behind the event timer's shorter hold it is inside the events' window. After the spin ends, the GPU's
+    idle time is :func:`idle_in_calls`'s. A call with no host work spends here only its launch path (a few µs; a
+    Triton or torch candidate's Python, tens of µs); a ``cudaFree`` that waits for the call's kernels is no launch
+    and not counted."""
     import bisect
 
-    launched = sorted(launches[c] for *_, c in records if c in launches)
+    by_launch = sorted((launches[c], end) for _, end, _, c in records if c in launches)
+    launched = [t for t, _ in by_launch]
     out = []
-    for seg, (lo, hi) in zip(segments, call_windows):
+    for k, (seg, (lo, hi)) in enumerate(zip(segments, call_windows)):
         if not seg:
             continue
-        k = bisect.bisect_left(launched, lo)
-        out.append(launched[k] - lo if k < len(launched) and launched[k] <= hi else 0.0)
+        a, b = bisect.bisect_left(launched, lo), bisect.bisect_right(launched, hi)
+        if a == b:
+            out.append(0.0)
+            continue
+        last = launched[b - 1]
+        if flush_windows is not None and k < len(flush_windows):
+            w0, w1 = flush_windows[k]
+            ends = [end for t, end in by_launch[bisect.bisect_left(launched, w0):bisect.bisect_right(launched, w1)]]
+            if ends:  # past the spin's end the GPU idles while the host works: idle_in_calls counts that
+                last = min(last, max(ends))
+        out.append(max(0.0, last - lo))
     return out
 
 
@@ -371,8 +385,8 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     ``kernels_per_call`` (the distinct counts seen), ``launch_sets`` (each distinct sorted list of kernel names a
     call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
     ``idle_us`` and ``idle_median_us`` (per call with records, the µs its GPU idled while the host was inside the
-    call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call before its first launch:
-    :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and ``host_inside_median_us``; all absent
+    call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call up to its last launch
+    under the flush window's spin: :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and ``host_inside_median_us``; all absent
     where the records are split by names,
     ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
     gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
@@ -414,7 +428,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     call_windows = rest[0] if rest else []
     timed_calls = split == "launch" and len(call_windows) == len(segments)
     idle = idle_in_calls(records, segments, call_windows) if timed_calls else None
-    before = host_before_launch(records, launches, segments, call_windows) if timed_calls else None
+    before = host_before_launch(records, launches, segments, call_windows, windows) if timed_calls else None
     sets: dict[tuple[str, ...], int] = {}
     for seg in segments:
         if seg:
