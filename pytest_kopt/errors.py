@@ -8,6 +8,7 @@ The pytest layer renders them in ``repr_failure``; the exit code of a session is
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 EXIT_OK = 0
 EXIT_KERNEL = 2
@@ -197,22 +198,27 @@ class Blocked(Exception):
         self.local = local
 
 
-def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
-    """`` (did you mean `N`?)`` when ``name`` is close to one of ``choices`` (difflib's ratio of at least 0.6, its
-    default cutoff: a dim typed ``Nx`` for ``N``), else ``""``: for a message that names an unknown name."""
+def closest(name: str, choices: Iterable[object]) -> str | None:
+    """The one of ``choices`` closest to ``name`` by difflib's ratio, at least 0.6 (its default cutoff: a dim typed
+    ``Nx`` for ``N``, ``--kopt-dim`` for ``--kopt-dims``), ``name`` itself left out; None when none is that close."""
     import difflib
 
-    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1)
-    return f" (did you mean `{close[0]}`?)" if close else ""
+    close = difflib.get_close_matches(name, [str(c) for c in choices if str(c) != name], n=1)
+    return close[0] if close else None
 
 
-def given_instead(name: str, given: list[str] | tuple[str, ...]) -> str:
+def did_you_mean(name: str, choices: Iterable[object]) -> str:
+    """`` (did you mean `N`?)`` when ``name`` is close to one of ``choices`` (:func:`closest`), else ``""``: for a
+    message that names an unknown name."""
+    close = closest(name, choices)
+    return f" (did you mean `{close}`?)" if close else ""
+
+
+def given_instead(name: str, given: Iterable[object]) -> str:
     """`` (--kopt-dims gives `nn`: meant `n`?)`` when a missing ``name`` is close to one of the ``given`` names
-    (:func:`did_you_mean`'s rule), else ``""``."""
-    import difflib
-
-    close = difflib.get_close_matches(name, [str(g) for g in given if g != name], n=1)
-    return f" (--kopt-dims gives `{close[0]}`: meant `{name}`?)" if close else ""
+    (:func:`closest`), else ``""``."""
+    close = closest(name, given)
+    return f" (--kopt-dims gives `{close}`: meant `{name}`?)" if close else ""
 
 
 def clip(text: str, limit: int) -> str:

@@ -91,9 +91,9 @@ def coverage(records: list[GateRecord]) -> dict[str, Any]:
     """What a kernel's correctness items say of the shapes and dtypes beyond its seeds (every item carries them,
     :meth:`pytest_kopt.gates.edges.EdgePlan.figures`): ``edge_shapes`` (the note: counts, or why none), the edge
     shapes ``edge_checked`` (the dims labels of the planned shapes whose item passed here; when not all did, the
-    note says how many were planned and how many passed) and ``edge_excluded`` (``shape``, ``reason``: what the reference's
-    constraints rule out), ``edge_fitted`` (``shape``, ``fitted``: a checked shape moved into those constraints, from
-    what), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
+    note says how many were planned and how many passed) and ``edge_excluded`` (``shape``, ``reason``: what the
+    reference's constraints rule out), ``edge_fitted`` (``shape``, ``fitted``: a checked shape moved into those
+    constraints, from what), and ``dtypes_checked`` (the dtypes of the items that passed, in order: a dtype whose case
     failed or was refused is not one the kernel was shown to handle); None and empty
     lists when no correctness item carries them, and the plan under "not run" with empty lists when every item
     carrying them was skipped."""

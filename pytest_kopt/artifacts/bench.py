@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import stats
+from ..child.cupti import HOST_INSIDE_KEYS
 from ..stats import Distribution
 from .io import read_dict, write_json
 
@@ -274,7 +275,7 @@ class Bench:
             # the kernels' own execution span from CUPTI activity records (child/timer.cupti_samples): the basis by
             # default; beside it the event time, which also holds launch gaps and the flush's tail
             "kernel_time": {"method": "cupti", **{k2: v for k2, v in run.cupti.items()
-                                                  if k2 not in ("spans_us", "idle_us", "before_launch_us", "host_inside_us")}}
+                                                  if k2 not in ("spans_us", *HOST_INSIDE_KEYS)}}
             if run.cupti else None,
             # where the item's wall time went (s): the GPU's peaks (cached after the first session), the
             # measurement and the output check as the pytest process saw them, and each timed process's own phases

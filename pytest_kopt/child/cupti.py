@@ -386,8 +386,8 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     call launched, with how many calls launched it), ``kernels`` (names, first call), ``split``, ``flush_names``,
     ``idle_us`` and ``idle_median_us`` (per call with records, the µs its GPU idled while the host was inside the
     call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call up to its last launch
-    under the flush window's spin: :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and ``host_inside_median_us``; all absent
-    where the records are split by names,
+    under the flush window's spin: :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and
+    ``host_inside_median_us``; all absent where the records are split by names,
     ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
     gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
     H200 (docs/timing.md)."""

@@ -13,8 +13,7 @@ from ..settings import dims_label
 #: The categories of edge cases, in the order their items run; each is one case, not a product of sizes:
 #: ``ones`` every size 1; ``prime`` every size a small prime; ``unaligned`` a size that is a multiple of 8 but of
 #: no 16 (nor 32, 64, 128: a tile's tail while a vector load stays aligned); ``pow2+1`` a size just past a power of
-#: two; ``near`` the given size one up (a tail at the scale of the problem; :func:`category_value` would take one down
-#: for a lead at an odd position among the sizes, which :func:`derive`'s rotation of the lead never picks).
+#: two; ``near`` the given size one up (a tail at the scale of the problem).
 CATEGORIES = ("ones", "prime", "unaligned", "pow2+1", "near")
 #: The largest small prime: above a 32-wide tile (one full tile and a tail of 5), below a 64-wide one.
 PRIME_CAP = 37
@@ -94,9 +93,8 @@ def past_pow2(d: int) -> int:
     return 2 ** ((d - 1).bit_length() - 1) + 1 if d >= 3 else d
 
 
-def category_value(category: str, d: int, position: int) -> int:
-    """The size of ``category`` for a dim given as ``d`` (its ``position`` among the sizes: ``near`` alternates
-    one up and one down)."""
+def category_value(category: str, d: int) -> int:
+    """The size of ``category`` for a dim given as ``d``."""
     if category == "ones":
         return 1
     if category == "prime":
@@ -105,7 +103,7 @@ def category_value(category: str, d: int, position: int) -> int:
         return unaligned(d)
     if category == "pow2+1":
         return past_pow2(d)
-    return d + 1 if position % 2 == 0 or d == 1 else d - 1
+    return d + 1
 
 
 def parse_constraints(value: Any, dims: dict[str, Any]) -> tuple[dict[str, dict[str, int] | str], list[str]]:
@@ -213,13 +211,13 @@ def derive(dims: dict[str, Any], sizes: tuple[str, ...], constraints: dict[str, 
     for category in CATEGORIES:
         case = dict(dims)
         if category in ("ones", "prime"):
-            for i, k in enumerate(sizes):
-                case[k] = category_value(category, dims[k], i)
+            for k in sizes:
+                case[k] = category_value(category, dims[k])
         else:
             lead = sizes[led % len(sizes)]
             led += 1
-            for i, k in enumerate(sizes):
-                case[k] = category_value(category, dims[k], i) if k == lead else small_prime(dims[k])
+            for k in sizes:
+                case[k] = category_value(category, dims[k]) if k == lead else small_prime(dims[k])
         if any(case == s for s in seen) or _product(case, sizes) > limit:
             continue
         why = [w for k in sizes if (w := violation(k, case[k], constraints.get(k, {})))]

@@ -355,7 +355,8 @@ def timing_basis(ctx: Context, result: dict[str, Any], ref_result: dict[str, Any
     "reference", "baseline" (ms lists; baseline None without one), "note"}`` (and ``host_work_ms``, below). A
     candidate whose profiled calls launched nothing gets an empty ``kernel`` list under ``cupti``: it is caught,
     never timed by events instead. A candidate whose calls do host work inside them (events beyond the kernels'
-    span, accounted for by the host's time inside its profiled calls while the GPU waited: :func:`~pytest_kopt.gates.suspects.host_work`)
+    span, accounted for by the host's time inside its profiled calls while the GPU waited:
+    :func:`~pytest_kopt.gates.suspects.host_work`)
     is timed by CUDA events, every party alike, and ``host_work_ms`` says how much (ms per call)."""
     events = {"basis": result.get("method", "events"),
               "kernel": result["event_ms"], "reference": ref_result["event_ms"],
@@ -419,15 +420,16 @@ def _measure_once(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], di
     return result, ref_result, base_result, verdict, timing_basis(ctx, result, ref_result, base_result)
 
 
-def stability(k: stats.Distribution, basis: dict[str, Any]) -> str:
-    """The stability class of samples ``k`` on ``basis`` (:func:`timing_basis`'s dict): SKILL.md's robust CV
-    classes, except for a call with host work inside it (``host_work_ms``), whose spread is the host's own work
-    varying from call to call (a ``cudaMalloc``'s time; 0.26 robust CV for an honest scratch buffer on an H100,
-    2026-12-05) and which a longer hold cannot remove (a ``cudaFree`` synchronises, so the hold is inside the call):
-    judged, like graph samples, on the median's precision (:func:`pytest_kopt.stats.stability_class_rse`)."""
-    if basis.get("host_work_ms") is not None:
-        return stats.stability_class_rse(k.median_rse, TIMING["min_samples"])
-    return k.stability
+def stability(k: stats.Distribution, *, graph: bool, host_work: bool) -> tuple[str, str]:
+    """(stability class, what it was judged on) of samples ``k``: SKILL.md's robust CV classes (``robust_cv``),
+    except for graph samples (each the difference of two replays, whose spread is the flush's) and for a call with
+    host work inside it, whose spread is the host's own work varying from call to call (a ``cudaMalloc``'s time:
+    0.26 robust CV for an honest scratch buffer on an H100, 2026-12-05) and which a longer hold cannot remove (a
+    ``cudaFree`` synchronises, so the hold is inside the call): both judged on the median's precision
+    (``median_rse``, :func:`pytest_kopt.stats.stability_class_rse`)."""
+    if graph or host_work:
+        return stats.stability_class_rse(k.median_rse, TIMING["min_samples"]), "median_rse"
+    return k.stability, "robust_cv"
 
 
 def measure_shape(ctx: Context, req: dict[str, Any]) -> Measured:
@@ -442,7 +444,8 @@ def measure_shape(ctx: Context, req: dict[str, Any]) -> Measured:
     first_attempt: FirstAttempt | None = None
     k0 = stats.describe(basis["kernel"]) if verdict.ok and basis["kernel"] and \
         statistics.median(basis["kernel"]) > 0 else None
-    if k0 is not None and stability(k0, basis) == "unstable" and result.get("method") != "graph":
+    if k0 is not None and result.get("method") != "graph" \
+            and stability(k0, graph=False, host_work=basis.get("host_work_ms") is not None)[0] == "unstable":
         causes = unstable_causes(result)
         spent, cap = time.monotonic() - t0, rounds_cap_s(len(ctx.benchmarks))
         if causes["remedy"] and len(ctx.benchmarks) > 1 and spent >= cap:

@@ -108,10 +108,10 @@ def host_work(events_median_ms: float, kernel_median_ms: float, host_inside_ms: 
     """The host work inside a call (ms: the event median less the kernel-only median) when the events exceed the
     kernels' own span beyond what launch gaps and the flush's tail explain (:data:`EVENTS_OVER_KERNEL`,
     :data:`EVENTS_GAP_MS`) *and* the profiled calls show where the difference went: the host worked
-    ``host_inside_ms`` per call inside the call while its GPU waited (before the call's first launch, and while the
-    GPU idled between or after its kernels: ``host_inside_median_us`` of :mod:`pytest_kopt.child.cupti`), enough
-    that the events less that time are within the bound. None when the events are within the bound, or when the
-    host's time does not account for them (:func:`events_over_kernel`).
+    ``host_inside_ms`` per call inside the call while its GPU waited (up to its last launch under the profiled
+    spin, and while the GPU idled between or after its kernels: ``host_inside_median_us`` of
+    :mod:`pytest_kopt.child.cupti`), enough that the events less that time are within the bound. None when the
+    events are within the bound, or when the host's time does not account for them (:func:`events_over_kernel`).
 
     What tells the two apart. Honest host work (a ``solve()`` that calls ``cudaMalloc``/``cudaFree`` per call, a
     copy to the host and back) happens in the profiled calls too: CUPTI records the host inside the call ahead of
@@ -121,7 +121,7 @@ def host_work(events_median_ms: float, kernel_median_ms: float, host_inside_ms: 
     recorded. A candidate can imitate honest host work in its profiled calls (sleep before or after its cheap
     kernel), so a call with host work is timed by its CUDA events, host work included, never by the kernels' span
     (:func:`pytest_kopt.gates.measure.timing_basis`): what an imitation would hide is then in the reported time.
-    The host's time ahead of the first launch counts in full though the event timer's hold covers part of it: an
+    The host's time under the profiled spin counts in full though the event timer's hold covers part of it: an
     over-count moves the timing to the events, the call's whole cost, and never under it."""
     if host_inside_ms is None or not _events_exceed(events_median_ms, kernel_median_ms):
         return None

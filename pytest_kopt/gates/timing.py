@@ -19,7 +19,7 @@ from .correctness import require_correct
 from .gpus import same_device
 from .leaks import assess, leak_error
 from .measure import (GRAPH_CALLS, MS_PER_US, TIMING, Measured, device_peaks, measure_shape,
-                      retime_interleaved, timing_basis, timing_policy)
+                      retime_interleaved, stability, timing_basis, timing_policy)
 from .request import harness_request
 from .suspects import Finding, cupti_suspects, suspects, unstable_causes
 
@@ -142,15 +142,10 @@ def judge(ctx: Context, m: Measured, peaks: dict[str, Any] | None) -> Judged:
     floor = stats.roofline_floor_ms(wm.get("flops"), wm.get("bytes_min"),
                                     max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
                                     or None, (peaks or {}).get("dram_bytes_per_s"))
-    graph = basis.name == "graph"
-    # graph samples' spread is the flush's, a call with host work's the host's own: both judged on the median's
-    # precision (measure.stability)
-    by_rse = graph or basis.host_work_ms is not None
+    stable, judged_on = stability(k, graph=basis.name == "graph", host_work=basis.host_work_ms is not None)
     timing = Timing(basis=basis, kernel=k, reference=r, events=ke,
-                    speedup=stats.bootstrap_ratio_ci(basis.reference, basis.kernel),
-                    stability=stats.stability_class_rse(k.median_rse, TIMING["min_samples"]) if by_rse
-                    else k.stability,
-                    stability_basis="median_rse" if by_rse else "robust_cv")
+                    speedup=stats.bootstrap_ratio_ci(basis.reference, basis.kernel), stability=stable,
+                    stability_basis=judged_on)
     found = suspects(basis=basis.name, method=ctx.settings.timing_method, kernel_median_ms=k.median_ms,
                      events_median_ms=ke.median_ms, host_median_ms=host_med, host_gap_ms=gap, floor_ms=floor,
                      cupti=run.cupti, ref_cupti=m.ref.cupti)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from .. import defaults
-from ..errors import ConfigError, KoptError
+from ..errors import ConfigError, KoptError, closest
 from ..gates.inputs import fresh_session_seed
 from ..loop import lock, session, state
 from ..settings import Settings, build_settings
@@ -89,15 +89,13 @@ def check_known(args: list[str], flags: list[str], base: Path) -> None:
     (argparse only says "unrecognized arguments"). Options are not parsed yet: a ``--kopt-json PATH`` among
     ``args`` (relative to ``base``, the invocation folder) gets the report of that usage error all the same.
     (An option given without its value is argparse's error, raised before any plugin hook: no report.)"""
-    import difflib
-
     for arg in args:
         if arg == "--":
             break
         name = arg.split("=", 1)[0]
         if name.startswith("--kopt") and name not in flags:
-            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else "see pytest --help, group \"GPU kernel gates\""
+            close = closest(name, flags)
+            hint = f"did you mean {close}?" if close else "see pytest --help, group \"GPU kernel gates\""
             exc = ConfigError(f"unknown option {name}", fix=hint)
             write_error_report(exc, base, _arg_value(args, "--kopt-json"), _arg_value(args, "--kopt-run"))
             raise pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
