@@ -262,3 +262,18 @@ def test_an_interrupted_build_is_not_the_kernels_error(tmp_path: Path, how: str)
     with pytest.raises(CompileError) as info:
         build_cuda(source, ARCH, tmp_path / "cache", str(fake), None, False)
     assert info.value.status == INTERRUPTED and "interrupted" in info.value.message, info.value.message
+
+
+def test_a_triton_build_key_follows_the_precision(tmp_path: Path) -> None:
+    """--kopt-precision changes a Triton build's key (fp16 inputs specialize its kernels to other cubins), and a
+    session without it keeps the key it had before the precision was a part."""
+    from pytest_kopt.kinds.triton import triton_key
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text("import triton\n")
+    args = (kernel, "sm_90a", {"N": 1024}, "cuda", "3.6.0")
+    plain, parts = triton_key(*args)
+    assert "precision" not in parts
+    assert triton_key(*args, None)[0] == plain
+    fp16, bf16 = triton_key(*args, "fp16")[0], triton_key(*args, "bf16")[0]
+    assert len({plain, fp16, bf16}) == 3

@@ -32,12 +32,15 @@ INTERPRETER_UNSOUND = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "fl
 
 
 def triton_key(source: Path, arch: str, dims: dict[str, Any], device: str,
-               triton_version: str | None) -> tuple[str, dict[str, Any]]:
+               triton_version: str | None, precision: str | None = None) -> tuple[str, dict[str, Any]]:
     """(build key, the parts it covers) of a Triton kernel file: the file and its ``.py`` neighbours (a
     ``@triton.jit`` helper may live beside it), which of them is built (else a.py and b.py of one folder would share
-    a key, and b.py get a.py's cubins), triton's version, the arch, the dims, the device and Python's version."""
+    a key, and b.py get a.py's cubins), triton's version, the arch, the dims, the device, Python's version and
+    ``--kopt-precision`` (a KernelBench problem's inputs in fp16 specialize the kernels to other cubins than fp32)."""
     parts = {"schema": BUILD_SCHEMA, "triton": triton_version, "arch": arch, "dims": dims, "device": device,
              "python": sys.version_info[:2], "kernel": source.name}
+    if precision is not None:  # absent by default, so the keys of every build without it stay as they were
+        parts["precision"] = precision
     return cache_key(parts, sorted({source, *source.parent.glob("*.py")})), parts
 
 
@@ -45,12 +48,13 @@ def triton_cache_dir(ctx: Context) -> Path:
     """``TRITON_CACHE_DIR`` of ``ctx``'s Triton kernel: its build's folder (known before it is built, so the
     compile, plan and correctness requests share one warm process)."""
     key, _ = triton_key(ctx.kernel, ctx.arch, ctx.build_dims, "cuda" if ctx.gpu else "cpu",
-                        ctx.env.get("packages", {}).get("triton"))
+                        ctx.env.get("packages", {}).get("triton"), ctx.settings.precision)
     return ctx.cache_dir / "builds" / key / "triton"
 
 
 def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch: str, cache_root: Path,
-                 device: str, triton_version: str | None, run_child: Any, display: str | None = None) -> BuildResult:
+                 device: str, triton_version: str | None, run_child: Any, display: str | None = None,
+                 precision: str | None = None) -> BuildResult:
     """Compile the Triton kernels ``run_kernel`` launches into ``<cache_root>/<key>/triton/**.cubin``.
 
     ``run_child(request) -> dict`` runs the harness (mode ``triton_build``) in a child process with
@@ -58,7 +62,7 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     launch is captured and compiled ahead of time for ``arch``. Raises CompileError on a compiler error.
     """
     display = display or str(source)
-    key, parts = triton_key(source, arch, dims, device, triton_version)
+    key, parts = triton_key(source, arch, dims, device, triton_version, precision)
     folder = cache_root / key
     folder.mkdir(parents=True, exist_ok=True)
     cache_dir = folder / "triton"
@@ -122,11 +126,12 @@ class TritonKind(PyFileKind):
                                 workdir=ctx.work, server=ctx.server("check"))
 
         return build_triton(ctx.kernel, ctx.ref, ctx.build_dims, ctx.settings.seeds[0], ctx.arch, root, device,
-                            ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display)
+                            ctx.env.get("packages", {}).get("triton"), run_child, display=ctx.display,
+                            precision=ctx.settings.precision)
 
     def build_inputs(self, ctx: Context) -> tuple[Any, ...]:
-        """The dims: a Triton build's launch shape is part of it."""
-        return (ctx.build_dims,)
+        """The dims and ``--kopt-precision``: a Triton build's launch shape and input dtypes are part of it."""
+        return (ctx.build_dims, ctx.settings.precision)
 
     def compile_env(self, ctx: Context) -> dict[str, str]:
         """``TRITON_CACHE_DIR`` in the kernel's build folder (:func:`triton_cache_dir`)."""
