@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,9 +256,12 @@ def test_an_interrupted_build_is_not_the_kernels_error(tmp_path: Path, how: str)
     source = tmp_path / "k.cu"
     source.write_text(KERNEL)
     fake = tmp_path / "nvcc"
-    body = ("echo \"nvcc error   : 'gcc' died due to signal 2\" >&2; exit 2" if how == "nvcc's compiler died"
-            else "kill -INT $$")
-    fake.write_text(f"#!/bin/sh\n{body}\n")
+    # the killed nvcc restores SIGINT's default first: a shell started in the background (nohup, `cmd &`) inherits
+    # SIGINT ignored, and `kill -INT $$` from sh would then exit 0
+    fake.write_text("#!/bin/sh\necho \"nvcc error   : 'gcc' died due to signal 2\" >&2; exit 2\n"
+                    if how == "nvcc's compiler died" else
+                    f"#!{sys.executable}\nimport os, signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                    "os.kill(os.getpid(), signal.SIGINT)\n")
     fake.chmod(0o755)
     with pytest.raises(CompileError) as info:
         build_cuda(source, ARCH, tmp_path / "cache", str(fake), None, False)
