@@ -255,7 +255,7 @@ def ref_shapes(ref: Path, name: str) -> list[dict[str, Any]]:
     """ref.py's ``dims`` (test shapes) or ``benchmarks`` (timed shapes) literal: a list of dicts of dims, whose
     values may be numbers, booleans, strings or tuples of numbers (a KernelBench size, a GPU MODE key); [] when it
     has none. Raises ConfigError naming the file and line when the literal is malformed."""
-    from .gates.contract import read_python
+    from .gates.pycontract import read_python
     from .errors import ContractError
 
     try:
@@ -281,7 +281,7 @@ def _task_rows(ref: Path) -> bool:
     """True when ``ref``'s test shapes are a GPU MODE ``task.yml``'s rows (a GPU MODE problem without a ``dims``
     list of its own)."""
     from .errors import ContractError
-    from .gates.contract import read_python
+    from .gates.pycontract import read_python
 
     try:
         c = read_python(ref)

@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kopt.gates.contract import (
-    Param,
-    check_dims,
-    check_reference,
-    check_triton,
-    is_cutlass,
-    parse_solve_signature,
-    read_python,
-)
+from pytest_kopt.gates.contract import Param, check_dims, is_cutlass, parse_solve_signature
+from pytest_kopt.gates.pycontract import check_reference, check_triton, read_python
 from pytest_kopt.errors import EXIT_CONFIG, ContractError
 
 
@@ -328,6 +321,38 @@ def test_reference_nested_definition_does_not_count(tmp_path):
     _contract_error(check_reference, ref, path=str(ref), line=None)
 
 
+
+@pytest.mark.parametrize("binding, expected", [
+    ("reference = _matmul", ([], True, 5)),  # an alias: its signature is unknown here, so taken as **kwargs
+    ("reference = functools.partial(_matmul, alpha=1.0)", ([], True, 5)),
+    ("reference = lambda A, B, C: _matmul(A=A, B=B, C=C)", (["A", "B", "C"], False, 5)),
+    ("from ._impl import matmul as reference", ([], True, 5)),
+])
+def test_reference_bound_without_def(tmp_path, binding, expected):
+    """An entry point bound by assignment, lambda or import is defined, as it is when the file runs."""
+    ref = _write(tmp_path, "ref.py", f"import functools\n\ndef _matmul(**kw):\n    pass\n{binding}\n")
+    assert check_reference(ref).functions["reference"] == expected
+
+
+def test_a_non_entry_point_binding_is_no_function(tmp_path):
+    """Only the formats' entry points count: ``N = int(...)`` and ``from torch import nn`` define no functions, and
+    ``reference = None`` is still no reference."""
+    ref = _write(tmp_path, "ref.py", "import os\nfrom torch import nn\nN = int(os.environ['N'])\nreference = None\n")
+    c = read_python(ref)
+    assert c.functions == {} and c.constants["reference"] is None
+    _contract_error(check_reference, ref, path=str(ref), line=None)
+
+
+def test_triton_entry_points_imported_from_a_helper(tmp_path):
+    """A Triton candidate whose setup and run_kernel live in a module beside it passes the contract; the lambda's
+    parameters are checked against the dims as a def's are."""
+    k = _write(tmp_path, "k.py", "import triton\nfrom ._impl import setup, run_kernel\n")
+    c = check_triton(k, {"N": 4096})
+    assert c.functions["setup"] == ([], True, 2) and c.functions["run_kernel"] == ([], True, 2)
+    k2 = _write(tmp_path, "k2.py", "import triton\nsetup = lambda N, device='cuda': None\nrun_kernel = print\n")
+    err = _contract_error(check_triton, k2, {"N": 4096}, path=str(k2), line=2)
+    assert err.message.startswith("setup() has no parameter `seed`")
+
 @pytest.mark.parametrize("line, shown", [
     ("atol = -1e-3", "atol = -0.001"),
     ("atol = 1e-3 * 2", "atol = <an expression, not a literal>"),
@@ -468,7 +493,7 @@ def test_global_solve_is_named_as_such():
 def test_unused_dims_are_the_ones_no_one_names(tmp_path):
     """A dim that neither solve() nor any function of the Python files names is reported (HW below); dims named
     only by a function's parameters count as used."""
-    from pytest_kopt.gates.contract import read_python, unused_dims
+    from pytest_kopt.gates.pycontract import read_python, unused_dims
 
     ref = tmp_path / "ref.py"
     ref.write_text("def reference(x, y, **_):\n    pass\n\ndef shapes(N, C, eps):\n    return {}\n")

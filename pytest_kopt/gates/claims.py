@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ContractError
 from .context import Context
-from .contract import PyContract
+from .pycontract import PyContract
 from .edges import parse_constraints
 
 #: The dtype names a reference's ``dtypes`` may list (torch's, without ``torch.``): the floating-point ones the

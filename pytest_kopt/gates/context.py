@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import NO_GPU_FIX, Blocked, ContractError
 from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
-from .contract import read_python
+from .pycontract import read_python
 from .inputs import DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES
 from .pins import Pins
 from .trust import Trust
@@ -149,7 +149,7 @@ class Context:
 
     @property
     def problem_format(self) -> str:
-        """The reference's format (:attr:`pytest_kopt.gates.contract.PyContract.problem_format`): ``kopt``,
+        """The reference's format (:attr:`pytest_kopt.gates.pycontract.PyContract.problem_format`): ``kopt``,
         ``kernelbench`` or ``gpumode``; ``kopt`` when it does not parse (preflight reports that)."""
         try:
             return read_python(self.ref).problem_format

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError, ContractError, did_you_mean
 from ..settings import ref_shapes
-from . import contract
+from . import contract, pycontract
 from .claims import check_claims
 from .context import Context, Outcome
 from .inputs import REGIMES
@@ -26,8 +26,8 @@ def preflight(ctx: Context) -> list[contract.Param]:
     (:meth:`~pytest_kopt.kinds.base.Kind.preflight`), then that the reference takes every dim
     (:func:`check_reference_dims`). Returns ``solve``'s parameters ([] for a kind without them).
     Raises ContractError (exit 4) naming the file, the line and the fix."""
-    reference_advice(ctx, contract.read_python(ctx.ref))
-    c = contract.check_reference(ctx.ref)
+    reference_advice(ctx, pycontract.read_python(ctx.ref))
+    c = pycontract.check_reference(ctx.ref)
     regimes = c.constants.get("regimes")
     if "regimes" in c.constants and (not isinstance(regimes, (list, tuple)) or not regimes
                                      or any(r not in REGIMES for r in regimes)):
@@ -72,7 +72,7 @@ def preflight(ctx: Context) -> list[contract.Param]:
 DIM_TAKERS = ("shapes", "make_inputs", "workload_model", "reference")
 
 
-def check_reference_dims(c: contract.PyContract, dims: dict[str, int | float], path: Path) -> None:
+def check_reference_dims(c: pycontract.PyContract, dims: dict[str, int | float], path: Path) -> None:
     """Every dim must be a parameter of each function of a kopt reference that kopt calls with all of them
     (:data:`DIM_TAKERS`) unless it takes ``**kwargs``: ``shapes(M, N, K)`` given ``Q=3`` raises TypeError when
     called. Raises ContractError naming the unknown dim(s), the function and the parameters it takes."""
@@ -95,11 +95,11 @@ def check_reference_dims(c: contract.PyContract, dims: dict[str, int | float], p
                                 f"to {name}()'s parameters (or accept **kwargs) in {path.name}")
 
 
-def reference_advice(ctx: Context, c: contract.PyContract) -> None:
+def reference_advice(ctx: Context, c: pycontract.PyContract) -> None:
     """A reference with neither kopt's ``reference`` nor a field format's whole entry points, told in the terms
     of the format it looks like: a GPU MODE ``reference.py`` (``generate_input(**args, seed)`` and
     ``ref_kernel(data)``), a KernelBench problem (``class Model``, ``get_inputs()``), or a candidate given as the
-    reference. Raises ContractError (exit 4); returns for every other file (:func:`contract.check_reference`
+    reference. Raises ContractError (exit 4); returns for every other file (:func:`pycontract.check_reference`
     words kopt's own contract)."""
     if c.problem_format != "kopt" or "reference" in c.functions:
         return
@@ -127,10 +127,10 @@ def reference_advice(ctx: Context, c: contract.PyContract) -> None:
 
 def gate_preflight(ctx: Context, case: Any = None) -> Outcome:
     """Check the kernel and reference contracts without running anything. Dims that nothing names (see
-    :func:`pytest_kopt.gates.contract.unused_dims`) give a KoptDimsWarning and a note in the summary."""
+    :func:`pytest_kopt.gates.pycontract.unused_dims`) give a KoptDimsWarning and a note in the summary."""
     params = preflight(ctx)
     own = ctx.kind.source_contract(ctx)
-    unused = contract.unused_dims(ctx.settings.dims, params, contract.read_python(ctx.ref), *([own] if own else []))
+    unused = pycontract.unused_dims(ctx.settings.dims, params, pycontract.read_python(ctx.ref), *([own] if own else []))
     note = ""
     if unused:
         note = f"; --kopt-dims {', '.join(unused)} not named by solve(), setup() or ref.py (a typo?)"

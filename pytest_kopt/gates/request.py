@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import ContractError
 from .build import BuildResult
 from .context import Context
-from .contract import read_python
+from .pycontract import read_python
 from .inputs import derive_seeds, draw_plan, second_poisons
 from .preflight import preflight
 

@@ -70,7 +70,7 @@ class Kind:
         return []
 
     def source_contract(self, ctx: Context) -> Any:
-        """What the kernel file defines, as the preflight reads it (:class:`~pytest_kopt.gates.contract.PyContract`
+        """What the kernel file defines, as the preflight reads it (:class:`~pytest_kopt.gates.pycontract.PyContract`
         of a Python file, whose functions may name dims), None for a kind whose source is no Python."""
         return None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ContractError, HardwareError, NotApplicable
-from ..gates import contract
+from ..gates import contract, pycontract
 from ..gates.kernel_names import own_kernels, qualified_name
 from .base import Kind
 from .nvcc import build_cuda
@@ -60,7 +60,7 @@ class CudaKind(Kind):
                     raise ContractError(f"--kopt-dims {p.name}={v} does not fit solve()'s `{p.ctype} {p.name}` as "
                                         "a non-negative size", gate="preflight", path=ctx.display, line=p.line,
                                         fix=f"give {p.name} a value in [0, {hi}]")
-        c = contract.read_python(ctx.ref)
+        c = pycontract.read_python(ctx.ref)
         ref_params, ref_kwargs, line = c.functions["reference"]
         known = {p.name for p in params} | set(ctx.settings.dims)
         # a parameter without a default must be given, whether or not the reference also takes **kwargs

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ContractError
-from ..gates import contract
+from ..gates import pycontract
 from .base import Kind
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def entry_point_advice(ctx: Context, problem: str) -> None:
     ModelNew`` for KernelBench), told in that format's terms: what it defines instead, and which of its functions or
     classes to rename (kopt's ``setup``/``run_kernel`` do not run against a field problem, which makes the inputs
     itself). Raises ContractError (exit 4)."""
-    k = contract.read_python(ctx.kernel)
+    k = pycontract.read_python(ctx.kernel)
     found = [f"{n}({', '.join(k.functions[n][0])})" for n in k.functions if not n.startswith("_")][:6]
     found += [f"class {n}" for n in k.classes][:6]
     defines = f"defines {', '.join(found)}" if found else "defines no function or class"
@@ -58,10 +58,10 @@ class PyFileKind(Kind):
         """The candidate's contract against the reference's format: its functions (``setup(**dims, seed)``,
         ``run_kernel``), or ``ModelNew``/``custom_kernel`` beside a problem of the same format; and, for kopt's
         contract with a literal ``setup()``, the reference's parameters named by the buffers or dims. Returns []."""
-        c = contract.read_python(ctx.ref)
-        if c.problem_format != "kopt" and contract.read_python(ctx.kernel).candidate_format == "kopt":
+        c = pycontract.read_python(ctx.ref)
+        if c.problem_format != "kopt" and pycontract.read_python(ctx.kernel).candidate_format == "kopt":
             entry_point_advice(ctx, c.problem_format)
-        k = contract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=self.requires_jit)
+        k = pycontract.check_triton(ctx.kernel, ctx.settings.dims, require_jit=self.requires_jit)
         fmt = FORMAT_NAMES[k.candidate_format]
         if k.candidate_format != "kopt" and k.candidate_format != c.problem_format:
             raise ContractError(f"{ctx.display} is a {fmt} candidate, but {ctx.ref.name} is a "
@@ -83,7 +83,7 @@ class PyFileKind(Kind):
         """``setup()``'s parameters (it builds the buffers from them at run time), None when it takes
         ``**kwargs``; empty when the file does not parse or has no ``setup`` (a field format's candidate)."""
         try:
-            found = contract.read_python(ctx.kernel).functions.get("setup")
+            found = pycontract.read_python(ctx.kernel).functions.get("setup")
         except ContractError:
             return frozenset()
         if found is None:
@@ -92,13 +92,13 @@ class PyFileKind(Kind):
         return None if kwargs else frozenset(params)
 
     def source_contract(self, ctx: Context) -> Any:
-        """The file's :class:`~pytest_kopt.gates.contract.PyContract`."""
-        return contract.read_python(ctx.kernel)
+        """The file's :class:`~pytest_kopt.gates.pycontract.PyContract`."""
+        return pycontract.read_python(ctx.kernel)
 
     def describe(self, ctx: Context, params: list[Any], note: str) -> tuple[dict[str, Any], str]:
         """``kind`` and ``format`` figures; the format run as it is, or the ``@triton.autotune`` and
         ``@triton.heuristics`` functions and how each is run."""
-        k = contract.read_python(ctx.kernel)
+        k = pycontract.read_python(ctx.kernel)
         figures: dict[str, Any] = {"kind": self.name, "format": k.candidate_format}
         if k.candidate_format != "kopt":
             found = {"kernelbench": "ModelNew found; the problem's Model, get_inputs, get_init_inputs",

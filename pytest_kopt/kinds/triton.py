@@ -103,7 +103,7 @@ class TritonKind(PyFileKind):
     def detect(self, path: Path) -> bool:
         """A ``.py`` that uses ``@triton.jit`` (or, for a file that does not parse, imports triton: the preflight
         item then reports the syntax error)."""
-        from ..gates.contract import imports_triton
+        from ..gates.pycontract import imports_triton
 
         return path.suffix == ".py" and imports_triton(path)
 
