@@ -181,8 +181,9 @@ class FakeContext:
     def __init__(self, outdir: Path, pr: bool) -> None:
         self.outdir = outdir
         self.settings = SimpleNamespace(timing_method="cupti", rotating_memory=0.25, seeds=(7, 19),
-                                        fresh_process=False, baseline=Path("/k/base.py") if pr else None, pr_gate=pr,
-                                        sanitizer=(), dims={"M": 64}, gate_timeout_s=60.0)
+                                        fresh_process=False, loop_mode=None, pr_gate=pr,
+                                        baseline=Path("/k/base.py") if pr else None, sanitizer=(), dims={"M": 64},
+                                        gate_timeout_s=60.0)
         self.kind = SimpleNamespace(graph_capture=False)
         self.env = {"gpu": {"uuid": "GPU-aaa", "index": 1}, "pinned": True}
         self.kernel, self.arch, self.display = Path("/k/kern.py"), "sm_90a", "kern.py"

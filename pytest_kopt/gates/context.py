@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NO_GPU_FIX, Blocked, ContractError
+from ..proc.gpulock import GpuLock
 from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
-from .pycontract import read_python
 from .inputs import DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES
 from .pins import Pins
+from .pycontract import read_python
 from .trust import Trust
 
 @dataclass(frozen=True, slots=True)
@@ -225,18 +226,27 @@ class Context:
             return "cpu"
         raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}", NO_GPU_FIX)
 
-    def gpu_lock(self) -> Any:
-        """The per-GPU lock (:class:`filelock.FileLock` keyed by GPU UUID, in the system temp dir so separate
-        sessions share it): timing, ncu, the sanitizer and GPU correctness never run two at once on one GPU. Taken
-        around one child process at a time, or around one interleaved measurement; never nested."""
-        from filelock import FileLock
-
+    def gpu_lock(self, shared: bool = False) -> GpuLock:
+        """The per-GPU lock (:class:`~pytest_kopt.proc.gpulock.GpuLock`, a file keyed by GPU UUID in the system temp
+        dir, so separate sessions share it): timing, ncu, the sanitizer and correctness never run beside an
+        exclusive hold on one GPU; ``shared`` holds (a loop close's correctness seeds, :attr:`shares_gpu`) run
+        beside each other. Taken around one child process at a time, or around one interleaved measurement; never
+        nested."""
         uuid = (self.env.get("gpu") or {}).get("uuid", "nogpu")
-        return FileLock(os.path.join(tempfile.gettempdir(), f"pytest-kopt-{uuid}.lock"))
+        return GpuLock(os.path.join(tempfile.gettempdir(), f"pytest-kopt-{uuid}.lock"), shared=shared)
 
-    def device_lock(self, device: str) -> Any:
+    def device_lock(self, device: str, shared: bool = False) -> Any:
         """:meth:`gpu_lock` for work on the GPU, a no-op context for CPU work (the Triton interpreter)."""
-        return self.gpu_lock() if device == "cuda" else contextlib.nullcontext()
+        return self.gpu_lock(shared) if device == "cuda" else contextlib.nullcontext()
+
+    @property
+    def shares_gpu(self) -> bool:
+        """Whether this session's correctness seeds hold the GPU lock shared: in a loop's close (``--kopt-run``),
+        whose branches are one author's kernels judged side by side, so the seeds of several branches run at once
+        (a verdict is no time) while timing and ncu still run alone. Elsewhere (a PR gate's baseline beside its
+        candidate, a kernel of unknown origin) each seed runs alone, so no other kernel can slow it into a
+        TIMEOUT."""
+        return self.settings.loop_mode == "run"
 
     def server(self, role: str) -> str | None:
         """Identity of the warm harness process for a request (``<role>:<file>``), so a candidate never runs in the

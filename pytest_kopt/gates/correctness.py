@@ -152,7 +152,7 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
     timeout_s = ctx.settings.gate_timeout_s
     try:
         return ctx.pool.run(jreq, gate=gate, timeout_s=timeout_s, path=str(ctx.ref), workdir=ctx.work,
-                            lock=ctx.device_lock(req["device"]), server=ctx.server("judge"))
+                            lock=ctx.device_lock(req["device"], shared=ctx.shares_gpu), server=ctx.server("judge"))
     except KernelRuntimeError as exc:
         if exc.status != "TIMEOUT":
             raise
@@ -391,7 +391,7 @@ def _check_config(ctx: Context, res: BuildResult, case: dict[str, Any], device: 
     clock = time.perf_counter()
     hint = ctx.kind.timeout_hint(device)
     cand = ctx.pool.run(req, gate="correctness", timeout_s=ctx.settings.gate_timeout_s, path=ctx.display,
-                        workdir=ctx.work, lock=ctx.device_lock(device), server=ctx.server(role),
+                        workdir=ctx.work, lock=ctx.device_lock(device, shared=ctx.shares_gpu), server=ctx.server(role),
                         timeout_hint=hint)
     record["plan"] = req["plan"]
     record["call_ms"] = cand.get("call_ms")

@@ -156,15 +156,28 @@ def ready_for_timing(ctx: Context, parties: list[Party]) -> None:
                          workdir=ctx.work, server=identity)
 
 
-def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+def interleaves_reference(ctx: Context) -> bool:
+    """Whether the timing gate times the reference in rounds alternating with the kernel (the default), or once per
+    session, shared by its kernels (:func:`reference_timing`): with ``--kopt-fresh-process``, where no rounds
+    alternate, and in a loop's close (``--kopt-run``), whose decisions compare the branches' own medians (and
+    re-time the finalists side by side, :func:`retime_interleaved`), so the reference's rounds in each branch's
+    measurement (about a third of its GPU time, 2026-12-06) bought only the ratio's drift-free CI."""
+    return not ctx.settings.fresh_process and not (ctx.settings.loop_mode == "run" and not ctx.settings.pr_gate)
+
+
+def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                           dict[str, Any] | None]:
     """Candidate and reference (and, for the PR gate, the baseline kernel) timed in alternating rounds, each in its
     own warm process, so a drift of clocks or temperature during the measurement hits all of them and the ratios'
     CIs stay honest. Returns (candidate result, reference result, baseline result or None) as the one-shot timing
     modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns (its
-    process checks it against ``ref.shapes()``)."""
+    process checks it against ``ref.shapes()``). Where :func:`interleaves_reference` is False the candidate is
+    timed alone in its rounds and the reference's result is None (the caller takes :func:`reference_timing`)."""
+    with_reference = interleaves_reference(ctx)
     parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
-    ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display),
-                           ({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))])
+    ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display)]
+                     + ([({"device": req["device"], "env": {}}, ctx.server("reference"), str(ctx.ref))]
+                        if with_reference else []))
     # the candidate's device memory, read here between its rounds (the LEAK check, gates/leaks.py)
     memory = ProcessMemory((ctx.env.get("gpu") or {}).get("uuid"))
     rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
@@ -172,10 +185,11 @@ def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
     with ctx.device_lock(req["device"]), contextlib.closing(memory):
         first = rounds.start(0)
-        rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
-                "env": {}}
-        parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
-        rounds.start(1)
+        if with_reference:
+            rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
+                    "env": {}}
+            parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
+            rounds.start(1)
         base = ctx.settings.baseline
         if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
             bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
@@ -187,6 +201,8 @@ def interleaved(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict
                 parties.append((breq, bctx.server("candidate"), bctx.display))
                 rounds.start(2)
         finals = rounds.finish()
+    if not with_reference:
+        return finals[0], None, None
     if len(finals) > 2 and finals[2].get("npz"):
         Path(finals[2]["npz"]).unlink(missing_ok=True)
     return finals[0], finals[1], finals[2] if len(finals) > 2 else None
@@ -228,9 +244,10 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
 
 
 def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
-    """The reference timed in its own process on the candidate's spec (``--kopt-fresh-process``, where no rounds
-    alternate): shared through the session's signed cache per (reference, spec, dims, GPU), so a session's
-    candidates share one measurement of it. Returns ``{"event_ms", "stop_reason", "cupti"}``."""
+    """The reference timed in its own process on the candidate's spec, where no rounds alternate with it
+    (:func:`interleaves_reference`): shared through the session's signed cache per (reference, spec, dims, GPU), so
+    a session's candidates (a close's branches) share one measurement of it. Returns ``{"event_ms",
+    "stop_reason", "cupti"}``."""
     key = digest("time", local_sources(ctx.ref), cand["spec"], cand.get("scalars"), req["plan"], req["seed"],
                  req["dims"], (ctx.env.get("gpu") or {}).get("uuid"), TIMING)
 

@@ -18,8 +18,8 @@ from .context import Context, Outcome
 from .correctness import require_correct
 from .gpus import same_device
 from .leaks import assess, leak_error
-from .measure import (GRAPH_CALLS, MS_PER_US, TIMING, Measured, device_peaks, measure_shape,
-                      retime_interleaved, stability, timing_basis, timing_policy)
+from .measure import (GRAPH_CALLS, MS_PER_US, TIMING, Measured, device_peaks, interleaves_reference,
+                      measure_shape, retime_interleaved, stability, timing_basis, timing_policy)
 from .request import harness_request
 from .suspects import Finding, cupti_suspects, suspects, unstable_causes
 
@@ -298,7 +298,7 @@ def _time_shape(ctx: Context, res: Any, device: str) -> Outcome:
     leak = bool(memory["leak"])
     path = Bench.measured(head, j.timing, m.run, m.ref, valid=j.valid and not leak, race_safe=race_safe(ctx),
                           policy=m.policy, memory=memory,
-                          interleaved=not ctx.settings.fresh_process, seeds=ctx.settings.seeds, floor_ms=j.floor_ms,
+                          interleaved=interleaves_reference(ctx), seeds=ctx.settings.seeds, floor_ms=j.floor_ms,
                           peaks=peaks, gflops=j.gflops, gbytes_per_s=j.gbytes_per_s,
                           suspects=[text for text, _ in j.suspects], timed_output_check=m.verdict.status,
                           peaks_s=t_peaks, first_attempt=m.first_attempt, baseline=m.baseline,
