@@ -281,3 +281,17 @@ def test_a_triton_build_key_follows_the_precision(tmp_path: Path) -> None:
     assert triton_key(*args, None)[0] == plain
     fp16, bf16 = triton_key(*args, "fp16")[0], triton_key(*args, "bf16")[0]
     assert len({plain, fp16, bf16}) == 3
+
+
+def test_a_triton_build_mark_follows_the_precision_only_where_given() -> None:
+    """The remembered compile failure's mark: the dims alone without --kopt-precision (as before it counted), the
+    dims and the precision with it."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.kinds.triton import TritonKind
+
+    def inputs(precision):
+        return TritonKind().build_inputs(SimpleNamespace(build_dims={"N": 8},
+                                                         settings=SimpleNamespace(precision=precision)))
+
+    assert inputs(None) == ({"N": 8},) and inputs("fp16") == ({"N": 8}, "fp16")

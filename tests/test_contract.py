@@ -323,10 +323,10 @@ def test_reference_nested_definition_does_not_count(tmp_path):
 
 
 @pytest.mark.parametrize("binding, expected", [
-    ("reference = _matmul", ([], True, 5)),  # an alias: its signature is unknown here, so taken as **kwargs
+    ("reference = _matmul", ([], True, 5)),  # an alias of this file's def: its signature (**kw), its line
     ("reference = functools.partial(_matmul, alpha=1.0)", ([], True, 5)),
     ("reference = lambda A, B, C: _matmul(A=A, B=B, C=C)", (["A", "B", "C"], False, 5)),
-    ("from ._impl import matmul as reference", ([], True, 5)),
+    ("from _impl import matmul as reference", ([], True, 5)),  # another module's: unknown, taken as **kwargs
 ])
 def test_reference_bound_without_def(tmp_path, binding, expected):
     """An entry point bound by assignment, lambda or import is defined, as it is when the file runs."""
@@ -340,15 +340,17 @@ def test_a_non_entry_point_binding_is_no_function(tmp_path):
     ref = _write(tmp_path, "ref.py", "import os\nfrom torch import nn\nN = int(os.environ['N'])\nreference = None\n")
     c = read_python(ref)
     assert c.functions == {} and c.constants["reference"] is None
-    _contract_error(check_reference, ref, path=str(ref), line=None)
+    err = _contract_error(check_reference, ref, path=str(ref), line=4)
+    assert err.message == "`reference = None` is not a function"
 
 
 def test_triton_entry_points_imported_from_a_helper(tmp_path):
     """A Triton candidate whose setup and run_kernel live in a module beside it passes the contract; the lambda's
     parameters are checked against the dims as a def's are."""
-    k = _write(tmp_path, "k.py", "import triton\nfrom ._impl import setup, run_kernel\n")
+    k = _write(tmp_path, "k.py", "import triton\nfrom _impl import setup, run_kernel\n")
     c = check_triton(k, {"N": 4096})
     assert c.functions["setup"] == ([], True, 2) and c.functions["run_kernel"] == ([], True, 2)
+    assert c.entry_modules == ("_impl",) and {"setup", "run_kernel"} <= c.unknown_signature
     k2 = _write(tmp_path, "k2.py", "import triton\nsetup = lambda N, device='cuda': None\nrun_kernel = print\n")
     err = _contract_error(check_triton, k2, {"N": 4096}, path=str(k2), line=2)
     assert err.message.startswith("setup() has no parameter `seed`")
@@ -501,3 +503,61 @@ def test_unused_dims_are_the_ones_no_one_names(tmp_path):
                                    "k.cu")
     assert unused_dims({"N": 4, "C": 8, "eps": 1e-5, "HW": 16}, params, read_python(ref)) == ["HW"]
     assert unused_dims({"N": 4, "C": 8, "eps": 1e-5}, params, read_python(ref)) == []
+
+
+def test_the_last_binding_of_an_entry_point_wins(tmp_path):
+    """As when the file runs: a def rebound to None is no function; a def rebound to a lambda has the lambda's
+    signature (its required parameters too); ``del`` removes it."""
+    ref = _write(tmp_path, "ref.py", "def reference(x, y, **_):\n    pass\nreference = None\n")
+    _contract_error(check_reference, ref, path=str(ref), line=3)
+    ref2 = _write(tmp_path, "ref2.py", "def reference(x, y, **_):\n    pass\nreference = lambda x, y, N: 0\n")
+    c = check_reference(ref2)
+    assert c.functions["reference"] == (["x", "y", "N"], False, 3) and c.required["reference"] == ["x", "y", "N"]
+    ref3 = _write(tmp_path, "ref3.py", "def reference(**kw):\n    pass\ndel reference\n")
+    _contract_error(check_reference, ref3, path=str(ref3), line=None)
+
+
+def test_a_lambda_or_an_import_counts_as_returning(tmp_path):
+    """run_kernel must return an output setup() lists outside its inputs: a lambda returns its body, and an
+    imported or wrapped run_kernel is left to the run."""
+    head = ("import triton\n\ndef setup(N, seed, device='cuda'):\n"
+            "    return {'inputs': {'x': None}, 'outputs': ['y']}\n")
+    for binding in ("run_kernel = lambda x: {'y': x * 2}\n", "from _impl import run_kernel\n",
+                    "import functools\nrun_kernel = functools.partial(print, sep='')\n"):
+        k = _write(tmp_path, "k.py", head + binding)
+        assert "run_kernel" in check_triton(k, {"N": 8}).returns_value
+
+
+@pytest.mark.parametrize("line", ["from ._impl import setup, run_kernel", "from . import helpers"])
+def test_a_relative_import_is_refused_with_the_fix(tmp_path, line):
+    k = _write(tmp_path, "k.py", f"import triton\n{line}\n")
+    err = _contract_error(check_triton, k, {"N": 8}, path=str(k), line=2)
+    assert "relative import" in err.message and "from _impl import" in err.fix
+
+
+def test_a_triton_candidate_whose_entry_points_come_from_a_module_beside_it_is_triton(tmp_path):
+    from pytest_kopt.gates.pycontract import imports_triton
+
+    _write(tmp_path, "_impl.py", "import triton\n\n@triton.jit\ndef k(x):\n    pass\n")
+    _write(tmp_path, "_plain.py", "def setup(**kw):\n    pass\n")
+    assert imports_triton(_write(tmp_path, "cand.py", "from _impl import setup, run_kernel\n"))
+    assert not imports_triton(_write(tmp_path, "pure.py", "from _plain import setup, run_kernel\n"))
+    # a cycle of imports ends
+    _write(tmp_path, "a.py", "from b import setup\n")
+    _write(tmp_path, "b.py", "from a import run_kernel\n")
+    assert not imports_triton(tmp_path / "a.py")
+
+
+def test_an_imported_setup_leaves_no_dim_unused(tmp_path):
+    from pytest_kopt.gates.pycontract import unused_dims
+
+    k = _write(tmp_path, "k.py", "import triton\nfrom _impl import setup, run_kernel\n")
+    ref = _write(tmp_path, "ref.py", "def reference(x, y):\n    pass\n")
+    assert unused_dims({"N": 8}, [], read_python(ref), read_python(k)) == []
+
+
+def test_a_too_deeply_nested_file_is_a_contract_error(tmp_path):
+    ref = _write(tmp_path, "ref.py", "reference = " + "-" * 200_000 + "1\n")
+    err = _contract_error(check_reference, ref, path=str(ref), line=None)
+    assert "too deeply nested" in err.message
+

@@ -124,3 +124,39 @@ def test_who_times_the_reference_in_rounds_and_who_shares_the_gpu(settings, inte
     ctx = _settings(**settings)
     assert interleaves_reference(ctx) is interleaves
     assert Context.shares_gpu.fget(ctx) is shares
+
+
+def test_a_lock_file_of_another_user_is_opened_read_only(tmp_path: Path, monkeypatch) -> None:
+    """flock needs no write access: a lock file this user may not write (another user's, mode 0644) still locks.
+    (The refusal is simulated: root, as CI runs, may write any file.)"""
+    import os
+
+    import pytest_kopt.proc.gpulock as gpulock
+
+    real_open, opened = os.open, []
+
+    def no_write(path, flags, *mode):
+        if flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", path)
+        opened.append(path)
+        return real_open(path, flags, *mode)
+
+    path = tmp_path / "gpu.lock"
+    for p in (path, Path(f"{path}.turn")):
+        p.touch()
+    monkeypatch.setattr(gpulock.os, "open", no_write)  # the os module itself: undone before FileLock opens
+    with GpuLock(str(path)):
+        monkeypatch.undo()
+        with pytest.raises(filelock.Timeout):
+            filelock.FileLock(str(path), timeout=0.1).acquire()
+    assert opened == [f"{path}.turn", str(path)]
+
+
+def test_a_lock_that_cannot_be_opened_is_a_hardware_error_naming_the_file(tmp_path: Path) -> None:
+    from pytest_kopt.errors import HardwareError
+
+    path = tmp_path / "missing-folder" / "gpu.lock"
+    with pytest.raises(HardwareError) as info:
+        with GpuLock(str(path)):
+            pass
+    assert info.value.path == f"{path}.turn" and "TMPDIR" in info.value.fix

@@ -34,6 +34,22 @@ def taken(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     return {k: v for k, v in kwargs.items() if k != DTYPE_DIM}
 
+def signature(fn: Any, what: str, path: str) -> Any:
+    """``inspect.signature(fn)`` of an entry point kopt calls by keyword (``reference``, ``setup``), ``what`` its
+    name, ``path`` its file. Raises HarnessError('contract') naming the file and the fix for a callable without a
+    Python signature (a builtin such as ``torch.add`` bound as ``reference = torch.add``): it cannot take the
+    buffers by name."""
+    import inspect
+
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise HarnessError("contract", f"{path}: {what} is {fn!r}, which has no Python signature ({exc}), so it "
+                           "cannot take the buffers by name", path=path, line=def_line(path, what),
+                           fix=f"wrap it in a def that takes the buffers by name, e.g. def {what}(x, y, **_): "
+                               "torch.add(x, x, out=y)") from None
+
+
 INT_POISON = -0x5A5A5A5A  # sentinel written into integer outputs before a call
 #: The poison of a float output before the second call on the same inputs, when the request draws none: half the
 #: dtype's most negative finite value (exact in it). With NaN before the first call, an element left unwritten
@@ -108,14 +124,22 @@ def dtype_name(dtype: Any, what: str, ref_path: str) -> str:
 
 
 def def_line(path: str | None, name: str) -> int | None:
-    """The line of the module-level ``def name`` in the Python file ``path``; None when it has none (or no file)."""
+    """The line of the last module-level binding of ``name`` in the Python file ``path`` (``def``, assignment, or
+    ``from ... import``); None when it has none (or no file)."""
     import ast
 
     try:
         tree = ast.parse(open(str(path), "rb").read())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    return next((n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    line = None
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name \
+                or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets) \
+                or isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == name \
+                or isinstance(n, ast.ImportFrom) and any((a.asname or a.name) == name for a in n.names):
+            line = n.lineno
+    return line
 
 
 def made_shapes(made: dict[str, Any]) -> dict[str, tuple[list[int], str]]:

@@ -10,8 +10,8 @@ import inspect
 from typing import Any
 
 from . import HarnessError
-from .inputs import (Inputs, check_layout, def_line, returned_outputs, spec_from_params, spec_from_setup,
-                     taken)
+from .inputs import (Inputs, check_layout, def_line, returned_outputs, spec_from_params, spec_from_setup, taken,
+                     signature)
 from .formats import load_candidate, load_reference
 
 
@@ -115,7 +115,7 @@ class Candidate:
             self.kernel = load_candidate(req["kernel"], self.ref)
             kwargs = taken(self.kernel.setup, dict(self.dims))
             kwargs["seed"] = seed
-            sig = inspect.signature(self.kernel.setup)
+            sig = signature(self.kernel.setup, "setup", req["kernel"])
             if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
                 kwargs["device"] = self.device
             try:

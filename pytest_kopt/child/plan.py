@@ -4,12 +4,11 @@ names before any gate allocates them."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from . import HarnessError
 from .inputs import (check_layout, check_spec, contiguous_stride, declared_shapes, def_line, spec_from_params,
-                     spec_from_setup, taken)
+                     spec_from_setup, taken, signature)
 from .formats import load_candidate, load_reference
 from .kernels import check_run_kernel
 from .reference import trusted_scalars
@@ -31,7 +30,7 @@ def mode_plan_candidate(req: dict[str, Any]) -> dict[str, Any]:
     kernel = load_candidate(req["kernel"], load_reference(req["ref"], req.get("seed"),
                                                           precision=req.get("precision")))
     kwargs: dict[str, Any] = {**taken(kernel.setup, dict(req["dims"])), "seed": int(req["seed"])}
-    sig = inspect.signature(kernel.setup)
+    sig = signature(kernel.setup, "setup", req["kernel"])
     if "device" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         kwargs["device"] = "meta"
     try:
@@ -81,7 +80,7 @@ def mode_plan_reference(req: dict[str, Any]) -> dict[str, Any]:
     # what the reference is given: the buffers, the dims and its own make_inputs' values, never a setup() scalar
     # (a value the candidate chose could pick what the reference computes)
     given = {s["name"] for s in spec} | set(trusted_scalars(ref, req))
-    sig = inspect.signature(ref.reference)
+    sig = signature(ref.reference, "reference", req["ref"])
     missing = [p.name for p in sig.parameters.values()
                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in given]
     if missing:

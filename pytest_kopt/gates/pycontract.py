@@ -38,8 +38,15 @@ class PyContract:
     classes: tuple[str, ...] = ()
     #: every name a module-level assignment binds (``a, b = 1, 2`` included): a KernelBench problem's sizes
     assigned: tuple[str, ...] = ()
-    #: module-level functions with a ``return <value>`` in their own body (not in a nested function)
+    #: module-level functions with a ``return <value>`` in their own body (not in a nested function), lambdas, and
+    #: entry points bound to what this file does not show (taken as returning)
     returns_value: frozenset[str] = frozenset()
+    #: entry points whose signature this file does not show (imported, ``functools.partial``, another module's)
+    unknown_signature: frozenset[str] = frozenset()
+    #: the line of the first module-level relative import (``from ._impl import ...``), None when there is none
+    relative_import: int | None = None
+    #: the modules (absolute, as written) that entry points are imported from: ``from _impl import run_kernel``
+    entry_modules: tuple[str, ...] = ()
 
     @property
     def problem_format(self) -> str:
@@ -110,6 +117,9 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     except (UnicodeDecodeError, ValueError) as exc:
         raise ContractError(f"cannot be decoded: {exc}", gate=gate, path=str(path),
                             fix="save the file as UTF-8 (or declare its coding)") from None
+    except (RecursionError, MemoryError):
+        raise ContractError("too deeply nested for Python's parser to read", gate=gate, path=str(path),
+                            fix="split the expression into named parts") from None
     except OSError as exc:
         raise ContractError(f"cannot be read: {exc}", gate=gate, path=str(path), fix="check the path") from None
     functions: dict[str, tuple[list[str], bool, int]] = {}
@@ -118,63 +128,106 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
     constants: dict[str, object] = {}
     constant_lines: dict[str, int] = {}
     tuned: dict[str, list[str]] = {}
+    returning: set[str] = set()
+    unknown: set[str] = set()
+    relative: int | None = None
+    entry_modules: list[str] = []
     classes = tuple(n.name for n in tree.body if isinstance(n, ast.ClassDef))
-    returns_value = frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                              and _returns_value(n))
     assigned = tuple(t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                      for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
                      for t in ast.walk(target) if isinstance(t, ast.Name))
+
+    def drop(name: str) -> None:  # a later binding that is no function replaces an earlier one
+        for table in (functions, required):
+            table.pop(name, None)
+        returning.discard(name)
+        unknown.discard(name)
+
+    # in order, so the last module-level binding of a name wins, as it does when the file runs
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            drop(node.name)
             if _triton_decorators(node):
                 tuned[node.name] = _triton_decorators(node)
             a = node.args
-            params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
-            functions[node.name] = (params, a.kwarg is not None, node.lineno)
-            positional = a.posonlyargs + a.args
-            no_default = positional[:len(positional) - len(a.defaults)]
-            required[node.name] = [x.arg for x in no_default] + [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults)
-                                                                 if d is None]
+            functions[node.name] = ([x.arg for x in a.posonlyargs + a.args + a.kwonlyargs], a.kwarg is not None,
+                                    node.lineno)
+            required[node.name] = _required(a)
+            if _returns_value(node):
+                returning.add(node.name)
             if node.name == "setup":
                 setup_literal = _returned_literal(node)
         elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)) \
                 or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
             name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id  # type: ignore[union-attr]
+            value: ast.expr = node.value  # type: ignore[assignment]
             constant_lines[name] = node.lineno
             try:
-                constants[name] = ast.literal_eval(node.value)  # type: ignore[arg-type]
-            except (ValueError, TypeError, SyntaxError, RecursionError):
+                constants[name] = ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 constants[name] = _NOT_LITERAL
-                if name in ENTRY_POINTS:
-                    functions.setdefault(name, _bound_signature(node.value, node.lineno))  # type: ignore[arg-type]
+            if name not in ENTRY_POINTS:
+                continue
+            drop(name)
+            if constants[name] is not _NOT_LITERAL:
+                continue  # `reference = None`: no function (check_reference says which line)
+            if isinstance(value, ast.Lambda):
+                a = value.args
+                functions[name] = ([x.arg for x in a.posonlyargs + a.args + a.kwonlyargs], a.kwarg is not None,
+                                   node.lineno)
+                required[name] = _required(a)
+                returning.add(name)  # a lambda returns its body
+            elif isinstance(value, ast.Name) and value.id in functions:  # an alias of a function of this file
+                functions[name] = (*functions[value.id][:2], node.lineno)
+                if value.id in required:
+                    required[name] = required[value.id]
+                returning.update({name} if value.id in returning else ())
+                unknown.update({name} if value.id in unknown else ())
+            else:  # partial(...), another module's function: its signature is not in this file
+                functions[name] = ([], True, node.lineno)
+                returning.add(name)
+                unknown.add(name)
         elif isinstance(node, ast.ImportFrom):
+            if node.level and relative is None:
+                relative = node.lineno
             for alias in node.names:
                 name = alias.asname or alias.name
-                if name in ENTRY_POINTS:  # its signature lives in the other module: unknown here
-                    functions.setdefault(name, ([], True, node.lineno))
+                if name in ENTRY_POINTS:  # its signature lives in the other module
+                    if not node.level and node.module and node.module not in entry_modules:
+                        entry_modules.append(node.module)
+                    drop(name)
+                    functions[name] = ([], True, node.lineno)
+                    returning.add(name)
+                    unknown.add(name)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    drop(target.id)
     # a Triton kernel file imports triton (its @jit kernel may live in a module it imports)
     uses_jit = any(isinstance(n, ast.Import) and any(a.name.split(".")[0] == "triton" for a in n.names)
                    or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton"
                    for n in ast.walk(tree))
     return PyContract(functions=functions, constants=constants, uses_triton_jit=uses_jit,
                       constant_lines=constant_lines, required=required, setup_literal=setup_literal, tuned=tuned,
-                      classes=classes, assigned=assigned, returns_value=returns_value)
+                      classes=classes, assigned=assigned, returns_value=frozenset(returning),
+                      unknown_signature=frozenset(unknown), relative_import=relative,
+                      entry_modules=tuple(entry_modules))
 
 
 #: The entry points of kopt's and the field's formats that a file may bind without a ``def``: ``reference = impl``,
 #: ``run_kernel = functools.partial(...)``, ``from .impl import custom_kernel``, a lambda. Such a binding defines the
-#: function for the contract; its signature is the lambda's, else unknown (taken as ``**kwargs``, so the static
-#: parameter checks leave it to the run, where a wrong call fails with the file's own traceback).
+#: function for the contract (the last binding of a name wins, as when the file runs); its signature is the lambda's
+#: or the aliased local function's, else unknown (taken as ``**kwargs``, so the static parameter checks leave it to
+#: the run, where a wrong call fails with the file's own traceback).
 ENTRY_POINTS = frozenset({"reference", "shapes", "workload_model", "setup", "run_kernel", "custom_kernel",
                           "ref_kernel", "generate_input", "check_implementation", "get_inputs", "get_init_inputs"})
 
 
-def _bound_signature(value: ast.expr, line: int) -> tuple[list[str], bool, int]:
-    """(params, has **kwargs, line) of an entry point bound by assignment: a lambda's own, else unknown."""
-    if isinstance(value, ast.Lambda):
-        a = value.args
-        return [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs], a.kwarg is not None, line
-    return [], True, line
+def _required(a: ast.arguments) -> list[str]:
+    """The parameters a caller must pass: positional ones without a default, keyword-only ones without one."""
+    positional = a.posonlyargs + a.args
+    no_default = positional[:len(positional) - len(a.defaults)]
+    return [x.arg for x in no_default] + [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
 
 
 def _returns_value(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -213,6 +266,17 @@ def _tolerance_ok(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
 
 
+def no_relative_import(c: PyContract, path: Path) -> None:
+    """Raise ContractError for a module-level relative import (``from ._impl import run_kernel``): kopt loads each
+    file as a top-level module with its folder on ``sys.path``, so such an import can never run."""
+    if c.relative_import is not None:
+        raise ContractError("a relative import (`from .module import ...`): kopt loads this file as a top-level "
+                            "module, where a relative import has no package to be relative to", gate="preflight",
+                            path=str(path), line=c.relative_import,
+                            fix="import by the module's own name (`from _impl import ...`): the file's folder is "
+                                "on sys.path")
+
+
 def check_reference(path: Path) -> PyContract:
     """Check ``ref.py``: ``reference(**kwargs)`` required; ``atol``/``rtol`` numbers >= 0 when present.
 
@@ -220,9 +284,14 @@ def check_reference(path: Path) -> PyContract:
     Raises ContractError naming the file, the line and the fix.
     """
     c = read_python(path)
+    no_relative_import(c, path)
     if c.problem_format != "kopt":
         return c
     if "reference" not in c.functions:
+        if "reference" in c.constants:  # bound last to a literal
+            raise ContractError(f"`reference = {c.constants['reference']!r}` is not a function", gate="preflight",
+                                path=str(path), line=c.constant_lines.get("reference"),
+                                fix="bind reference to a function: def reference(**kwargs), a lambda or an import")
         raise ContractError("no function `reference` defined", gate="preflight", path=str(path),
                             fix="define def reference(**kwargs): it reads the inputs and writes the outputs in place")
     for tol in ("atol", "rtol"):
@@ -247,13 +316,14 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
     Raises ContractError when one is missing, or when ``setup`` cannot take a given dim or ``seed``.
     """
     c = read_python(path)
+    no_relative_import(c, path)
     if c.candidate_format != "kopt":
         return c  # ModelNew / custom_kernel: the problem file generates the inputs
     for name, fix in (("setup", "def setup(M, N, seed, device='cuda') -> {'inputs': {...}, 'outputs': [names]}"),
                       ("run_kernel", "def run_kernel(**inputs): launches the @triton.jit kernel")):
         if name not in c.functions:
             raise ContractError(f"no function `{name}` defined", gate="preflight", path=str(path), fix=fix)
-    if require_jit and not c.uses_triton_jit:
+    if require_jit and not imports_triton(path):  # the @jit kernel may come with the entry points it imports
         raise ContractError("no @triton.jit kernel found", gate="preflight", path=str(path),
                             fix="decorate the kernel with @triton.jit")
     params, has_kwargs, line = c.functions["setup"]
@@ -291,11 +361,17 @@ def check_triton(path: Path, dims: dict[str, int | float], require_jit: bool = T
 _IMPORTS_TRITON = re.compile(r"^\s*(?:import\s+triton|from\s+triton[\s.])", re.MULTILINE)
 
 
-def imports_triton(path: Path) -> bool:
-    """True for a Python file that uses ``@triton.jit``; for one that does not parse, one whose text imports triton
-    (so the preflight item can report the syntax error instead of collection failing on it)."""
+def imports_triton(path: Path, _seen: frozenset[Path] = frozenset()) -> bool:
+    """True for a Python file that uses ``@triton.jit``, or whose entry points come from a module beside it that does
+    (``from _impl import setup, run_kernel``, followed file to file); for one that does not parse, one whose text
+    imports triton (so the preflight item can report the syntax error instead of collection failing on it)."""
     try:
-        return read_python(path).uses_triton_jit
+        c = read_python(path)
+        if c.uses_triton_jit:
+            return True
+        seen = _seen | {path.resolve()}
+        beside = (path.parent / (m.replace(".", "/") + ".py") for m in c.entry_modules)
+        return any(imports_triton(f, seen) for f in beside if f.is_file() and f.resolve() not in seen)
     except ContractError:
         try:
             text = path.read_text(errors="replace")
@@ -308,6 +384,8 @@ def unused_dims(dims: dict[str, int | float], solve_params: list[Param], *contra
     """Dims no one names: not a scalar of ``solve()``, not a parameter of any function the given Python files
     define (``setup``, ``reference``, ``shapes``, ``workload_model``, ``make_inputs``...). Usually a typo (``HW``
     for ``W``); a function that reads a dim only through ``**kwargs`` cannot be seen, so callers warn, never fail."""
+    if any(c.unknown_signature for c in contracts):
+        return []  # an imported or wrapped entry point may take any dim: nothing can be called unused
     named = {p.name for p in solve_params if not p.is_pointer}
     for c in contracts:
         for params, _kwargs, _line in c.functions.values():

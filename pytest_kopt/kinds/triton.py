@@ -130,8 +130,9 @@ class TritonKind(PyFileKind):
                             precision=ctx.settings.precision)
 
     def build_inputs(self, ctx: Context) -> tuple[Any, ...]:
-        """The dims and ``--kopt-precision``: a Triton build's launch shape and input dtypes are part of it."""
-        return (ctx.build_dims, ctx.settings.precision)
+        """The dims, and ``--kopt-precision`` where given: a Triton build's launch shape and input dtypes are part of
+        it (without the option the mark is what it was before the precision counted)."""
+        return (ctx.build_dims,) if ctx.settings.precision is None else (ctx.build_dims, ctx.settings.precision)
 
     def compile_env(self, ctx: Context) -> dict[str, str]:
         """``TRITON_CACHE_DIR`` in the kernel's build folder (:func:`triton_cache_dir`)."""

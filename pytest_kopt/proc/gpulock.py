@@ -18,11 +18,31 @@ from __future__ import annotations
 import os
 from types import TracebackType
 
+from ..errors import HardwareError
+
+
+def _open(path: str) -> int:
+    """A descriptor of the lock file ``path``, made if missing. ``flock`` needs no write access, so a file another
+    user made (mode 0644 under the usual umask) is opened read-only. Raises HardwareError naming the file and the
+    fix when it can be neither made nor read (a missing or read-only folder, a file of mode 0600 of another user)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            err: OSError = exc
+    except OSError as exc:
+        err = exc
+    raise HardwareError(f"the per-GPU lock file {path} cannot be opened: {err.strerror or err}", gate="hardware",
+                        path=path, fix="make it readable by this user (chmod a+r, or remove it if no session "
+                                       "runs), or give this session a temp dir of its own (TMPDIR=...)") from None
+
 
 class GpuLock:
     """A hold of the per-GPU lock at ``path``, exclusive or ``shared``, as a context manager; waits without a
     timeout (a hold ends with its process, whatever kills it, since the OS drops a dead process's ``flock``). Raises
-    OSError when the lock files cannot be opened."""
+    HardwareError (exit 3) when a lock file can be neither made nor read."""
 
     def __init__(self, path: str, shared: bool = False) -> None:
         self.path = path
@@ -32,10 +52,10 @@ class GpuLock:
     def __enter__(self) -> GpuLock:
         import fcntl
 
-        turn = os.open(self.path + ".turn", os.O_RDWR | os.O_CREAT, 0o666)
+        turn = _open(self.path + ".turn")
         try:
             fcntl.flock(turn, fcntl.LOCK_EX)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = _open(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
             except BaseException:
