@@ -561,3 +561,34 @@ def test_a_too_deeply_nested_file_is_a_contract_error(tmp_path):
     err = _contract_error(check_reference, ref, path=str(ref), line=None)
     assert "too deeply nested" in err.message
 
+
+
+def test_an_entry_point_bound_in_a_try_or_an_if_at_module_level_counts(tmp_path):
+    """``try: from fast import reference`` / ``except ImportError: def reference(...)`` runs at import: the def,
+    bound last in the file, is what the contract reads; a def inside a function or class still does not count."""
+    ref = _write(tmp_path, "ref.py", """
+        try:
+            from fast_ops import reference
+        except ImportError:
+            def reference(x, y, **_):
+                y.copy_(x)
+        if True:
+            atol = 1e-3
+    """)
+    c = check_reference(ref)
+    assert c.functions["reference"] == (["x", "y"], True, 4)
+    assert "atol" not in c.constants  # a constant is read from the top level alone
+    nested = _write(tmp_path, "nested.py", "def make():\n    def reference(**kw):\n        pass\n")
+    _contract_error(check_reference, nested, path=str(nested), line=None)
+
+
+def test_a_relative_import_with_a_fallback_in_its_except_is_not_refused(tmp_path):
+    ref = _write(tmp_path, "ref.py", """
+        try:
+            from .ops import reference
+        except ImportError:
+            from ops import reference
+    """)
+    c = check_reference(ref)
+    assert c.relative_import is None and c.functions["reference"] == ([], True, 4)
+

@@ -143,8 +143,9 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
         returning.discard(name)
         unknown.discard(name)
 
+    top = {id(n) for n in tree.body}  # constants are read from the top level alone (claims.rewritten_lines)
     # in order, so the last module-level binding of a name wins, as it does when the file runs
-    for node in tree.body:
+    for node in _module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             drop(node.name)
             if _triton_decorators(node):
@@ -161,15 +162,16 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                 or (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
             name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id  # type: ignore[union-attr]
             value: ast.expr = node.value  # type: ignore[assignment]
-            constant_lines[name] = node.lineno
             try:
-                constants[name] = ast.literal_eval(value)
+                literal: object = ast.literal_eval(value)
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                constants[name] = _NOT_LITERAL
+                literal = _NOT_LITERAL
+            if id(node) in top:
+                constant_lines[name], constants[name] = node.lineno, literal
             if name not in ENTRY_POINTS:
                 continue
             drop(name)
-            if constants[name] is not _NOT_LITERAL:
+            if literal is not _NOT_LITERAL:
                 continue  # `reference = None`: no function (check_reference says which line)
             if isinstance(value, ast.Lambda):
                 a = value.args
@@ -188,7 +190,7 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
                 returning.add(name)
                 unknown.add(name)
         elif isinstance(node, ast.ImportFrom):
-            if node.level and relative is None:
+            if node.level and relative is None and id(node) in top:  # in a try, its except may be the fallback
                 relative = node.lineno
             for alias in node.names:
                 name = alias.asname or alias.name
@@ -221,6 +223,26 @@ def _read_python(path_str: str, mtime_ns: int, size: int, gate: str) -> PyContra
 #: the run, where a wrong call fails with the file's own traceback).
 ENTRY_POINTS = frozenset({"reference", "shapes", "workload_model", "setup", "run_kernel", "custom_kernel",
                           "ref_kernel", "generate_input", "check_implementation", "get_inputs", "get_init_inputs"})
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of a module's body in order, with those inside its ``if``, ``try`` and ``with`` blocks (they
+    run at import too: ``try: from fast import reference`` / ``except ImportError: def reference(...)``), never
+    those inside a function or class."""
+    out: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.If):
+            out += _module_level(node.body) + _module_level(node.orelse)
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            out += _module_level(node.body)  # type: ignore[attr-defined]
+            for handler in node.handlers:  # type: ignore[attr-defined]
+                out += _module_level(handler.body)
+            out += _module_level(node.orelse) + _module_level(node.finalbody)  # type: ignore[attr-defined]
+        elif isinstance(node, ast.With):
+            out += _module_level(node.body)
+        else:
+            out.append(node)
+    return out
 
 
 def _required(a: ast.arguments) -> list[str]:
