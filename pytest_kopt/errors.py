@@ -178,6 +178,10 @@ class ProfilerError(KoptError):
 #: What to change when a gate needs a GPU and the machine has none (the ``fix`` of its skip in the JSON report)
 NO_GPU_FIX = ("run the session on a machine with an NVIDIA GPU and its driver: without one nothing compares the "
               "kernel's output with the reference or times it")
+#: The fix of a GPU gate skipped for want of a GPU where the kernel's kind checks its output on the CPU (a Triton or
+#: Python candidate: its correctness items run through the interpreter), so :data:`NO_GPU_FIX` would be untrue.
+NO_GPU_TIMING_FIX = ("run the session on a machine with an NVIDIA GPU and its driver to time and profile the kernel "
+                     "(its correctness items run here, on the CPU)")
 
 
 class Blocked(Exception):

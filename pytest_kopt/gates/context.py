@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import NO_GPU_FIX, Blocked, ContractError
+from ..errors import NO_GPU_FIX, NO_GPU_TIMING_FIX, Blocked, ContractError
 from ..proc.gpulock import GpuLock
 from ..proc.pool import HarnessPool
 from ..settings import DEFAULT_ARCH, Settings
@@ -224,7 +224,8 @@ class Context:
             return "cuda"
         if gate in self.kind.cpu_gates:
             return "cpu"
-        raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}", NO_GPU_FIX)
+        raise Blocked("hardware", f"no GPU: {self.env.get('gpu_error') or 'no CUDA device'}",
+                      NO_GPU_TIMING_FIX if "correctness" in self.kind.cpu_gates else NO_GPU_FIX)
 
     def gpu_lock(self, shared: bool = False) -> GpuLock:
         """The per-GPU lock (:class:`~pytest_kopt.proc.gpulock.GpuLock`, a file keyed by GPU UUID in the system temp
