@@ -57,8 +57,9 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
     terminal shows it), ``kernel`` (its resolved path), ``status`` (the status of its first failed item in gate
     order, else PASSED, or SKIPPED when every item of it skipped: a selection such as ``-k "timing or ncu"`` on a
     machine without a GPU passes nothing), ``failed_gate`` and ``exit_code`` of that item (None when none failed),
-    ``passed``/``failed``/``skipped`` (item counts), ``skipped_gates`` (the gates of its skipped items, in gate
-    order), ``output_checked`` (a correctness item passed: without it a PASSED kernel's output was never compared
+    ``passed``/``failed``/``skipped`` (item counts; a NOT_APPLICABLE item is none of them), ``skipped_gates`` (the
+    gates of its skipped items, in gate order), ``not_applicable_gates`` (the gates that do not apply to its kind, a
+    Python candidate's compile and SASS), ``output_checked`` (a correctness item passed: without it a PASSED kernel's output was never compared
     with the reference, as on a machine without a GPU for a ``.cu``), ``timed`` (its timing passed), and from that
     timing ``median_ms`` and ``speedup_vs_ref`` (None when not timed). ``table``: the session's gates, whose order
     decides which failure comes first."""
@@ -69,7 +70,11 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
     for name, recs in by.items():
         failed = min((r for r in recs if r.outcome == "failed"), key=lambda r: table.rank(r.gate), default=None)
         timing = next((r.figures for r in recs if r.gate == "timing" and r.outcome == "passed"), None)
-        skipped = sorted({r.gate for r in recs if r.outcome == "skipped"}, key=table.rank)
+        # a gate that does not apply to the kernel's kind (a Python candidate's compile and SASS) is no skip: nothing
+        # is left for another machine to run there
+        na = [r for r in recs if r.outcome == "skipped" and r.status == "NOT_APPLICABLE"]
+        skips = [r for r in recs if r.outcome == "skipped" and r.status != "NOT_APPLICABLE"]
+        skipped = sorted({r.gate for r in skips}, key=table.rank)
         ran = any(r.outcome == "passed" for r in recs)
         checked = any(r.gate == "correctness" and r.outcome == "passed" for r in recs)
         status = failed.status if failed else ("PASSED" if checked else NOT_CHECKED) if ran else "SKIPPED"
@@ -78,7 +83,8 @@ def kernel_verdicts(records: Iterable[GateRecord], table: GateTable) -> list[dic
                     "exit_code": failed.exit_code if failed else None,
                     "passed": sum(r.outcome == "passed" for r in recs),
                     "failed": sum(r.outcome == "failed" for r in recs),
-                    "skipped": sum(r.outcome == "skipped" for r in recs), "skipped_gates": skipped,
+                    "skipped": len(skips), "skipped_gates": skipped,
+                    "not_applicable_gates": sorted({r.gate for r in na}, key=table.rank),
                     "output_checked": checked,
                     "timed": timing is not None,
                     "median_ms": (timing or {}).get("median_ms"),

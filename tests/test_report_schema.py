@@ -135,8 +135,10 @@ def test_cpu_report_validates(pytester: pytest.Pytester, validator: jsonschema.D
     (verdict,) = doc["kernels"]
     assert verdict["name"] == "k.py" and verdict["status"] == "PASSED" and verdict["failed_gate"] is None
     assert verdict["output_checked"] is True and verdict["timed"] is False and verdict["median_ms"] is None
-    assert {"timing", "ncu", "roofline"} <= set(verdict["skipped_gates"])
-    assert verdict["passed"] + verdict["skipped"] == len(doc["items"]) and verdict["failed"] == 0
+    assert verdict["skipped_gates"] == ["timing", "ncu", "roofline"]  # what a GPU would add, no more
+    assert verdict["not_applicable_gates"] == ["compile", "sass"]  # a Python candidate has nothing to build
+    na = sum(i["status"] == "NOT_APPLICABLE" for i in doc["items"])
+    assert na == 2 and verdict["passed"] + verdict["skipped"] + na == len(doc["items"]) and verdict["failed"] == 0
     assert doc["session_seed"] is None  # --kopt-seeds listed the seeds
     # without --kopt-seeds the seeds come from a session seed: the report carries it, for --kopt-seed to replay
     result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims", "n=64",

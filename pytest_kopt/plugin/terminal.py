@@ -21,8 +21,10 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
     verdicts = kernel_verdicts(rows, table)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
-        note = ", ".join(([] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
-                         + ([f"{v['skipped']} skipped"] if v["skipped"] else []))
+        note = "; ".join(x for x in (
+            ", ".join(([] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
+                      + ([f"{v['skipped']} skipped"] if v["skipped"] else [])),
+            f"{', '.join(v['not_applicable_gates'])} not applicable" if v.get("not_applicable_gates") else "") if x)
         status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
             v["status"] + (f" ({note})" if note else "")
         fig = (f"  {v['median_ms']:.4g} ms" if v["median_ms"] is not None else "") + \
