@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,11 +45,63 @@ def variants(count: int) -> list[tuple[str, str]]:
     return out[:count]
 
 
-def pytest(args: list[str], cwd: Path, log: Path) -> tuple[int, float]:
+def pytest(args: list[str], cwd: Path, log: Path, timeline: Path | None = None) -> tuple[int, float]:
+    """Runs pytest in ``cwd``; with ``timeline``, benchmarks/timeline_plugin.py writes each item's start and stop
+    there (its first line: the time this function started pytest)."""
+    env = dict(os.environ)
+    extra: list[str] = []
+    if timeline is not None:
+        env["KOPT_TIMELINE"] = str(timeline)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
+        extra = ["-p", "timeline_plugin"]
+        timeline.write_text(json.dumps({"event": "launch", "t": time.time()}) + "\n")
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run([*PYTEST, *args], cwd=cwd, stdout=f, stderr=subprocess.STDOUT, timeout=900).returncode
+        rc = subprocess.run([*PYTEST, *extra, *args], cwd=cwd, stdout=f, stderr=subprocess.STDOUT, timeout=900,
+                            env=env).returncode
+    if timeline is not None:
+        with open(timeline, "a") as f:
+            f.write(json.dumps({"event": "exit", "t": time.time()}) + "\n")
     return rc, time.perf_counter() - t0
+
+
+def timeline_table(path: Path) -> list[str]:
+    """Where the close's wall time went, from the timeline: the launch to the first item, each gate's first start,
+    last stop and items running at once (the most), the time the GPU-exclusive gates (timing, ncu) were running
+    (their union), and the last item's stop to the process's exit (the loop's close: finalists re-timed side by
+    side, the champion's profile, the run directory written)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ev = {r["event"]: r["t"] for r in rows if "event" in r}
+    items = [r for r in rows if "nodeid" in r and r["when"] == "call"]
+    if not items or "launch" not in ev:
+        return ["  (no timeline)"]
+    t0 = ev["launch"]
+    first, last = min(r["start"] for r in items), max(r["stop"] for r in items)
+    out = [f"  launch to first item {first - t0:6.1f} s (collection, workers, work started ahead)"]
+    by_gate: dict[str, list[dict]] = {}
+    for r in items:
+        by_gate.setdefault(r["nodeid"].split("::")[-1].split("[")[0], []).append(r)
+    out.append(f"  {'gate':<14} {'first s':>8} {'last s':>8} {'busy s':>8} {'most at once':>12}")
+    for gate, rs in sorted(by_gate.items(), key=lambda kv: min(r["start"] for r in kv[1])):
+        spans = sorted((r["start"], r["stop"]) for r in rs)
+        busy, end = 0.0, None
+        for a, b in spans:  # the union of the gate's items' spans
+            if end is None or a > end:
+                busy += b - a
+                end = b
+            elif b > end:
+                busy += b - end
+                end = b
+        points = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+        most = cur = 0
+        for _, d in points:
+            cur += d
+            most = max(most, cur)
+        out.append(f"  {gate:<14} {min(a for a, _ in spans) - t0:8.1f} {max(b for _, b in spans) - t0:8.1f} "
+                   f"{busy:8.1f} {most:12d}")
+    if "exit" in ev:
+        out.append(f"  last item to exit {ev['exit'] - last:6.1f} s (the loop's close after the items)")
+    return out
 
 
 def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
@@ -71,7 +124,8 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
     (it / "methods.json").write_text(json.dumps({"methods": [{
         "id": method, "rationale": "throughput.py: tile and thread-tile variants",
         "override_reason": "a fixed plan, timed whatever the trigger says"}]}))
-    rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json"], work, work / "close.log")
+    rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json"], work, work / "close.log",
+                         timeline=work / "close.timeline.jsonl")
     doc = json.loads((work / "close.json").read_text())
     per_gate: dict[str, list[float]] = {}
     for item in doc["items"]:
@@ -79,7 +133,20 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
     loop = doc.get("loop") or {}
     verdicts = {b["branch"]: (b["status"], b.get("median_ms")) for b in loop.get("branches") or []}
     return {"n": n, "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
-            "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message")}
+            "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
+            "timeline": timeline_table(work / "close.timeline.jsonl"), "phases": measure_phases(it)}
+
+
+def measure_phases(it: Path) -> list[str]:
+    """The branches' timing phases (bench.json ``phase_s``), each phase's median and sum over the branches (s)."""
+    per: dict[str, list[float]] = {}
+    for f in sorted(it.glob("branches/*/**/bench.json")):
+        for k, v in (json.loads(f.read_text()).get("phase_s") or {}).items():
+            for k2, x in (v.items() if isinstance(v, dict) else [("", v)]):
+                if isinstance(x, (int, float)):
+                    per.setdefault(f"{k}.{k2}" if k2 else k, []).append(float(x))
+    return [f"  bench phase {k:<28} median {sorted(v)[len(v) // 2]:7.3f} s  sum {sum(v):7.2f} s  ({len(v)})"
+            for k, v in per.items()]
 
 
 def report(r: dict, branches: int) -> None:
@@ -89,6 +156,7 @@ def report(r: dict, branches: int) -> None:
     print(f"  {'gate':<12} {'items':>5} {'sum s':>8} {'max s':>7}")
     for gate, d in r["per_gate"].items():
         print(f"  {gate:<12} {len(d):>5} {sum(d):>8.1f} {max(d):>7.2f}")
+    print("\n".join(r["timeline"] + r["phases"]))
     passed = sum(v[0] == "PASSED" for v in r["verdicts"].values())
     print(f"  {passed} of {len(r['verdicts'])} branches passed; {r['message']}")
 
