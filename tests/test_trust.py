@@ -14,10 +14,12 @@ import json
 import shutil
 import struct
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from pytest_kopt.errors import ConfigError
+from pytest_kopt.errors import ConfigError, TimingError
 from pytest_kopt.gates.inputs import second_poisons
 from pytest_kopt.gates.measure import outside_clock
 from pytest_kopt.gates.pins import Pins
@@ -388,3 +390,67 @@ def test_a_guard_patched_in_the_candidates_process_does_not_hide_a_changed_input
     got = statuses(doc, "patcher.py")
     assert "TAMPERED" in got and "PASSED" not in statuses(doc, "patcher.py", "correctness"), doc["items"]
     assert any("torch.equal" in (i["message"] or "") for i in doc["items"] if i["status"] == "TAMPERED")
+
+
+def test_the_timed_output_is_judged_inside_the_measurements_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timing gate judges the timed call's outputs before its exclusive hold of the GPU lock ends (taken after
+    it, that check waited behind every timing other workers queued meanwhile), the judge taking no second hold; a
+    result whose figures contradict the outside clock is TAMPERED before any judge runs. With
+    ``--kopt-fresh-process`` the check takes its own hold after the measurement's."""
+    from contextlib import contextmanager
+
+    from pytest_kopt.gates import measure as m
+
+    events: list[str] = []
+
+    @contextmanager
+    def hold(*_a: Any, **_k: Any) -> Any:
+        events.append("hold")
+        try:
+            yield
+        finally:
+            events.append("release")
+
+    final = {"event_ms": [1.0], "outside_clock": {"samples_asked": 1, "rounds_wall_s": 1.0, "final_wall_s": 1.0}}
+
+    class FakeRounds:
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            pass
+
+        def start(self, i: int) -> dict[str, Any]:
+            events.append(f"start {i}")
+            return {"spec": []}
+
+        def finish(self) -> list[dict[str, Any]]:
+            events.append("finish")
+            return [dict(final)]
+
+    def judged(ctx: Any, req: Any, result: Any, held: bool = False) -> str:
+        events.append(f"check held={held}")
+        return "verdict"
+
+    monkeypatch.setattr(m, "Rounds", FakeRounds)
+    monkeypatch.setattr(m, "ready_for_timing", lambda *a: None)
+    monkeypatch.setattr(m, "ProcessMemory", lambda *a: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(m, "_timed_output_check", judged)
+    settings = SimpleNamespace(fresh_process=False, loop_mode="run", pr_gate=False, baseline=None,
+                               gate_timeout_s=60.0)
+    ctx = SimpleNamespace(settings=settings, device_lock=hold, gpu_lock=hold, server=lambda role: role, display="k.cu",
+                          env={}, benchmarks=[{}], ref="ref.py", work=Path("."))
+    result, ref, base, verdict = m.measure(ctx, {"device": "cuda"})  # type: ignore[arg-type]
+    assert events == ["hold", "start 0", "finish", "check held=True", "release"]
+    assert verdict == "verdict" and ref is None and base is None
+    assert set(result["gate_phase_s"]) == {"measure", "output_check"}
+
+    events.clear()
+    final["event_ms"] = [1.0, 1.0]  # two samples reported where one was asked for
+    with pytest.raises(TimingError) as err:
+        m.measure(ctx, {"device": "cuda"})  # type: ignore[arg-type]
+    assert err.value.status == "TAMPERED" and events == ["hold", "start 0", "finish", "release"]
+
+    events.clear()
+    settings.fresh_process = True
+    ctx.pool = SimpleNamespace(run=lambda req, **kw: (kw["lock"].__enter__(), kw["lock"].__exit__(None, None, None),
+                                                      {"event_ms": [1.0]})[-1])
+    m.measure(ctx, {"device": "cuda"})  # type: ignore[arg-type]
+    assert events == ["hold", "release", "check held=False"]

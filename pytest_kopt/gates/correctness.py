@@ -4,6 +4,8 @@ each in its own harness process; the verdict is the judge's, in the reference's 
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import os
 import time
@@ -131,10 +133,12 @@ def reference_key(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) -> st
                   cand.get("returned"), req.get("precision"))
 
 
-def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge") -> dict[str, Any]:
+def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode: str = "judge",
+                  held: bool = False) -> dict[str, Any]:
     """Run the judge in the reference's warm judge process (``mode`` ``judge``, or ``check_timed`` for a timed call's
     outputs) on what the candidate's process kept (``cand``: its result), under the GPU lock and ``--kopt-timeout``.
-    Returns the judge's result (:func:`pytest_kopt.child.correctness.mode_judge`). Raises the harness's errors, and
+    Returns the judge's result (:func:`pytest_kopt.child.correctness.mode_judge`); ``held``: the caller holds the
+    GPU lock already (the timing gate's hold, around its measurement and this check). Raises the harness's errors, and
     ContractError (REFERENCE_TIMEOUT, exit 4, naming the reference) when the judge runs past the timeout: only the
     reference's code and kopt's run in that process, so a hang there is never the kernel's TIMEOUT."""
     table = req.get("poisons") or {}
@@ -152,7 +156,9 @@ def judge_request(ctx: Context, req: dict[str, Any], cand: dict[str, Any], mode:
     timeout_s = ctx.settings.gate_timeout_s
     try:
         return ctx.pool.run(jreq, gate=gate, timeout_s=timeout_s, path=str(ctx.ref), workdir=ctx.work,
-                            lock=ctx.device_lock(req["device"], shared=ctx.shares_gpu), server=ctx.server("judge"))
+                            lock=contextlib.nullcontext() if held else ctx.device_lock(req["device"],
+                                                                                         shared=ctx.shares_gpu),
+                            server=ctx.server("judge"))
     except KernelRuntimeError as exc:
         if exc.status != "TIMEOUT":
             raise
