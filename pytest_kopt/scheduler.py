@@ -76,6 +76,8 @@ class Scheduler:
         self._atexit = False
         #: the jobs and memory the builds share, made at the first build from the session's --kopt-compile-jobs
         self._slots: BuildSlots | None = None
+        #: the processes of the session that build at once and share its jobs (an xdist worker: the workers)
+        self.build_processes = 1
 
     # builds -----------------------------------------------------------------------------------------------------
 
@@ -110,11 +112,11 @@ class Scheduler:
 
     def slots(self, ctx: Context) -> BuildSlots:
         """The builds' shared jobs and memory (:class:`~pytest_kopt.compile_jobs.BuildSlots`), planned once from
-        ``ctx``'s ``--kopt-compile-jobs``."""
+        ``ctx``'s ``--kopt-compile-jobs``, shared among :attr:`build_processes`."""
         with self._lock:
             if self._slots is None:  # a context without settings (a test's stand-in) gets SKILL.md's default
                 spec = getattr(getattr(ctx, "settings", None), "compile_jobs", "auto")
-                self._slots = BuildSlots(plan_jobs(spec))
+                self._slots = BuildSlots(plan_jobs(spec, processes=self.build_processes))
             return self._slots
 
     def build_within_budget(self, ctx: Context) -> BuildResult:
@@ -166,21 +168,23 @@ class Scheduler:
 
     # harness processes ------------------------------------------------------------------------------------------
 
-    def prestart_harness(self, ctx: Context) -> None:
+    def prestart_harness(self, ctx: Context, ahead: bool = False) -> None:
         """Start the kernel's warm processes without waiting for them, so their torch imports (and the timing
         processes' CUPTI start) overlap each other and the gates before their first request; a no-op for those
         already running: the judge's; on a GPU the candidate's correctness process where its kind has no plan
         request to start it (:meth:`~pytest_kopt.kinds.base.Kind.prestart_check`); and on a GPU, when this process
         collected the kernel's timing item (or it is not known), the candidate's and the reference's timing
-        processes. Called at a kernel's first item in a process and again by the plan gate."""
+        processes. Called at a kernel's first item in a process and again by the plan gate; with ``ahead``, for the
+        kernel this process runs next (:func:`pytest_kopt.plugin.xdist.prestart_next_planned`), whose check
+        process starts whatever its kind (its plan, usually the session's cached one, may start none)."""
         ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)
         if not ctx.gpu:
             return
         env = ctx.kind.candidate_env(ctx, "cuda")
-        if ctx.kind.prestart_check(ctx):
-            ctx.pool.prestart(ctx.server("check"), env, ctx.work)
+        if ahead or ctx.kind.prestart_check(ctx):
+            ctx.pool.prestart(ctx.server("check"), env, ctx.work, ahead=ahead)
         if not ctx.collected or "timing" in ctx.collected:
-            ctx.pool.prestart(ctx.server("candidate"), env, ctx.work)
+            ctx.pool.prestart(ctx.server("candidate"), env, ctx.work, ahead=ahead)
             ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
 
     # SASS dumps -------------------------------------------------------------------------------------------------

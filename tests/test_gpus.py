@@ -517,6 +517,41 @@ def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -
         got = {n.workerinput["workerid"]: n.workerinput["kopt_first_kernel"] for n in nodes
                if "kopt_first_kernel" in n.workerinput}
         assert got == handed
+        planned = {n.workerinput["workerid"]: n.workerinput["kopt_planned"] for n in nodes
+                   if "kopt_planned" in n.workerinput}
+        assert {w: p[0] for w, p in planned.items()} == handed
+        if not keyword and env.get("gpu"):  # every kernel a worker was planned, in the plan's order
+            assert planned == {"gw0": ["/r/b1/kernel.cu"], "gw1": ["/r/b2/kernel.cu"], "gw2": ["/r/b3/kernel.cu"]}
+    two = kopt_xdist.kernel_plan(kernels, 2)
+    assert sorted(k for k, w in two.items() if w == 0) == [Path("/r/b1/kernel.cu"), Path("/r/b3/kernel.cu")]
+
+
+def test_a_worker_starts_its_next_planned_kernels_processes_ahead(tmp_path: Path) -> None:
+    """At a kernel's first correctness item a worker starts the processes of the next kernel planned for it that has
+    not begun there (``ahead``: the pool keeps them while the current kernel's start), none past its last, none
+    without a GPU, and none where the selection drops the next kernel's plan item."""
+    kernels = [tmp_path / f"b{i}" / "kernel.cu" for i in (1, 3, 5)]
+    seen: list[tuple[str, frozenset[str], bool]] = []
+    ahead = SimpleNamespace(prestart_harness=lambda ctx, ahead=False: seen.append((ctx.display, ctx.collected,
+                                                                                   ahead)))
+    state = SimpleNamespace(env={"gpu": {"uuid": UUID0}}, kernels=frozenset(kernels), gates=default_table(),
+                            kinds=default_kinds(), ahead=ahead, planned=tuple(kernels), kicked={kernels[0]},
+                            context=lambda config, k, display, collected=None: SimpleNamespace(
+                                display=display, collected=collected))
+    config = _selection_config(tmp_path)
+    assert kopt_xdist.prestart_next_planned(config, state, kernels[0]) is True  # type: ignore[arg-type]
+    assert seen == [("b3/kernel.cu", frozenset({"plan", "correctness", "timing"}), True)]
+    state.kicked.add(kernels[1])
+    assert kopt_xdist.prestart_next_planned(config, state, kernels[1]) is True  # type: ignore[arg-type]
+    assert seen[-1][0] == "b5/kernel.cu"
+    state.kicked.add(kernels[2])
+    assert kopt_xdist.prestart_next_planned(config, state, kernels[2]) is False  # type: ignore[arg-type]
+    state.kicked = {kernels[0]}
+    assert kopt_xdist.prestart_next_planned(_selection_config(tmp_path, "b1"), state,  # type: ignore[arg-type]
+                                            kernels[0]) is False
+    state.env = {"gpu": None}
+    assert kopt_xdist.prestart_next_planned(config, state, kernels[0]) is False  # type: ignore[arg-type]
+    assert len(seen) == 2
 
 
 class _Node:

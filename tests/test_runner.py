@@ -214,3 +214,28 @@ def test_the_tidy_up_runs_after_a_request_that_ends_and_not_after_a_round_under_
 
     cuda.empty_cache = broken
     assert tidy(torch, ends=True) is False
+
+
+def test_kernels_started_ahead_keep_their_processes(tmp_path: Path) -> None:
+    """A worker starts the next kernel's processes (``ahead``) while the current kernel's run, and a loop's close
+    the processes of the branches it may re-time side by side: an ``ahead`` start ends no other kernel's unused
+    processes, and an ordinary start ends those of every kernel but itself and the ones started ahead (until their
+    own ordinary start); reference processes are never ended."""
+    pool = HarnessPool()
+    try:
+        pool.prestart("candidate:/a.cu", {}, tmp_path)
+        pool.prestart("judge:/r.py", {}, tmp_path)
+        pool.prestart("candidate:/b.cu", {}, tmp_path, ahead=True)
+        pool.prestart("candidate:/c.cu", {}, tmp_path, ahead=True)
+        assert sorted(k[0] for k in pool.starting) == ["candidate:/a.cu", "candidate:/b.cu", "candidate:/c.cu",
+                                                        "judge:/r.py"]
+        pool.prestart("check:/a.cu", {}, tmp_path)  # the current kernel, again (its plan gate)
+        assert len(pool.starting) == 5
+        a = pool.starting[("candidate:/a.cu", ())]
+        pool.prestart("check:/b.cu", {}, tmp_path)  # b is current: a's unused processes end, c's stay
+        assert sorted(k[0] for k in pool.starting) == ["candidate:/b.cu", "candidate:/c.cu", "check:/b.cu",
+                                                        "judge:/r.py"]
+        assert a.proc.wait(timeout=30) is not None
+        assert pool.ahead_targets == {"/c.cu"}
+    finally:
+        pool.shutdown()

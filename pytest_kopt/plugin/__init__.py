@@ -36,7 +36,7 @@ from .report import ReportPlugin
 from .stash import STATE, SessionState
 from .summary_md import SummaryMdPlugin
 from .terminal import TerminalPlugin
-from .xdist import XdistControllerPlugin, prestart_planned, worker_env, worker_trust
+from .xdist import XdistControllerPlugin, prestart_next_planned, prestart_planned, worker_env, worker_trust
 
 __all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytest_collect_file",
            "pytest_configure", "pytest_kopt_gates", "pytest_kopt_kinds", "pytest_load_initial_conftests",
@@ -128,6 +128,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "kopt_env" in handed:  # an xdist worker
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
+        state.ahead.build_processes = int(handed.get("workercount") or 1)  # the workers share the session's jobs
         prestart_planned(config, state, handed)
     else:
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure
@@ -195,6 +196,18 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
         return env
     os.environ["CUDA_VISIBLE_DEVICES"] = chosen[0]["uuid"]
     return gpus.pinned({**env, "gpus": chosen}, chosen[0])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker with kernels planned for it, at a kernel's first correctness item: start the next planned
+    kernel's harness processes (:func:`~pytest_kopt.plugin.xdist.prestart_next_planned`)."""
+    state = item.config.stash.get(STATE, None)
+    if state is None or not state.planned or not isinstance(item, KoptItem) or item.gate.name != "correctness":
+        return
+    kernel = Path(item.path).resolve()
+    if kernel not in state.led:
+        state.led.add(kernel)
+        prestart_next_planned(item.config, state, kernel)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

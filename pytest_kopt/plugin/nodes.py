@@ -158,8 +158,14 @@ class KoptItem(pytest.Item):
                 draw_plan(ctx.settings.seeds[0], 0, ctx.regimes)
             except (IndexError, ValueError):  # no seed, an unknown regime: the gates report it; nothing ahead
                 profile = frozenset()
-        state.ahead.start_builds([state.context(self.config, i.path, i.nodeid.split("::")[0])
-                                  for i in compiles.values()], sass, profile)
+        # this kernel's build first, then those of the kernels planned for this worker (under xdist each worker
+        # starts every kernel's build, and one whose build another worker runs waits for it holding a job: in the
+        # same order everywhere, the workers' jobs all waited on the same few builds)
+        planned = {k: i for i, k in enumerate(state.planned)}
+        order = sorted(compiles.values(), key=lambda i: (Path(i.path).resolve() != ctx.kernel,
+                                                         planned.get(Path(i.path).resolve(), len(planned))))
+        state.ahead.start_builds([state.context(self.config, i.path, i.nodeid.split("::")[0]) for i in order],
+                                 sass, profile)
         if ctx.collected & state.gates.harness:
             state.ahead.prestart_harness(ctx)
         if "roofline" in ctx.collected:  # matplotlib's import off the roofline item

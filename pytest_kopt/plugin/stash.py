@@ -44,6 +44,10 @@ class SessionState:
     pins: Pins = field(default_factory=Pins)
     #: the kernels whose first item ran in this process (:meth:`KoptItem._kickoff` ran for them)
     kicked: set[Path] = field(default_factory=set)
+    #: on an xdist worker, the kernels the controller planned for it, in the plan's order (``kopt_planned``)
+    planned: tuple[Path, ...] = ()
+    #: the kernels whose next planned kernel's processes were started ahead (at their first correctness item)
+    led: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
 

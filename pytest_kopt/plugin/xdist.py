@@ -133,6 +133,7 @@ class XdistControllerPlugin:
         first = sorted(k for k, w in self.plan(int(node.workerinput.get("workercount") or 0)).items() if w == index)
         if first and env.get("gpu") and not node.workerinput.get("kopt_detect_here"):
             node.workerinput["kopt_first_kernel"] = str(first[0])
+            node.workerinput["kopt_planned"] = [str(k) for k in first]
         settings = self.state.settings
         if settings.run_dir is not None:
             node.workerinput["kopt_run_dir"] = str(settings.run_dir)
@@ -170,6 +171,7 @@ def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[st
     worker has a GPU; the timing processes only where it surely keeps the timing item too. Returns whether it
     started them. A worker handed another kernel ends them when that kernel's processes start
     (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart`)."""
+    state.planned = tuple(Path(k) for k in handed.get("kopt_planned") or [])
     first = handed.get("kopt_first_kernel")
     if not first or not state.env.get("gpu"):
         return False
@@ -179,6 +181,26 @@ def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[st
     # the harness gates the selection surely keeps: no timing processes for a session without timing items
     kept = frozenset(g for g in state.gates.harness if selection_keeps(config, state, kernel, g))
     state.ahead.prestart_harness(state.context(config, kernel, node_path(config, kernel), collected=kept))
+    return True
+
+
+def prestart_next_planned(config: pytest.Config, state: SessionState, current: Path) -> bool:
+    """On a worker, at the current kernel's first correctness item: start the harness processes of the next kernel
+    the controller planned for it (``kopt_planned``, in the plan's order) that has not begun here, so their torch
+    imports and CUDA contexts (4 to 14 s under a close's load: H100, 2026-12-06, a later branch's first seed) overlap
+    the current kernel's seeds and timing instead of delaying the next kernel's first seed while the GPU waits. Its
+    check process too: a later kernel's plan is usually the session's cached one, which starts no process. The
+    pool keeps them when another kernel starts (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart` ``ahead``).
+    Only where the selection surely keeps the kernel's plan item; the timing processes only where it keeps the
+    timing item. Returns whether it started them."""
+    if not state.env.get("gpu"):
+        return False
+    begun = {Path(p).resolve() for p in state.kicked}
+    nxt = next((k for k in state.planned if k != current and k not in begun), None)
+    if nxt is None or nxt not in state.kernels or not selection_keeps(config, state, nxt, "plan"):
+        return False
+    kept = frozenset(g for g in state.gates.harness if selection_keeps(config, state, nxt, g))
+    state.ahead.prestart_harness(state.context(config, nxt, node_path(config, nxt), collected=kept), ahead=True)
     return True
 
 

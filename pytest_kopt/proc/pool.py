@@ -201,6 +201,9 @@ class HarnessPool:
         self.live: dict[Key, HarnessServer] = {}
         #: processes :meth:`prestart` started that no request has used yet
         self.starting: dict[Key, HarnessServer] = {}
+        #: the kernels (a role's target) whose processes were started ahead of their first request (:meth:`prestart`
+        #: with ``ahead``): another kernel's start leaves them running
+        self.ahead_targets: set[str] = set()
         self._atexit = False
         #: samples taken per timing round key (``<measurement>-<party>``): the progress line reads them
         self.round_samples: dict[str, int] = {}
@@ -256,21 +259,30 @@ class HarnessPool:
         first = [n for key, n in self.round_samples.items() if key.endswith("-0")]
         return sum(first) if first else None
 
-    def prestart(self, identity: str | None, env: dict[str, str], workdir: Path) -> None:
+    def prestart(self, identity: str | None, env: dict[str, str], workdir: Path, ahead: bool = False) -> None:
         """Start the warm process of ``identity`` (with ``env``) now, without waiting for it, so its start (a Python
         process importing torch: seconds) overlaps other work; the first request to it waits for it as usual. A
         no-op for None (fresh processes) or when that process is already running or starting. A kernel's process
-        ends the other kernels' processes that were started and never used (their kernel failed before them)."""
+        ends the other kernels' processes that were started and never used (their kernel failed before them), but
+        those of kernels started ``ahead``: the kernel a worker runs next, whose processes start while the current
+        kernel's items run, and the kernels a loop's close may re-time side by side. An ``ahead`` start ends
+        nothing; a kernel's own start later makes it an ordinary one."""
         if identity is None:
             return
         key = (identity, tuple(sorted(env.items())))
+        role, _, target = identity.partition(":")
+        if role not in REFERENCE_ROLES:
+            if ahead:
+                self.ahead_targets.add(target)
+            else:
+                self.ahead_targets.discard(target)
+                keep = {target, *self.ahead_targets}
+                # another kernel's processes that no request used (it failed before them)
+                for other in [k for k in self.starting if k[0].partition(":")[0] not in REFERENCE_ROLES
+                              and k[0].partition(":")[2] not in keep]:
+                    self.starting.pop(other).close(kill=True)
         if key in self.live or key in self.starting:
             return
-        role, _, target = identity.partition(":")
-        if role not in REFERENCE_ROLES:  # another kernel's processes that no request used (it failed before them)
-            for other in [k for k in self.starting if k[0].partition(":")[0] not in REFERENCE_ROLES
-                          and k[0].partition(":")[2] != target]:
-                self.starting.pop(other).close(kill=True)
         self._register_atexit()
         self.starting[key] = HarnessServer(key, workdir)
 
