@@ -49,25 +49,17 @@ class JobPlan:
     why: str
 
 
-def plan_jobs(spec: str | int, cpus: int | None = None, available: int | None = None,
-              processes: int = 1) -> JobPlan:
-    """The limits of ``--kopt-compile-jobs spec`` in one of ``processes`` processes that build at once (an xdist
-    session's workers): ``auto`` is min(half the CPUs, 4), N is N, each shared among the processes (at least 1
-    each). The memory budget, ``available`` (bytes, default :func:`available_memory`) less 2 GiB, is shared the
-    same way. Under xdist every worker starts every kernel's build, and one whose build another worker runs waits
-    for it holding a job: 8 workers of 4 jobs each, on 16 CPUs (H100, 2026-12-06), had their first kernels'
-    builds done 14 to 22 s into a close."""
+def plan_jobs(spec: str | int, cpus: int | None = None, available: int | None = None) -> JobPlan:
+    """The limits of ``--kopt-compile-jobs spec``: ``auto`` is min(half the CPUs, 4), at least 1; N is N. Both
+    share the memory budget: ``available`` (bytes, default :func:`available_memory`) less 2 GiB."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-    processes = max(1, processes)
     free = available if available is not None else available_memory()
-    budget = None if free is None else max(0, free - int(defaults.COMPILE_MEMORY_KEPT_GIB * GIB)) // processes
+    budget = None if free is None else max(0, free - int(defaults.COMPILE_MEMORY_KEPT_GIB * GIB))
     if spec == "auto":
-        jobs = max(1, min(cpus // 2, defaults.COMPILE_JOBS_MAX) // processes)
+        jobs = max(1, min(cpus // 2, defaults.COMPILE_JOBS_MAX))
         why = f"auto: half of {cpus} CPUs, at most {defaults.COMPILE_JOBS_MAX}"
     else:
-        jobs, why = max(1, int(spec) // processes), f"--kopt-compile-jobs {spec}"
-    if processes > 1:
-        why += f", shared by {processes} processes"
+        jobs, why = int(spec), f"--kopt-compile-jobs {spec}"
     if budget is not None:
         why += f"; memory budget {budget / GIB:.1f} GiB"
     return JobPlan(jobs, budget, why)

@@ -167,11 +167,6 @@ def test_compile_jobs_auto_follows_skill_md_and_n_is_n() -> None:
     plan = compile_jobs.plan_jobs(6, cpus=2, available=2 * gib)
     assert (plan.jobs, plan.memory_bytes) == (6, 0)  # N is N; the budget still holds them to one at a time
     assert compile_jobs.build_gib(True) == 4.0 and compile_jobs.build_gib(False) == 2.0
-    # xdist's workers share them: 8 workers on 16 CPUs build one kernel each at a time, within an eighth of memory
-    plan = compile_jobs.plan_jobs("auto", cpus=16, available=66 * gib, processes=8)
-    assert (plan.jobs, plan.memory_bytes) == (1, 8 * gib) and "shared by 8 processes" in plan.why
-    assert compile_jobs.plan_jobs(8, cpus=16, available=66 * gib, processes=2).jobs == 4
-    assert compile_jobs.plan_jobs("auto", cpus=64, available=66 * gib, processes=2).jobs == 2
 
 
 def _race(slots: compile_jobs.BuildSlots, gibs: list[float]) -> int:
