@@ -76,8 +76,6 @@ class Scheduler:
         self._atexit = False
         #: the jobs and memory the builds share, made at the first build from the session's --kopt-compile-jobs
         self._slots: BuildSlots | None = None
-        #: the processes of the session that build at once and share its jobs (an xdist worker: the workers)
-        self.build_processes = 1
 
     # builds -----------------------------------------------------------------------------------------------------
 
@@ -112,11 +110,11 @@ class Scheduler:
 
     def slots(self, ctx: Context) -> BuildSlots:
         """The builds' shared jobs and memory (:class:`~pytest_kopt.compile_jobs.BuildSlots`), planned once from
-        ``ctx``'s ``--kopt-compile-jobs``, shared among :attr:`build_processes`."""
+        ``ctx``'s ``--kopt-compile-jobs``."""
         with self._lock:
             if self._slots is None:  # a context without settings (a test's stand-in) gets SKILL.md's default
                 spec = getattr(getattr(ctx, "settings", None), "compile_jobs", "auto")
-                self._slots = BuildSlots(plan_jobs(spec, processes=self.build_processes))
+                self._slots = BuildSlots(plan_jobs(spec))
             return self._slots
 
     def build_within_budget(self, ctx: Context) -> BuildResult:

@@ -128,7 +128,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if "kopt_env" in handed:  # an xdist worker
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
-        state.ahead.build_processes = int(handed.get("workercount") or 1)  # the workers share the session's jobs
         prestart_planned(config, state, handed)
     else:
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure

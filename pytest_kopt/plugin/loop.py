@@ -31,9 +31,8 @@ OPTIONS = (
                       f"{defaults.NUMERICS_MODE}; approximate admits tolerance-changing methods, every correctness "
                       "check still runs)", "MODE"),
     ("compile-jobs", "nvcc builds at once: auto (default; SKILL.md's: half the CPUs, at most 4, within the "
-                     "available memory less 2 GiB at 2 GiB a CUDA build and 4 GiB a CUTLASS one) or N, shared "
-                     "among xdist's workers (at least one each); a build killed for want of memory is retried "
-                     "once, alone", "auto|N"),
+                     "available memory less 2 GiB at 2 GiB a CUDA build and 4 GiB a CUTLASS one) or N; a build "
+                     "killed for want of memory is retried once, alone", "auto|N"),
 )
 FLAGS = (
     ("init", "Create a run directory beside the baseline: all strict gates, baseline profile, iteration 1 opened"),
