@@ -134,7 +134,25 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
     verdicts = {b["branch"]: (b["status"], b.get("median_ms")) for b in loop.get("branches") or []}
     return {"n": n, "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
-            "timeline": timeline_table(work / "close.timeline.jsonl"), "phases": measure_phases(it)}
+            "timeline": timeline_table(work / "close.timeline.jsonl"),
+            "phases": measure_phases(it) + seed_phases(it)}
+
+
+def seed_phases(it: Path) -> list[str]:
+    """The branches' correctness seeds (``correctness/*.json`` ``phase_s``): per phase its median, largest and sum
+    over the seeds (s), and the waits outside the processes (a request's wall time less the process's own: the GPU
+    lock, a process still starting)."""
+    per: dict[str, list[float]] = {}
+    for f in sorted(it.glob("branches/*/correctness/*.json")):
+        ph = json.loads(f.read_text()).get("phase_s") or {}
+        for k, v in ph.items():
+            if isinstance(v, (int, float)) and not k.endswith("_age"):
+                per.setdefault(k, []).append(float(v))
+        for who, req in (("candidate", "candidate"), ("judge", "judge_request")):
+            if isinstance(ph.get(req), (int, float)) and isinstance(ph.get(f"{who}_harness_mode"), (int, float)):
+                per.setdefault(f"{who}_wait_outside", []).append(ph[req] - ph[f"{who}_harness_mode"])
+    return [f"  seed phase {k:<30} median {sorted(v)[len(v) // 2]:7.3f} s  max {max(v):7.3f} s  sum {sum(v):7.2f} s"
+            f"  ({len(v)})" for k, v in sorted(per.items())]
 
 
 def measure_phases(it: Path) -> list[str]:
