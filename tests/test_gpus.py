@@ -534,8 +534,10 @@ def test_a_worker_starts_its_next_planned_kernels_processes_ahead(tmp_path: Path
     seen: list[tuple[str, frozenset[str], bool]] = []
     ahead = SimpleNamespace(prestart_harness=lambda ctx, ahead=False: seen.append((ctx.display, ctx.collected,
                                                                                    ahead)))
+    ended: list[str] = []
     state = SimpleNamespace(env={"gpu": {"uuid": UUID0}}, kernels=frozenset(kernels), gates=default_table(),
                             kinds=default_kinds(), ahead=ahead, planned=tuple(kernels), kicked={kernels[0]},
+                            started_ahead=set(), pool=SimpleNamespace(end_ahead=ended.append),
                             context=lambda config, k, display, collected=None: SimpleNamespace(
                                 display=display, collected=collected))
     config = _selection_config(tmp_path)
@@ -546,12 +548,21 @@ def test_a_worker_starts_its_next_planned_kernels_processes_ahead(tmp_path: Path
     assert seen[-1][0] == "b5/kernel.cu"
     state.kicked.add(kernels[2])
     assert kopt_xdist.prestart_next_planned(config, state, kernels[2]) is False  # type: ignore[arg-type]
-    state.kicked = {kernels[0]}
+    assert ended == []
+    # b3 started ahead, then another worker took it: this worker's next kernel (not b3) ends b3's processes and
+    # starts b5's, and b3 is never picked again
+    state.kicked, state.started_ahead = {kernels[0], tmp_path / "x.cu"}, {kernels[1]}
+    seen.clear()
+    assert kopt_xdist.prestart_next_planned(config, state, tmp_path / "x.cu") is True  # type: ignore[arg-type]
+    assert ended == [str(kernels[1])] and seen[-1][0] == "b5/kernel.cu"
+    seen.clear()
+    assert kopt_xdist.prestart_next_planned(config, state, tmp_path / "x.cu") is False  # type: ignore[arg-type]
+    state.kicked, state.started_ahead = {kernels[0]}, set()
     assert kopt_xdist.prestart_next_planned(_selection_config(tmp_path, "b1"), state,  # type: ignore[arg-type]
                                             kernels[0]) is False
     state.env = {"gpu": None}
     assert kopt_xdist.prestart_next_planned(config, state, kernels[0]) is False  # type: ignore[arg-type]
-    assert len(seen) == 2
+    assert seen == []
 
 
 class _Node:

@@ -237,5 +237,9 @@ def test_kernels_started_ahead_keep_their_processes(tmp_path: Path) -> None:
                                                         "judge:/r.py"]
         assert a.proc.wait(timeout=30) is not None
         assert pool.ahead_targets == {"/c.cu"}
+        c = pool.starting[("candidate:/c.cu", ())]
+        pool.end_ahead("/c.cu")  # another worker ran c: its unused processes end
+        assert sorted(k[0] for k in pool.starting) == ["candidate:/b.cu", "check:/b.cu", "judge:/r.py"]
+        assert c.proc.wait(timeout=30) is not None and not pool.ahead_targets
     finally:
         pool.shutdown()

@@ -48,6 +48,8 @@ class SessionState:
     planned: tuple[Path, ...] = ()
     #: the kernels whose next planned kernel's processes were started ahead (at their first correctness item)
     led: set[Path] = field(default_factory=set)
+    #: the kernels whose processes were started ahead of their first item here
+    started_ahead: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
 

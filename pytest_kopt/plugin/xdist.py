@@ -196,9 +196,12 @@ def prestart_next_planned(config: pytest.Config, state: SessionState, current: P
     if not state.env.get("gpu"):
         return False
     begun = {Path(p).resolve() for p in state.kicked}
-    nxt = next((k for k in state.planned if k != current and k not in begun), None)
+    for k in state.started_ahead - begun - {current}:  # started ahead, then run by another worker: end its processes
+        state.pool.end_ahead(str(k))
+    nxt = next((k for k in state.planned if k != current and k not in begun and k not in state.started_ahead), None)
     if nxt is None or nxt not in state.kernels or not selection_keeps(config, state, nxt, "plan"):
         return False
+    state.started_ahead.add(nxt)
     kept = frozenset(g for g in state.gates.harness if selection_keeps(config, state, nxt, g))
     state.ahead.prestart_harness(state.context(config, nxt, node_path(config, nxt), collected=kept), ahead=True)
     return True

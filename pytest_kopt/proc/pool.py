@@ -286,6 +286,14 @@ class HarnessPool:
         self._register_atexit()
         self.starting[key] = HarnessServer(key, workdir)
 
+    def end_ahead(self, target: str) -> None:
+        """End the processes of ``target`` (a kernel) started ahead that no request used (another worker took the
+        kernel), and keep it no longer."""
+        self.ahead_targets.discard(target)
+        for key in [k for k in self.starting if k[0].partition(":")[2] == target
+                    and k[0].partition(":")[0] not in REFERENCE_ROLES]:
+            self.starting.pop(key).close(kill=True)
+
     def served(self, identity: str | None, env: dict[str, str]) -> bool:
         """True when the warm process of ``identity`` (with ``env``) is running and has answered a request."""
         srv = self.live.get((identity, tuple(sorted(env.items())))) if identity else None
