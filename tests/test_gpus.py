@@ -10,6 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+# imported with the module: pytester's in-process run below drops from sys.modules what was imported after its
+# fixture began, and numpy's extension cannot be loaded twice in a process (a later test's numpy import failed)
+import numpy  # noqa: F401
 import pytest
 
 from pytest_kopt.gates import gpus, hardware
@@ -399,10 +402,6 @@ def test_two_gpus_time_on_their_own_gpu_gpu(pytester: pytest.Pytester) -> None:
 def test_an_in_process_run_gives_cuda_visible_devices_back(pytester: pytest.Pytester,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A session that pinned its process to a GPU restores the caller's CUDA_VISIBLE_DEVICES when it ends."""
-    # pytester's in-process run drops from sys.modules what it imported, and numpy's extension cannot be loaded
-    # twice in a process (a later test's numpy import then fails): imported here, before the run, it stays
-    import numpy  # noqa: F401
-
     real = hardware.detect()
     monkeypatch.setattr(hardware, "detect", lambda attempts=1, **kw: {**real, **two_gpu_env()})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "callers-value")
