@@ -151,20 +151,24 @@ def seed_phases(it: Path) -> list[str]:
         for who, req in (("candidate", "candidate"), ("judge", "judge_request")):
             if isinstance(ph.get(req), (int, float)) and isinstance(ph.get(f"{who}_harness_mode"), (int, float)):
                 per.setdefault(f"{who}_wait_outside", []).append(ph[req] - ph[f"{who}_harness_mode"])
-    return [f"  seed phase {k:<30} median {sorted(v)[len(v) // 2]:7.3f} s  max {max(v):7.3f} s  sum {sum(v):7.2f} s"
-            f"  ({len(v)})" for k, v in sorted(per.items())]
+    return _spread("seed phase", dict(sorted(per.items())))
 
 
 def measure_phases(it: Path) -> list[str]:
-    """The branches' timing phases (bench.json ``phase_s``), each phase's median and sum over the branches (s)."""
+    """The branches' timing phases (bench.json ``phase_s``), each phase's median, largest and sum over them (s)."""
     per: dict[str, list[float]] = {}
     for f in sorted(it.glob("branches/*/**/bench.json")):
         for k, v in (json.loads(f.read_text()).get("phase_s") or {}).items():
             for k2, x in (v.items() if isinstance(v, dict) else [("", v)]):
                 if isinstance(x, (int, float)):
                     per.setdefault(f"{k}.{k2}" if k2 else k, []).append(float(x))
-    return [f"  bench phase {k:<28} median {sorted(v)[len(v) // 2]:7.3f} s  sum {sum(v):7.2f} s  ({len(v)})"
-            for k, v in per.items()]
+    return _spread("bench phase", per)
+
+
+def _spread(label: str, per: dict[str, list[float]]) -> list[str]:
+    """One line per phase: its median, largest and sum over the records (s), and how many records had it."""
+    return [f"  {label} {k:<30} median {sorted(v)[len(v) // 2]:7.3f} s  max {max(v):7.3f} s  sum {sum(v):7.2f} s"
+            f"  ({len(v)})" for k, v in per.items()]
 
 
 def report(r: dict, branches: int) -> None:

@@ -5,7 +5,6 @@ each in its own harness process; the verdict is the judge's, in the reference's 
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import os
 import time

@@ -174,9 +174,9 @@ def interleaved(ctx: Context, req: dict[str, Any],
     modes do. The reference is prepared on the candidate's spec, which the candidate's first round returns (its
     process checks it against ``ref.shapes()``). Where :func:`interleaves_reference` is False the candidate is
     timed alone in its rounds and the reference's result is None (the caller takes :func:`reference_timing`).
-    ``within(candidate result, baseline result or None)`` runs before the GPU lock's hold ends (the timed output's check: taken after it,
-    its hold waited behind every timing queued meanwhile, 4 to 7 s in a close of 32 branches on 8 workers, H100,
-    2026-12-06); what it raises ends the measurement."""
+    ``within(candidate result, PR baseline's result or None)`` runs before the GPU lock's hold ends (the timed
+    output's check: taken after it, its hold waited behind every timing queued meanwhile, 4 to 7 s in a close of 32
+    branches on 8 workers, H100, 2026-12-06); what it raises ends the measurement."""
     with_reference = interleaves_reference(ctx)
     parties: list[Party] = [(req, ctx.server("candidate"), ctx.display)]
     ready_for_timing(ctx, [(req, ctx.server("candidate"), ctx.display)]
@@ -207,7 +207,7 @@ def interleaved(ctx: Context, req: dict[str, Any],
         finals = rounds.finish()
         try:
             if within is not None:
-                within(finals[0], finals[2] if with_reference and len(finals) > 2 else None)
+                within(finals[0], finals[2] if len(finals) > 2 else None)
         finally:  # the PR baseline's timed outputs are never judged: removed whatever the check raised
             if len(finals) > 2 and finals[2].get("npz"):
                 Path(finals[2]["npz"]).unlink(missing_ok=True)
