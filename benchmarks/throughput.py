@@ -3,7 +3,8 @@ shared-memory-tiled SGEMM variants of this file's own, M=N=K=1024) on one GPU, a
 
 Sets a run up on the naive SGEMM (``--kopt-init``), writes the 32 branches and methods.json, closes the iteration
 (``--kopt-run -n N``) and prints: the close's wall time, candidates per GPU-minute (branches / close minutes), each
-gate's item time (sum over the branches' items, and the largest item), the branches' verdicts and the champion.
+gate's item time (sum over the branches' items, and the largest item), the branches' verdicts and the champion,
+and the host's CPU seconds by process kind (``benchmarks/cpu_sampler.py``).
 With ``--compare N2`` a second run is set up and closed the same way with ``-n N2``, and the two runs' verdicts
 and champions are compared (they must agree).
 
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cpu_sampler import CpuSampler
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -124,8 +127,9 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
     (it / "methods.json").write_text(json.dumps({"methods": [{
         "id": method, "rationale": "throughput.py: tile and thread-tile variants",
         "override_reason": "a fixed plan, timed whatever the trigger says"}]}))
-    rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json"], work, work / "close.log",
-                         timeline=work / "close.timeline.jsonl")
+    with CpuSampler() as cpu:
+        rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json"], work,
+                             work / "close.log", timeline=work / "close.timeline.jsonl")
     doc = json.loads((work / "close.json").read_text())
     per_gate: dict[str, list[float]] = {}
     for item in doc["items"]:
@@ -134,7 +138,7 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
     verdicts = {b["branch"]: (b["status"], b.get("median_ms")) for b in loop.get("branches") or []}
     return {"n": n, "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
-            "timeline": timeline_table(work / "close.timeline.jsonl"),
+            "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
             "phases": measure_phases(it) + seed_phases(it)}
 
 
