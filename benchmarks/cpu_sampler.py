@@ -20,10 +20,13 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def category(cmdline: list[str]) -> str | None:
-    """What a process is, from its argv; None for processes of no interest (this one's own shell, say)."""
+def category(cmdline: list[str], comm: str = "") -> str | None:
+    """What a process is, from its argv (and its ``comm``: a harness process forked by kopt's fork server has the
+    server's argv and names itself ``kopt-timing`` or ``kopt-harness``); None for processes of no interest."""
     if not cmdline:
         return None
+    if comm in ("kopt-timing", "kopt-harness"):
+        return "harness, forked " + ("(timing)" if comm == "kopt-timing" else "(no profiler)")
     exe = Path(cmdline[0]).name
     text = " ".join(cmdline)
     if exe in ("nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "cudafe++", "gcc", "g++", "cc1plus", "cc1", "as",
@@ -86,9 +89,9 @@ class CpuSampler:
             pid = int(d)
             try:
                 stat = Path(f"/proc/{d}/stat").read_text()
-                if pid not in self.cpu_s:
+                if pid not in self.cpu_s or self.cpu_s[pid][0] == "harness fork server":  # forked, not yet named
                     cat = category(Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace")
-                                   .split("\0")[:-1])
+                                   .split("\0")[:-1], Path(f"/proc/{d}/comm").read_text().strip())
                     if cat is None:
                         self.cpu_s[pid] = ("", 0.0)
                         continue

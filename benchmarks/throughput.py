@@ -5,10 +5,11 @@ Sets a run up on the naive SGEMM (``--kopt-init``), writes the 32 branches and m
 (``--kopt-run -n N``) and prints: the close's wall time, candidates per GPU-minute (branches / close minutes), each
 gate's item time (sum over the branches' items, and the largest item), the branches' verdicts and the champion,
 and the host's CPU seconds by process kind (``benchmarks/cpu_sampler.py``).
-With ``--compare N2`` a second run is set up and closed the same way with ``-n N2``, and the two runs' verdicts
-and champions are compared (they must agree).
+With ``--compare N2`` a second run is set up and closed the same way with ``-n N2`` (and ``--compare-flags``
+added to its close), and the two runs' verdicts and champions are compared (they must agree).
 
-    python3 benchmarks/throughput.py [--n 8] [--compare 2] [--branches 32] [--dims M=1024,N=1024,K=1024]
+    python3 benchmarks/throughput.py [--n 8] [--compare 2] [--compare-flags=--kopt-no-fork-server]
+                                     [--branches 32] [--dims M=1024,N=1024,K=1024]
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def timeline_table(path: Path) -> list[str]:
     return out
 
 
-def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
-    """Set up, write the branches, close; returns the figures of the close."""
+def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...] = ()) -> dict:
+    """Set up, write the branches, close (with ``flags`` added to the close's command); returns the figures of the
+    close."""
     work.mkdir(parents=True, exist_ok=True)
     for name in ("gemm.cu", "ref.py"):
         shutil.copy(ROOT / "examples" / "gemm" / name, work / name)
@@ -128,7 +130,7 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
         "id": method, "rationale": "throughput.py: tile and thread-tile variants",
         "override_reason": "a fixed plan, timed whatever the trigger says"}]}))
     with CpuSampler() as cpu:
-        rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json"], work,
+        rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json", *flags], work,
                              work / "close.log", timeline=work / "close.timeline.jsonl")
     doc = json.loads((work / "close.json").read_text())
     per_gate: dict[str, list[float]] = {}
@@ -136,7 +138,7 @@ def one_run(work: Path, n: int, branches: int, dims: str) -> dict:
         per_gate.setdefault(item["gate"], []).append(item["duration_s"])
     loop = doc.get("loop") or {}
     verdicts = {b["branch"]: (b["status"], b.get("median_ms")) for b in loop.get("branches") or []}
-    return {"n": n, "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
+    return {"n": n, "flags": " ".join(flags), "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
             "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
             "phases": measure_phases(it) + seed_phases(it)}
@@ -177,7 +179,7 @@ def _spread(label: str, per: dict[str, list[float]]) -> list[str]:
 
 def report(r: dict, branches: int) -> None:
     per_min = branches / (r["close_s"] / 60)
-    print(f"-n {r['n']}: set-up {r['init_s']:.1f} s; close of {branches} branches {r['close_s']:.1f} s (exit "
+    print(f"-n {r['n']}{' ' + r['flags'] if r['flags'] else ''}: set-up {r['init_s']:.1f} s; close of {branches} branches {r['close_s']:.1f} s (exit "
           f"{r['close_rc']}): {per_min:.1f} candidates per GPU-minute; champion {r['champion']}")
     print(f"  {'gate':<12} {'items':>5} {'sum s':>8} {'max s':>7}")
     for gate, d in r["per_gate"].items():
@@ -191,6 +193,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--compare", type=int, default=None)
+    ap.add_argument("--compare-flags", default="", help="flags added to the second run's close, such as "
+                    "--kopt-no-fork-server")
     ap.add_argument("--branches", type=int, default=32)
     ap.add_argument("--dims", default="M=1024,N=1024,K=1024")
     ap.add_argument("--out", default=None)
@@ -199,7 +203,7 @@ def main() -> None:
     first = one_run(base / f"n{a.n}", a.n, a.branches, a.dims)
     report(first, a.branches)
     if a.compare:
-        second = one_run(base / f"n{a.compare}", a.compare, a.branches, a.dims)
+        second = one_run(base / f"n{a.compare}b", a.compare, a.branches, a.dims, tuple(a.compare_flags.split()))
         report(second, a.branches)
         same = {k: v[0] for k, v in first["verdicts"].items()} == {k: v[0] for k, v in second["verdicts"].items()}
         print(f"verdicts {'agree' if same else 'DIFFER'}; champions {first['champion']} and {second['champion']}")

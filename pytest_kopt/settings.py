@@ -72,6 +72,9 @@ class Settings:
     #: True: every GPU request in a fresh child process; False (default): one warm child per kernel and one per
     #: reference file serve a kernel's correctness and timing requests (pytest_kopt.runner.HarnessServer).
     fresh_process: bool = False
+    #: True (default): warm harness processes are forked from one process per pytest process that imported torch
+    #: once (:mod:`pytest_kopt.proc.forkserver`); False (``--kopt-no-fork-server``): each starts a new Python.
+    fork_server: bool = True
     #: Timing method: ``cupti`` (the kernels' own span from CUPTI activity records, with one CUDA event pair per call
     #: beside it; events when the profiler gives no records), ``events`` (one CUDA event pair per call) or
     #: ``graph`` (N flush+call pairs in a CUDA graph minus a flush-only graph; for kernels of a few µs).
@@ -522,7 +525,8 @@ def build_settings(get: Callable[[str], Any], base: Path,
                     atol=atol, rtol=rtol, arch=arch,
                     json_path=json_path, outdir=outdir.resolve(), gate_timeout_s=timeout, ncu_timeout_s=ncu_timeout,
                     candidates=candidates, session_seed=session_seed, sanitizer=sanitizer,
-                    fresh_process=bool(get("fresh_process")), timing_method=timing_method,
+                    fresh_process=bool(get("fresh_process")),
+                    fork_server=not get("no_fork_server"), timing_method=timing_method,
                     rotating_memory=rotating_memory, fail_slower_pct=fail_slower,
                     save=opt("save"), compare=opt("compare"),
                     storage=storage if storage.is_absolute() else base / storage,

@@ -112,7 +112,7 @@ def test_the_controller_gives_each_worker_the_least_loaded_gpu() -> None:
     """Workers are spread by live count, so a worker xdist restarts after a crash (a new id, gw4) takes the GPU its
     predecessor left, and a worker on another host (an ssh gateway) is told to detect its own GPUs."""
     env = gpus.pinned(two_gpu_env(), two_gpu_env()["gpus"][0])
-    state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/shared/.kopt")),
+    state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/shared/.kopt"), fork_server=True),
                          env=env)  # type: ignore[arg-type]
     ctl = kopt_xdist.XdistControllerPlugin(SimpleNamespace(), state)  # type: ignore[arg-type]
     nodes = [_node(f"gw{i}") for i in range(4)]
@@ -506,7 +506,7 @@ def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -
             (two_gpu_env(), "b3", {"gw0": "/r/b3/kernel.cu"}),
             ({"gpu": None}, "", {})):
         config = _selection_config(Path("/r"), keyword)
-        state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/r/.kopt")),
+        state = SessionState(settings=SimpleNamespace(run_dir=None, session_seed=None, outdir=Path("/r/.kopt"), fork_server=True),
                              env=env, kernels=frozenset(kernels))  # type: ignore[arg-type]
         ctl = kopt_xdist.XdistControllerPlugin(config, state)  # type: ignore[arg-type]
         nodes = [SimpleNamespace(workerinput={"workerid": f"gw{i}", "workercount": 4},

@@ -10,7 +10,8 @@ The contract, in one place:
   process), ``... --serve FD`` a warm process that reads ``<seq> <request path>`` lines on stdin
   (:func:`pytest_kopt.child.protocol.serve`). ``FD`` is a private pipe: ``ready`` once torch is imported, then
   ``done <seq> <code> <sha256 of the result JSON>`` per request; the kernel's own output goes to the log, so it
-  cannot fake an answer.
+  cannot fake an answer. ``... --fork-server FD`` is the fork server (:mod:`pytest_kopt.child.forkserver`): it
+  imports torch once and forks warm processes that then run as ``--serve`` would.
 - Request (JSON): ``mode`` (a key of :data:`pytest_kopt.child.protocol.MODES`), ``out`` (path prefix of the
   results), ``kind`` (the kernel kind's name, for messages), ``launcher`` (``solve``: a built library's ``solve``
   through ctypes; ``module``: a Python file's ``setup``/``run_kernel``), ``autotune`` (install the autotune policy

@@ -30,6 +30,13 @@ _T0 = time.time()
 _STARTUP: dict[str, float] = {}
 
 
+def restart_clock(t0: float) -> None:
+    """Count this process's start-up stamps from ``t0``: a harness process forked from the fork server
+    (:mod:`pytest_kopt.child.forkserver`) starts at its fork, not at the server's start."""
+    global _T0
+    _T0 = t0
+
+
 def mode_ready(req: dict[str, Any]) -> dict[str, Any]:
     """Nothing: answering it says the process is up and, for a CUDA request, that the profiler's warm-up (which
     :func:`handle` runs first) is done, so a timing can take the GPU lock without then waiting for it."""
@@ -124,6 +131,7 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
     _STARTUP["imported"] = round(time.time() - _T0, 3)
     _PROCESS["timing"] = profiler
     gpu = profiler and torch.cuda.is_available()
+    os.set_inheritable(ctl_fd, False)  # a program the kernel runs does not get the control pipe
     ctl = os.fdopen(ctl_fd, "w", buffering=1)
     ctl.write("ready\n")
     stdin = sys.stdin  # kept: a kernel that rebinds or closes sys.stdin does not cut the request channel
@@ -185,16 +193,18 @@ def _pending(stream: Any, timeout_s: float) -> bool:
     return bool(select.select([stream], [], [], timeout_s)[0])
 
 
-def _die_with_parent() -> None:
+def die_with_parent(subreaper: bool = True) -> None:
     """Linux: SIGKILL this process when the process that started it ends (prctl PR_SET_PDEATHSIG), so a pytest
-    killed by SIGTERM does not leave a kernel spinning on the GPU; and become the subreaper of its descendants.
+    killed by SIGTERM does not leave a kernel spinning on the GPU; and, with ``subreaper``, become the subreaper of
+    its descendants (a harness process; not the fork server, whose only children are harness processes).
     Elsewhere a no-op."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
         # PR_SET_CHILD_SUBREAPER = 36: orphans of the kernel's own children (a setsid() double fork) stay below
         # this process, where the parent finds, pauses and kills them, instead of escaping to init
-        libc.prctl(36, 1)
+        if subreaper:
+            libc.prctl(36, 1)
         if os.getppid() == 1:  # the parent was already gone before the call
             os._exit(1)
     except (OSError, AttributeError):
@@ -204,7 +214,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> int:
     """Entry point: ``REQUEST.json [--ctl FD]`` runs one request; ``--serve CTL_FD`` runs :func:`serve`."""
     if sys.platform.startswith("linux"):
-        _die_with_parent()
+        die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]), profiler="--no-profiler" not in argv[3:])
     try:

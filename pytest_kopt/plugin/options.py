@@ -55,6 +55,9 @@ OPTIONS = (
 FLAGS = (
     ("fresh-process", "Run every GPU request in a fresh child process instead of one warm child per kernel "
                       "(slower: torch import and CUDA context per request)"),
+    ("no-fork-server", "Start each warm harness process as a new Python that imports torch itself, instead of "
+                       "forking it from one process that imported torch once (slower; for comparison, or where "
+                       "forking misbehaves)"),
 )
 #: pytest cache key of the last session seed (``--kopt-seed last``).
 SEED_CACHE_KEY = "kopt/session_seed"

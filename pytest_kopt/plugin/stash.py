@@ -54,6 +54,7 @@ class SessionState:
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.pool.fork_server = self.settings.fork_server
         if self.scheduler is None:
             self.scheduler = Scheduler(self.pool)
 

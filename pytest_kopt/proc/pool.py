@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelRuntimeError
-from .runner import (child_env, died_error, python_command, read_result, run_fresh, tail, timeout_error,
-                     write_request)
+from .forkserver import ForkedProcess, ForkServer, start
+from .forkserver import supported as forks_supported
+from .runner import died_error, read_result, run_fresh, tail, timeout_error, write_request
 from ..child.tree import freeze_tree, kill_tree, resume
 
 #: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
@@ -43,21 +44,26 @@ class HarnessServer:
     never shares a process with the reference or with another candidate; a request that fails, crashes or times
     out ends it (a CUDA error can leave the context unusable) and the next request starts a fresh one."""
 
-    def __init__(self, key: Key, workdir: Path) -> None:
+    def __init__(self, key: Key, workdir: Path, forks: ForkServer | None = None) -> None:
         self.key = key
         workdir.mkdir(parents=True, exist_ok=True)
         fd, log = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
-        os.close(fd)
         self.log = Path(log)
         ctl_r, ctl_w = os.pipe()
-        with open(self.log, "ab") as sink:
-            env = child_env(dict(key[1]))
-            role = key[0].split(":", 1)[0]
-            self.proc = subprocess.Popen([*python_command(env), "--serve", str(ctl_w),
-                                          *(() if role in PROFILED_ROLES else ("--no-profiler",))],
-                                         stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.STDOUT,
-                                         env=env, pass_fds=(ctl_w,), start_new_session=True)
-        os.close(ctl_w)
+        stdin_r, stdin_w = os.pipe()
+        role = key[0].split(":", 1)[0]
+        flags = () if role in PROFILED_ROLES else ("--no-profiler",)
+        try:
+            #: a forked process (:mod:`pytest_kopt.proc.forkserver`) where the pool has a fork server, else a Popen
+            self.proc = start(forks, lambda ctl: ["--serve", str(ctl), *flags], dict(key[1]), stdin_r, fd, ctl_w)
+        except BaseException:
+            for f in (ctl_r, stdin_w):
+                os.close(f)
+            raise
+        finally:
+            for f in (fd, ctl_w, stdin_r):
+                os.close(f)
+        self.stdin = os.fdopen(stdin_w, "wb")
         self.ctl = os.fdopen(ctl_r, "rb", buffering=0)
         self.log_fd = os.open(self.log, os.O_RDONLY)  # kept open: the log stays readable even if it is unlinked
         self.buf = b""
@@ -105,6 +111,8 @@ class HarnessServer:
 
     def wait_ready(self) -> str:
         """``ready``, ``timeout`` or ``died``."""
+        if isinstance(self.proc, ForkedProcess):
+            self.proc.resolve()  # until the fork is answered this process holds a write end of the control pipe
         line = self._line(READY_TIMEOUT_S)
         return "timeout" if line is None else "ready" if line == b"ready" else "died"
 
@@ -115,9 +123,8 @@ class HarnessServer:
         self.seq += 1
         self.resume()
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(f"{self.seq} {req_path}\n".encode())
-            self.proc.stdin.flush()
+            self.stdin.write(f"{self.seq} {req_path}\n".encode())
+            self.stdin.flush()
         except (BrokenPipeError, OSError):
             return self.output(start), "died"
         line = self._line(timeout_s)
@@ -157,8 +164,7 @@ class HarnessServer:
             kill_tree(self.proc.pid, include_root=False)
         self.resume()
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
 
@@ -172,18 +178,16 @@ class HarnessServer:
         self.resume()
         if not kill and self.proc.poll() is None:
             try:
-                assert self.proc.stdin is not None
-                if not self.proc.stdin.closed:
-                    self.proc.stdin.close()
+                if not self.stdin.closed:
+                    self.stdin.close()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         kill_tree(self.proc.pid)  # what is left: the harness, if it did not end, and its process group
         self.proc.wait()
-        for f in (self.ctl, self.proc.stdin):
+        for f in (self.ctl, self.stdin):
             try:
-                if f is not None:
-                    f.close()
+                f.close()
             except OSError:
                 pass
         os.close(self.log_fd)
@@ -196,8 +200,12 @@ class HarnessPool:
     (at session end, and at exit). At most ``max_servers`` warm processes live at once, least recently used ended
     first."""
 
-    def __init__(self, max_servers: int = MAX_SERVERS) -> None:
+    def __init__(self, max_servers: int = MAX_SERVERS, fork_server: bool = True) -> None:
         self.max_servers = max_servers
+        #: start warm processes from a fork server (:mod:`pytest_kopt.proc.forkserver`) where the platform has one;
+        #: False: each a new Python (``--kopt-no-fork-server``)
+        self.fork_server = fork_server
+        self.forks: ForkServer | None = None
         self.live: dict[Key, HarnessServer] = {}
         #: processes :meth:`prestart` started that no request has used yet
         self.starting: dict[Key, HarnessServer] = {}
@@ -284,7 +292,7 @@ class HarnessPool:
         if key in self.live or key in self.starting:
             return
         self._register_atexit()
-        self.starting[key] = HarnessServer(key, workdir)
+        self.starting[key] = HarnessServer(key, workdir, self._fork_server(workdir))
 
     def end_ahead(self, target: str) -> None:
         """End the processes of ``target`` (a kernel) started ahead that no request used (another worker took the
@@ -322,6 +330,16 @@ class HarnessPool:
             self.live.popitem()[1].close()
         while self.starting:
             self.starting.popitem()[1].close(kill=True)
+        if self.forks is not None:  # after its children: each one's exit code is reaped through it
+            self.forks.close()
+            self.forks = None
+
+    def _fork_server(self, workdir: Path) -> ForkServer | None:
+        """This pool's fork server, started on first use (its torch import then overlaps the pytest process's
+        work); None where it is turned off or the platform lacks what it needs."""
+        if self.forks is None and self.fork_server and forks_supported():
+            self.forks = ForkServer(workdir)
+        return self.forks
 
     def _register_atexit(self) -> None:
         if not self._atexit:
@@ -336,8 +354,13 @@ class HarnessPool:
             # and a silent restart would let whatever that process planted load into the new one
             code = srv.proc.returncode
             srv.close()
+            how = "killed by signal " + str(-code) if code is not None and code < 0 else f"exit {code}"
+            server = self.forks.proc if self.forks is not None and isinstance(srv.proc, ForkedProcess) else None
+            if server is not None and server.poll() is not None:  # it died with the process it was forked from
+                how += (f"; the fork server it came from ended first (exit {server.returncode}): killed by another "
+                        f"process or by the out-of-memory killer")
             raise KernelRuntimeError(f"the warm process of {identity.split(':', 1)[0]} {path} ended between requests "
-                                     f"({'killed by signal ' + str(-code) if code < 0 else 'exit ' + str(code)})",
+                                     f"({how})",
                                      gate=gate, path=path, status="TAMPERED",
                                      fix="a kernel (or a process it left running) killed it; run the kernels in "
                                          "separate sessions to see which one (the next request starts a fresh one)")
@@ -345,7 +368,7 @@ class HarnessPool:
             while len(self.live) >= self.max_servers:
                 self.live.pop(next(iter(self.live))).close()
             self._register_atexit()
-            srv = self.starting.pop(key, None) or HarnessServer(key, workdir)
+            srv = self.starting.pop(key, None) or HarnessServer(key, workdir, self._fork_server(workdir))
             state = srv.wait_ready()
             if state != "ready":
                 output = srv.output(0)

@@ -1,0 +1,175 @@
+"""The fork server: one process per pytest process that imports torch and numpy once and forks each warm harness
+process from that state (:class:`pytest_kopt.proc.forkserver.ForkServer` is its other end).
+
+Why: a warm harness process spends seconds importing torch (3.7 s on a quiet H100 host, 5.7 s median and 17.6 s at
+most when a 32-branch close starts ~80 of them on 16 CPUs: 54% of the close's CPU time). A fork of a process that
+has imported it takes ~15 ms. What makes a process a kernel's own (its environment, stdin, log, control pipe,
+session) is set in the child after the fork, before the harness's request loop imports any kernel: a candidate's
+code only ever runs in a child, never here, and each child runs one kernel or one reference as before.
+
+This process never initialises CUDA (a CUDA context does not survive a fork): it imports and forks, nothing else.
+Python's ``multiprocessing`` forkserver is not used: it runs with the pytest process's ``sys.path`` (where a
+candidate may write a module that shadows one imported later), closes the child's stdin, and is one per
+interpreter.
+
+Protocol, over a ``SOCK_SEQPACKET`` socket (one message a datagram, JSON): ``{"id", "op": "spawn", "argv",
+"env", "fds"}`` with the child's file descriptors attached (SCM_RIGHTS; ``fds`` names the number each becomes in
+the child) is answered ``{"id", "pid"}`` or ``{"id", "error"}`` (``refused``: an environment that differs from
+this process's in a variable read at import); ``{"id", "op": "reap", "pid"}`` is answered ``{"id", "status"}``
+(``waitpid`` without waiting: the exit code as :attr:`subprocess.Popen.returncode` gives it, negative for a
+signal, or None while it runs). The server ends when the socket closes; its children die with it
+(``PR_SET_PDEATHSIG``, set by each child's harness).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+#: Environment variables a child may have other than this process's: read after the fork (CUDA's at the first CUDA
+#: call, Triton's at its first use, kopt's by the harness), never by what this process imported. Any other
+#: difference is refused and the pool starts that process the ordinary way.
+AFTER_FORK_ENV = ("CUDA_", "TRITON_", "KOPT_", "NVIDIA_", "PYTHONUNBUFFERED")
+#: Largest message (bytes): an environment of a few hundred variables.
+MAX_MESSAGE = 1 << 20
+
+
+def serve(sock_fd: int) -> int:
+    """Import what every harness process imports, then fork children on request until the socket closes."""
+    import gc
+
+    from . import protocol  # the harness's modules, imported once
+
+    if sys.platform.startswith("linux"):
+        protocol.die_with_parent(subreaper=False)  # its children die with it (theirs is set by their harness)
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    _name(b"kopt-forkserver")
+    gc.collect()
+    gc.freeze()  # kept out of the collector's sight in every child (see protocol.serve)
+    sock = socket.socket(fileno=sock_fd)
+    base = dict(os.environ)
+    # what this process imported decides what may differ: Triton's variables only while Triton is not imported
+    after = tuple(p for p in AFTER_FORK_ENV if p != "TRITON_" or "triton" not in sys.modules)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+        except (ConnectionError, OSError):
+            return 0
+        if not msg:
+            return 0
+        req: dict[str, Any] = json.loads(msg)
+        try:
+            if req["op"] == "spawn":
+                reply = _spawn(sock, req, fds, base, after)
+            else:
+                reply = {"status": _reap(int(req["pid"]))}
+        except Exception as exc:  # a bad request answers an error; the server goes on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(json.dumps({"id": req.get("id"), **reply}).encode())
+
+
+def refused(env: dict[str, str], base: dict[str, str], after: tuple[str, ...] = AFTER_FORK_ENV) -> list[str]:
+    """The variables in which ``env`` differs from ``base`` (the server's environment when it imported) that
+    something imported there may have read already (none of the prefixes ``after``): the child needs a process of
+    its own."""
+    keys = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
+    return sorted(k for k in keys if not k.startswith(after))
+
+
+def _spawn(sock: socket.socket, req: dict[str, Any], fds: list[int], base: dict[str, str],
+           after: tuple[str, ...]) -> dict[str, Any]:
+    env = {str(k): str(v) for k, v in req["env"].items()}
+    wrong = refused(env, base, after)
+    if wrong:
+        return {"error": "refused", "variables": wrong}
+    targets = [int(t) for t in req["fds"]]
+    if len(targets) != len(fds):
+        raise ValueError(f"{len(fds)} file descriptors for {len(targets)} targets")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    settled_r, settled_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        # answered once the child leads its own process group: a kill of the group right after this answer
+        # reaches it
+        os.close(settled_w)
+        os.read(settled_r, 1)
+        os.close(settled_r)
+        return {"pid": pid}
+    code = 1
+    try:  # the child: never returns into this loop
+        os.close(settled_r)
+        _become(sock, env, fds, targets, [str(a) for a in req["argv"]])
+        os.close(settled_w)
+        code = _run([str(a) for a in req["argv"]])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _become(sock: socket.socket, env: dict[str, str], fds: list[int], targets: list[int], argv: list[str]) -> None:
+    """Turn this fresh child into the harness process the request describes: its own session and process group
+    (the pool pauses and kills it by group), the server's socket closed (a kernel cannot ask for processes), the
+    descriptors at their numbers, the environment."""
+    os.setsid()
+    sock.close()
+    _name(b"kopt-timing" if "--no-profiler" not in argv else b"kopt-harness")
+    # move every received descriptor above the targets first, so no dup2 overwrites one not yet placed
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, max(targets) + 1) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for src, dst in zip(high, targets):
+        os.dup2(src, dst, inheritable=True)
+    for src in high:
+        if src not in targets:
+            os.close(src)
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as pytest_kopt.child.__main__ sets it
+
+
+def _name(name: bytes) -> None:
+    """This process's name as ``ps`` and ``top`` show it (Linux ``PR_SET_NAME``, 15 bytes): a forked harness
+    process's command line is the server's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _run(argv: list[str]) -> int:
+    """The harness's entry point, as ``python -m pytest_kopt.child ARGV`` would run it."""
+    from . import protocol
+
+    sys.argv = ["pytest_kopt.child", *argv]
+    protocol.restart_clock(time.time())
+    return protocol.main(sys.argv)
+
+
+def _reap(pid: int) -> int | None:
+    """The exit code of child ``pid`` once it ended (negative: the signal that ended it), None while it runs;
+    ChildProcessError when it is no child of this process (or was reaped already)."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        return None
+    return os.waitstatus_to_exitcode(status)

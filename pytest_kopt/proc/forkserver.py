@@ -1,0 +1,258 @@
+"""The pytest process's end of the fork server (:mod:`pytest_kopt.child.forkserver`): warm harness processes forked
+from one process that imported torch once, instead of each started as a new Python that imports it.
+
+A :class:`ForkServer` belongs to one :class:`pytest_kopt.proc.pool.HarnessPool` (one per pytest process); its
+processes are :class:`ForkedProcess` objects with the part of :class:`subprocess.Popen`'s interface the pool uses
+(``pid``, ``stdin``, ``poll``, ``wait``, ``returncode``). A spawn is sent at once and answered later, so a
+prestart does not wait for the server's own torch import; where the server cannot fork a process (it died, it is
+gone, or the process's environment differs in a variable read at import) the process is started the ordinary way,
+with the same descriptors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from ..child.forkserver import MAX_MESSAGE, refused
+from .runner import child_env, python_command
+
+#: The descriptor number of a forked harness process's control pipe.
+CTL_FD = 3
+#: Seconds the server may take to answer a spawn (its own start imports torch: seconds; 17 s seen on a loaded host).
+ANSWER_TIMEOUT_S = 180.0
+
+
+def supported() -> bool:
+    """True where processes can be forked and awaited as this module does: Linux with ``pidfd_open`` (5.3+)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def start(server: "ForkServer | None", argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int,
+          log: int, ctl: int) -> "ForkedProcess | subprocess.Popen":
+    """Start the harness process ``python -m pytest_kopt.child ARGV`` (``argv_for(n)``: its arguments when its
+    control pipe is descriptor ``n``) with ``child_env(extra_env)``, in its own session, its stdin, its stdout and
+    stderr (``log``) and its control pipe the given descriptors of this process (the caller closes them after this
+    call): forked by ``server`` where there is one, else a new Python."""
+    if server is not None:
+        return server.spawn(argv_for, extra_env, stdin, log, ctl)
+    return popen(argv_for, extra_env, stdin, log, ctl)
+
+
+def popen(argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
+          ctl: int) -> subprocess.Popen:
+    """:func:`start` without a fork server: a new Python process."""
+    env = child_env(dict(extra_env))
+    return subprocess.Popen([*python_command(env), *argv_for(ctl)], stdin=stdin, stdout=log,
+                            stderr=subprocess.STDOUT, env=env, pass_fds=(ctl,), start_new_session=True)
+
+
+class ForkServer:
+    """The fork server process of one pool, started now (its torch import runs while the pytest process goes on);
+    its output goes to ``fork-server-*.log`` in ``workdir``."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = child_env({})
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fd, self.log = tempfile.mkstemp(prefix="fork-server-", suffix=".log", dir=workdir)
+        try:
+            self.proc = subprocess.Popen([*python_command(env), "--fork-server", str(theirs.fileno())],
+                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env,
+                                         pass_fds=(theirs.fileno(),), start_new_session=True)
+        finally:
+            os.close(fd)
+            theirs.close()
+        #: the environment the server imported with (its children's may differ only after the fork)
+        self.env = env
+        self.sock = ours
+        self.lock = threading.Lock()
+        self.replies: dict[int, dict[str, Any]] = {}
+        self.next_id = 0
+        #: why the server cannot serve (None while it can)
+        self.broken: str | None = None
+
+    def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
+              ctl: int) -> "ForkedProcess | subprocess.Popen":
+        """A harness process (:func:`start`), forked by the server where it can, else started the ordinary way
+        now (or later, when the server fails to answer)."""
+        env = child_env(dict(extra_env))
+        python_command(env)  # takes PYTHONPATH out, as for the server
+        if self.broken or refused(env, self.env):
+            return popen(argv_for, extra_env, stdin, log, ctl)
+        # ours until the fork is answered: the fallback needs them
+        held = {0: os.dup(stdin), 1: os.dup(log), CTL_FD: os.dup(ctl)}
+        with self.lock:
+            self.next_id += 1
+            rid = self.next_id
+            msg = json.dumps({"id": rid, "op": "spawn", "argv": argv_for(CTL_FD), "env": env,
+                              "fds": [0, 1, 2, CTL_FD]}).encode()
+            try:
+                socket.send_fds(self.sock, [msg], [held[0], held[1], held[1], held[CTL_FD]])
+            except OSError as exc:
+                self.broken = f"the fork server's socket failed ({exc})"
+                _close_all(held)
+                return popen(argv_for, extra_env, stdin, log, ctl)
+        return ForkedProcess(self, rid, argv_for(CTL_FD), held,
+                             lambda: popen(argv_for, extra_env, held[0], held[1], held[CTL_FD]))
+
+    def answer(self, rid: int, timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
+        """The server's answer to request ``rid``; ``{"error": ...}`` when it ended or did not answer in time."""
+        with self.lock:
+            while rid not in self.replies:
+                if self.broken:
+                    return {"error": self.broken}
+                ready, _, _ = select.select([self.sock], [], [], timeout_s)
+                if not ready:
+                    self.broken = f"the fork server did not answer within {timeout_s:g} s"
+                    continue
+                try:
+                    data = self.sock.recv(MAX_MESSAGE)
+                except OSError as exc:
+                    data, self.broken = b"", f"the fork server's socket failed ({exc})"
+                if not data:
+                    self.broken = self.broken or "the fork server ended"
+                    continue
+                msg = json.loads(data)
+                self.replies[int(msg.get("id") or 0)] = msg
+            return self.replies.pop(rid)
+
+    def reap(self, pid: int) -> int | None:
+        """The exit code of ``pid`` (a process this server forked) once it ended, else None; ``-SIGKILL`` when the
+        server is gone (its children died with it)."""
+        with self.lock:
+            self.next_id += 1
+            rid = self.next_id
+            try:
+                if not self.broken:
+                    self.sock.send(json.dumps({"id": rid, "op": "reap", "pid": pid}).encode())
+            except OSError as exc:
+                self.broken = f"the fork server's socket failed ({exc})"
+        reply = self.answer(rid, timeout_s=10.0)
+        if "error" in reply:
+            return -signal.SIGKILL
+        return reply.get("status")
+
+    def close(self) -> None:
+        """End the server (closing its socket ends its loop; what it forked and still runs dies with it) and
+        remove its log."""
+        self.broken = self.broken or "closed"
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        Path(self.log).unlink(missing_ok=True)
+
+    def output(self) -> str:
+        """The server's own output (its import's errors), at most the last 4 KB."""
+        try:
+            return Path(self.log).read_bytes()[-4096:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+
+class ForkedProcess:
+    """A harness process asked of a :class:`ForkServer`: :attr:`pid` waits for the fork's answer; a process the
+    server could not fork is started by ``fallback`` then, and this object forwards to it."""
+
+    def __init__(self, server: ForkServer, rid: int, argv: list[str], held: dict[int, int],
+                 fallback: Callable[[], subprocess.Popen]) -> None:
+        self.server = server
+        self.rid = rid
+        #: the harness's arguments (its command line is the server's: ``ps`` names it by ``comm``, kopt-<role>)
+        self.args = argv
+        self.held = held
+        self.fallback = fallback
+        self.popen: subprocess.Popen | None = None
+        self._pid: int | None = None
+        self._pidfd: int | None = None
+        self.returncode: int | None = None
+        self.stdin: IO[bytes] | None = None  # set by the caller (the write end of the process's stdin pipe)
+
+    def resolve(self) -> None:
+        """Wait for the fork's answer (or start the fallback): after this :attr:`pid` is the process's."""
+        if self._pid is not None or self.popen is not None:
+            return
+        reply = self.server.answer(self.rid)
+        if "pid" in reply:
+            self._pid = int(reply["pid"])
+            self._pidfd = os.pidfd_open(self._pid)  # a zombie until reaped: the pid stays this process's
+            _close_all(self.held)
+        else:
+            try:
+                self.popen = self.fallback()
+            finally:
+                _close_all(self.held)
+
+    @property
+    def pid(self) -> int:
+        self.resolve()
+        if self.popen is not None:
+            return self.popen.pid
+        assert self._pid is not None
+        return self._pid
+
+    @property
+    def forked(self) -> bool:
+        """True when the server forked it (False: started the ordinary way)."""
+        self.resolve()
+        return self.popen is None
+
+    def poll(self) -> int | None:
+        """Its exit code once it ended, else None."""
+        return self.wait(timeout=0.0, raising=False)
+
+    def wait(self, timeout: float | None = None, raising: bool = True) -> int | None:
+        """Wait for it to end (at most ``timeout`` seconds) and return its exit code; raises
+        :class:`subprocess.TimeoutExpired` when it still runs (with ``raising``, else returns None)."""
+        self.resolve()
+        if self.popen is not None:
+            try:
+                self.returncode = self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                if raising:
+                    raise
+            return self.returncode
+        if self.returncode is not None:
+            return self.returncode
+        assert self._pidfd is not None and self._pid is not None
+        ready, _, _ = select.select([self._pidfd], [], [], timeout)
+        if not ready:
+            if raising:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            return None
+        code = self.server.reap(self._pid)
+        for _ in range(100):  # the pidfd says it ended: the server's waitpid sees it at once
+            if code is not None:
+                break
+            select.select([], [], [], 0.01)
+            code = self.server.reap(self._pid)
+        self.returncode = -signal.SIGKILL if code is None else code
+        os.close(self._pidfd)
+        return self.returncode
+
+
+def _close_all(fds: dict[int, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()

@@ -1,0 +1,141 @@
+"""The fork server (pytest_kopt.proc.forkserver, pytest_kopt.child.forkserver): warm harness processes forked from
+one process that imported torch once, each still a process of its own kernel; and every way back to an ordinary
+start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_kopt.child.forkserver import refused
+from pytest_kopt.errors import KernelRuntimeError
+from pytest_kopt.proc import forkserver
+from pytest_kopt.proc.forkserver import ForkedProcess, ForkServer
+from pytest_kopt.proc.pool import HarnessPool
+
+pytestmark = pytest.mark.skipif(not forkserver.supported(), reason="the fork server needs Linux with pidfd_open")
+
+
+def ready(pool: HarnessPool, identity: str, tmp_path: Path, env: dict[str, str] | None = None) -> dict:
+    return pool.run({"mode": "ready", "env": env or {}}, gate="plan", timeout_s=120, path="k.cu",
+                    workdir=tmp_path, server=identity)
+
+
+def srv_of(pool: HarnessPool, identity: str):
+    return next(s for k, s in pool.live.items() if k[0] == identity)
+
+
+def test_a_forked_process_serves_and_holds_only_its_own_descriptors(tmp_path: Path) -> None:
+    """Each identity gets its own process, forked by the pool's server, leading its own process group, holding
+    only stdin, its log and its control pipe (never the server's socket: a kernel cannot ask it for processes),
+    named by its role; its start-up stamps count from its fork."""
+    pool = HarnessPool()
+    try:
+        pool.prestart("check:/k.cu", {}, tmp_path)
+        pool.prestart("candidate:/k.cu", {}, tmp_path)
+        result = ready(pool, "check:/k.cu", tmp_path)
+        ready(pool, "candidate:/k.cu", tmp_path)
+        assert pool.forks is not None
+        check, cand = srv_of(pool, "check:/k.cu").proc, srv_of(pool, "candidate:/k.cu").proc
+        assert isinstance(check, ForkedProcess) and check.forked and cand.forked and check.pid != cand.pid
+        for proc in (check, cand):
+            stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            assert int(stat[1]) == pool.forks.proc.pid  # its parent: the server
+            assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
+            fds = sorted(int(f) for f in os.listdir(f"/proc/{proc.pid}/fd"))
+            assert fds == [0, 1, 2, 3]
+            assert os.readlink(f"/proc/{proc.pid}/fd/3").startswith("pipe:")
+        assert Path(f"/proc/{check.pid}/comm").read_text().strip() == "kopt-harness"
+        assert Path(f"/proc/{cand.pid}/comm").read_text().strip() == "kopt-timing"
+        assert "--no-profiler" in check.args and "--no-profiler" not in cand.args
+        assert 0 <= result["harness_s"]["imported"] < 5.0  # torch came with the fork
+    finally:
+        pool.shutdown()
+    assert pool.forks is None
+    assert check.returncode == 0 and cand.returncode == 0  # ended at its stdin's end, reaped through the server
+
+
+def test_how_a_forked_process_ended_reaches_the_errors(tmp_path: Path) -> None:
+    """A process killed while paused between requests is TAMPERED naming the signal (the exit code comes back
+    through the server); a failed request ends its process with exit code 1, and the next request starts another."""
+    pool = HarnessPool()
+    try:
+        ready(pool, "candidate:/k.cu", tmp_path)
+        first = srv_of(pool, "candidate:/k.cu").proc
+        os.kill(first.pid, signal.SIGCONT)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        assert first.returncode == -signal.SIGKILL
+        with pytest.raises(KernelRuntimeError, match="ended between requests \\(killed by signal 9\\)") as e:
+            ready(pool, "candidate:/k.cu", tmp_path)
+        assert e.value.status == "TAMPERED"
+        with pytest.raises(KernelRuntimeError, match="no_such_mode"):
+            pool.run({"mode": "no_such_mode"}, gate="plan", timeout_s=60, path="k.cu", workdir=tmp_path,
+                     server="judge:/r.py")
+        assert not any(k[0] == "judge:/r.py" for k in pool.live)
+        assert ready(pool, "judge:/r.py", tmp_path)["ok"]
+        assert srv_of(pool, "judge:/r.py").proc.forked
+    finally:
+        pool.shutdown()
+
+
+def test_an_environment_read_at_import_gets_a_process_of_its_own(tmp_path: Path) -> None:
+    """A variable torch or numpy may read at import (OMP_NUM_THREADS) cannot be set after a fork: that process is
+    a new Python; CUDA's, Triton's and kopt's are set in the forked child."""
+    assert refused({"A": "1", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "1"}, {"A": "1"}) == []
+    assert refused({"OMP_NUM_THREADS": "1"}, {}) == ["OMP_NUM_THREADS"]
+    assert refused({}, {"LD_PRELOAD": "x.so"}) == ["LD_PRELOAD"]
+    assert refused({"TRITON_INTERPRET": "1"}, {}, after=("CUDA_",)) == ["TRITON_INTERPRET"]
+    pool = HarnessPool()
+    try:
+        ready(pool, "judge:/r.py", tmp_path, env={"OMP_NUM_THREADS": "1"})
+        ready(pool, "check:/k.py", tmp_path, env={"TRITON_INTERPRET": "1"})
+        assert isinstance(srv_of(pool, "judge:/r.py").proc, subprocess.Popen)
+        assert srv_of(pool, "check:/k.py").proc.forked
+    finally:
+        pool.shutdown()
+
+
+def test_without_a_server_processes_start_the_ordinary_way(tmp_path: Path) -> None:
+    """A server that died: a spawn it had not answered, and every later one, start as a new Python with the same
+    descriptors, and serve. ``fork_server=False`` (``--kopt-no-fork-server``) never starts one."""
+    server = ForkServer(tmp_path)
+    r, w = os.pipe()
+    log = os.open(tmp_path / "x.log", os.O_WRONLY | os.O_CREAT)
+    ctl_r, ctl_w = os.pipe()
+    proc = server.spawn(lambda ctl: ["--serve", str(ctl), "--no-profiler"], {}, r, log, ctl_w)
+    for fd in (r, log, ctl_w):
+        os.close(fd)
+    server.proc.kill()  # still importing torch: the spawn is not answered
+    try:
+        assert isinstance(proc, ForkedProcess) and not proc.forked
+        assert isinstance(proc.popen, subprocess.Popen)
+        with os.fdopen(ctl_r, "rb") as ctl:
+            assert ctl.readline() == b"ready\n"
+        os.close(w)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        server.close()
+    pool = HarnessPool()
+    try:
+        ready(pool, "judge:/r.py", tmp_path)
+        assert pool.forks is not None
+        pool.forks.proc.kill()
+        pool.forks.proc.wait()
+        ready(pool, "reference:/r.py", tmp_path)
+        assert isinstance(srv_of(pool, "reference:/r.py").proc, subprocess.Popen)
+        # the judge's process died with the server (PR_SET_PDEATHSIG): said so, never restarted quietly
+        with pytest.raises(KernelRuntimeError, match="killed by signal 9; the fork server it came from ended first"):
+            ready(pool, "judge:/r.py", tmp_path)
+    finally:
+        pool.shutdown()
+    pool = HarnessPool(fork_server=False)
+    try:
+        ready(pool, "judge:/r.py", tmp_path)
+        assert pool.forks is None and isinstance(srv_of(pool, "judge:/r.py").proc, subprocess.Popen)
+    finally:
+        pool.shutdown()
