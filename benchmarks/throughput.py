@@ -156,7 +156,10 @@ def seed_phases(it: Path) -> list[str]:
                 per.setdefault(k, []).append(float(v))
         for who, req in (("candidate", "candidate"), ("judge", "judge_request")):
             if isinstance(ph.get(req), (int, float)) and isinstance(ph.get(f"{who}_harness_mode"), (int, float)):
-                per.setdefault(f"{who}_wait_outside", []).append(ph[req] - ph[f"{who}_harness_mode"])
+                # a process's first request carries its start-up stamps: its mode and wait apart from the rest
+                first = "_first" if f"{who}_harness_imported" in ph else "_later"
+                per.setdefault(f"{who}_wait_outside{first}", []).append(ph[req] - ph[f"{who}_harness_mode"])
+                per.setdefault(f"{who}_harness_mode{first}", []).append(ph[f"{who}_harness_mode"])
     return _spread("seed phase", dict(sorted(per.items())))
 
 

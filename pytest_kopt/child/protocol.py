@@ -111,8 +111,10 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
 def serve(ctl_fd: int, profiler: bool = True) -> int:
     """Warm-process loop (:class:`pytest_kopt.proc.pool.HarnessServer`): import torch, say ``ready`` on the control
     pipe, then run each request path read from stdin and answer ``done <seq> <code> <sha>``. Ends at EOF, or after
-    a failed request (the parent starts a fresh process: a CUDA error can leave this context unusable). A timing
-    process (``profiler``) warms CUPTI up while idle and before its first CUDA request; the others never do."""
+    a failed request (the parent starts a fresh process: a CUDA error can leave this context unusable). On a GPU,
+    while idle before its first request, it makes its CUDA context (:func:`warm_cuda`) and, a timing process
+    (``profiler``), warms CUPTI up (which a timing process also does before its first CUDA request); the others
+    never load CUPTI."""
     import gc
 
     import numpy  # noqa: F401  (imported once here, not per request)
@@ -130,7 +132,9 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
     run = handle
     _STARTUP["imported"] = round(time.time() - _T0, 3)
     _PROCESS["timing"] = profiler
-    gpu = profiler and torch.cuda.is_available()
+    # until its first request: nothing of a kernel has run here yet, so this process may make its CUDA context
+    # while idle, outside the GPU lock (seconds on a loaded host, that the first request would hold the lock for)
+    cold = torch.cuda.is_available()
     os.set_inheritable(ctl_fd, False)  # a program the kernel runs does not get the control pipe
     ctl = os.fdopen(ctl_fd, "w", buffering=1)
     ctl.write("ready\n")
@@ -138,14 +142,18 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
     while True:
         # CUPTI's first session (seconds), paid while this process is idle: a request already on its way (the
         # plan's, sent as soon as this process is ready) is served first
-        if gpu and not profiler_warm() and not _pending(stdin, IDLE_S):
-            _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
+        if cold and not _pending(stdin, IDLE_S):
+            if profiler and not profiler_warm():
+                _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
+            _STARTUP["cuda_warm"] = round(warm_cuda(torch), 3)
+            cold = False
             continue
         line = stdin.readline()
         if not line:
             break
         if not line.strip():
             continue
+        cold = False  # a request's kernel may have run: this process does nothing of its own between requests
         seq, _, path = line.strip().partition(" ")
         code, json_sha, ends = run(path, guard)
         done = f"done {seq} {code} {json_sha}\n"
@@ -157,6 +165,16 @@ def serve(ctl_fd: int, profiler: bool = True) -> int:
             return 1
         ctl.write(done)
     return 0
+
+
+def warm_cuda(torch: Any) -> float:
+    """Make this process's CUDA context and cuBLAS's handle (an 8x8 float32 matmul on the current device), as its
+    first CUDA request would; returns the seconds it took. Called only before the first request (:func:`serve`)."""
+    t0 = time.time()
+    x = torch.ones(8, 8, device="cuda")
+    (x @ x).sum().item()
+    del x
+    return time.time() - t0
 
 
 def tidy(torch: Any, ends: bool) -> bool:
