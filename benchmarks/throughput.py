@@ -105,6 +105,39 @@ def timeline_table(path: Path) -> list[str]:
                    f"{busy:8.1f} {most:12d}")
     if "exit" in ev:
         out.append(f"  last item to exit {ev['exit'] - last:6.1f} s (the loop's close after the items)")
+    return out + lock_table([r for r in rows if "lock" in r], first, last)
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``spans``."""
+    busy, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            busy, end = busy + b - a, b
+        elif b > end:
+            busy, end = busy + b - end, b
+    return busy
+
+
+def lock_table(holds: list[dict], first: float, last: float) -> list[str]:
+    """The per-GPU lock between the first item's start and the last item's stop: per kind of hold its count, sum
+    of holds, median and largest wait; the time an exclusive hold ran (the union), any hold ran, and an exclusive
+    hold was asked for and not yet held (the wait for shared holds to end, the lock's hand-over)."""
+    if not holds:
+        return ["  (no lock holds logged)"]
+    out = [f"  {'lock':<10} {'holds':>5} {'held sum s':>10} {'wait median s':>13} {'wait max s':>10}"]
+    for kind in ("exclusive", "shared"):
+        hs = [h for h in holds if h["lock"] == kind]
+        if hs:
+            waits = sorted(h["held"] - h["asked"] for h in hs)
+            out.append(f"  {kind:<10} {len(hs):>5} {sum(h['released'] - h['held'] for h in hs):>10.1f} "
+                       f"{waits[len(waits) // 2]:>13.3f} {waits[-1]:>10.2f}")
+    window = [(max(a, first), min(b, last)) for a, b in ((h["held"], h["released"]) for h in holds) if b > first]
+    excl = [(h["held"], h["released"]) for h in holds if h["lock"] == "exclusive"]
+    asked = [(h["asked"], h["held"]) for h in holds if h["lock"] == "exclusive"]
+    out.append(f"  of the items' {last - first:.1f} s: an exclusive hold ran {_union(excl):.1f} s, any hold "
+               f"{_union(window):.1f} s; an exclusive hold was waited for {_union(asked):.1f} s "
+               f"(the lock idle or shared meanwhile: {_union(asked + excl) - _union(excl):.1f} s)")
     return out
 
 

@@ -1,6 +1,9 @@
 """A pytest plugin for benchmarks: one JSON line per test phase (node id, phase, worker, start and stop in Unix
 seconds, outcome) appended to the file named by ``KOPT_TIMELINE``; with xdist, the controller writes the lines of
-every worker. Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH`` (benchmarks/throughput.py does)."""
+every worker. Each process that loads it (the controller and every worker) also appends one line per hold of the
+per-GPU lock (``lock``: shared or exclusive; ``asked``, ``held``, ``released``: Unix seconds), by wrapping
+:class:`pytest_kopt.proc.gpulock.GpuLock`. Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
+(benchmarks/throughput.py does)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,37 @@ _CONTROLLER = [False]
 
 def pytest_configure(config) -> None:
     _CONTROLLER[0] = not hasattr(config, "workerinput")
+    if os.environ.get("KOPT_TIMELINE"):
+        _wrap_gpu_lock(os.environ["KOPT_TIMELINE"])
+
+
+def _wrap_gpu_lock(path: str) -> None:
+    """Log each hold of the per-GPU lock taken in this process (one ``O_APPEND`` write a line)."""
+    from pytest_kopt.proc.gpulock import GpuLock
+
+    if getattr(GpuLock, "_timeline", False):
+        return
+    enter, exit_ = GpuLock.__enter__, GpuLock.__exit__
+
+    def logged_enter(self):
+        self._asked = time.time()
+        out = enter(self)
+        self._held = time.time()
+        return out
+
+    def logged_exit(self, *exc):
+        out = exit_(self, *exc)
+        line = json.dumps({"lock": "shared" if self.shared else "exclusive", "asked": self._asked,
+                           "held": self._held, "released": time.time(), "pid": os.getpid()}) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return out
+
+    GpuLock.__enter__, GpuLock.__exit__ = logged_enter, logged_exit
+    GpuLock._timeline = True
 
 
 def pytest_sessionstart(session) -> None:
