@@ -105,7 +105,36 @@ def timeline_table(path: Path) -> list[str]:
                    f"{busy:8.1f} {most:12d}")
     if "exit" in ev:
         out.append(f"  last item to exit {ev['exit'] - last:6.1f} s (the loop's close after the items)")
-    return out + lock_table([r for r in rows if "lock" in r], first, last)
+    return (out + lock_table([r for r in rows if "lock" in r], first, last)
+            + hold_contents([r for r in rows if r.get("lock") == "exclusive"], [r for r in rows if "request" in r]))
+
+
+def hold_contents(holds: list[dict], requests: list[dict]) -> list[str]:
+    """What the exclusive holds of the per-GPU lock were spent on: per kind of harness request sent inside one
+    (by the process that held it; a timing round's ``count`` is ``first`` for its first round of 3 samples,
+    ``rounds`` for the others, ``final``), its count and the seconds summed over the holds, and the holds' time
+    outside any request (the pytest process's own work: NVML readings, result files, the check of the timed
+    output between its requests)."""
+    if not holds or not requests:
+        return []
+    per: dict[str, list[float]] = {}
+    outside = 0.0
+    for h in holds:
+        inside = [r for r in requests if r["pid"] == h["pid"] and r["sent"] >= h["held"] - 1e-3
+                  and r["returned"] <= h["released"] + 1e-3]
+        seen = set()
+        for r in inside:
+            kind = r["request"] + ("" if r["round"] is None else
+                                   ".final" if r["round"] == "final" else
+                                   ".first" if (r["request"], "first") not in seen and r["round"] == 3 else ".rounds")
+            seen.add((r["request"], "first"))
+            per.setdefault(kind, []).append(r["returned"] - r["sent"])
+        outside += (h["released"] - h["held"]) - _union([(r["sent"], r["returned"]) for r in inside])
+    out = [f"  inside {len(holds)} exclusive holds: {'request':<22} {'count':>5} {'sum s':>7} {'median s':>8}"]
+    for kind, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        out.append(f"  {'':<31}{kind:<22} {len(v):>5} {sum(v):>7.2f} {sorted(v)[len(v) // 2]:>8.3f}")
+    out.append(f"  {'':<31}{'(outside any request)':<22} {'':>5} {outside:>7.2f}")
+    return out
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

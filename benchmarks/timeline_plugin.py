@@ -2,7 +2,9 @@
 seconds, outcome) appended to the file named by ``KOPT_TIMELINE``; with xdist, the controller writes the lines of
 every worker. Each process that loads it (the controller and every worker) also appends one line per hold of the
 per-GPU lock (``lock``: shared or exclusive; ``asked``, ``held``, ``released``: Unix seconds), by wrapping
-:class:`pytest_kopt.proc.gpulock.GpuLock`. Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
+:class:`pytest_kopt.proc.gpulock.GpuLock`, and one line per request to a warm harness process (``request``: its mode,
+``round``: a timing round's sample count or ``final``, ``sent``, ``returned``: Unix seconds), by wrapping
+:meth:`pytest_kopt.proc.pool.HarnessPool.run`. Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
 (benchmarks/throughput.py does)."""
 
 from __future__ import annotations
@@ -19,6 +21,38 @@ def pytest_configure(config) -> None:
     _CONTROLLER[0] = not hasattr(config, "workerinput")
     if os.environ.get("KOPT_TIMELINE"):
         _wrap_gpu_lock(os.environ["KOPT_TIMELINE"])
+        _wrap_requests(os.environ["KOPT_TIMELINE"])
+
+
+def _append(path: str, row: dict) -> None:
+    """One JSON line appended to ``path`` (one ``O_APPEND`` write, so processes' lines do not interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _wrap_requests(path: str) -> None:
+    """Log each request this process sends to a harness process (its mode and how long it took)."""
+    from pytest_kopt.proc.pool import HarnessPool
+
+    if getattr(HarnessPool, "_timeline", False):
+        return
+    run = HarnessPool.run
+
+    def logged_run(self, req, **kw):
+        sent = time.time()
+        try:
+            return run(self, req, **kw)
+        finally:
+            rnd = req.get("round") or {}
+            _append(path, {"request": req.get("mode"), "gate": kw.get("gate"),
+                           "round": "final" if rnd.get("final") else rnd.get("count"), "sent": sent,
+                           "returned": time.time(), "pid": os.getpid()})
+
+    HarnessPool.run = logged_run
+    HarnessPool._timeline = True
 
 
 def _wrap_gpu_lock(path: str) -> None:
@@ -37,13 +71,8 @@ def _wrap_gpu_lock(path: str) -> None:
 
     def logged_exit(self, *exc):
         out = exit_(self, *exc)
-        line = json.dumps({"lock": "shared" if self.shared else "exclusive", "asked": self._asked,
-                           "held": self._held, "released": time.time(), "pid": os.getpid()}) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        _append(path, {"lock": "shared" if self.shared else "exclusive", "asked": self._asked, "held": self._held,
+                       "released": time.time(), "pid": os.getpid()})
         return out
 
     GpuLock.__enter__, GpuLock.__exit__ = logged_enter, logged_exit
