@@ -55,9 +55,12 @@ SESSION_PID_ENV = "KOPT_SESSION_PID"
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment of a harness process: this one's, plus ``extra``. A ``TRITON_INTERPRET`` from the user's
     shell is dropped: the gates decide where Triton's interpreter runs (CPU correctness only); left in, the compile
-    and SASS gates would find no compiled kernel."""
+    and SASS gates would find no compiled kernel. So is pytest's ``PYTEST_CURRENT_TEST``: a harness process serves
+    many items and is none of them, and a value that changes with every item made the fork server
+    (:mod:`pytest_kopt.proc.forkserver`), started with another, refuse every process started during an item."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
+    env.pop("PYTEST_CURRENT_TEST", None)
     # the session's root process: a timed child counts GPU processes below it as its own session's, not as others
     env.setdefault(SESSION_PID_ENV, str(os.getpid()))
     env.update(extra)
