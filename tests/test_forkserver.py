@@ -108,6 +108,24 @@ def test_an_environment_read_at_import_gets_a_process_of_its_own(tmp_path: Path)
         pool.shutdown()
 
 
+def test_processes_started_during_an_item_are_forked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest sets PYTEST_CURRENT_TEST to each item's id in turn: a server started during one item still forks the
+    processes started during the next (the harness's environment leaves the variable out)."""
+    from pytest_kopt.proc.runner import child_env
+
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "test_a.py::first (call)")
+    assert "PYTEST_CURRENT_TEST" not in child_env({})
+    pool = HarnessPool()
+    try:
+        ready(pool, "check:/k.cu", tmp_path)
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "test_a.py::second (call)")
+        ready(pool, "candidate:/k.cu", tmp_path)
+        assert pool.forks is not None and refused(child_env({}), pool.forks.env) == []
+        assert srv_of(pool, "check:/k.cu").proc.forked and srv_of(pool, "candidate:/k.cu").proc.forked
+    finally:
+        pool.shutdown()
+
+
 def test_without_a_server_processes_start_the_ordinary_way(tmp_path: Path) -> None:
     """A server that died: a spawn it had not answered, and every later one, start as a new Python with the same
     descriptors, and serve. ``fork_server=False`` (``--kopt-no-fork-server``) never starts one."""
@@ -146,4 +164,47 @@ def test_without_a_server_processes_start_the_ordinary_way(tmp_path: Path) -> No
         ready(pool, "judge:/r.py", tmp_path)
         assert pool.forks is None and isinstance(srv_of(pool, "judge:/r.py").proc, subprocess.Popen)
     finally:
+        pool.shutdown()
+
+
+def test_a_process_that_dies_with_its_server_during_a_request_names_the_server(tmp_path: Path) -> None:
+    """Another kernel kills the fork server while this kernel's request runs: the request's error says the server
+    ended first and how to find who killed it, not only that this process died."""
+    pool = HarnessPool()
+    try:
+        ready(pool, "check:/k.py", tmp_path)
+        srv = srv_of(pool, "check:/k.py")
+        assert srv.proc.forked
+
+        def killed_meanwhile(name: str, timeout_s: float) -> tuple[str, str]:
+            assert pool.forks is not None
+            pool.forks.proc.kill()
+            pool.forks.proc.wait()
+            srv.proc.wait(timeout=10)  # PR_SET_PDEATHSIG: it dies with the server
+            return "", "died"
+
+        srv.request = killed_meanwhile
+        with pytest.raises(KernelRuntimeError) as info:
+            ready(pool, "check:/k.py", tmp_path)
+        assert "the fork server it came from ended first (exit -9)" in info.value.message
+        assert "--kopt-no-fork-server" in info.value.fix
+    finally:
+        pool.shutdown()
+
+
+def test_a_stopped_server_is_given_up_at_once(tmp_path: Path) -> None:
+    """A process of this user SIGSTOPs the fork server: the next spawn is not left waiting for its answer (180 s
+    before its first answer, 30 s after); the process starts the ordinary way and serves."""
+    pool = HarnessPool()
+    try:
+        ready(pool, "check:/k.py", tmp_path)
+        assert pool.forks is not None and pool.forks.answered
+        os.kill(pool.forks.proc.pid, signal.SIGSTOP)
+        ready(pool, "judge:/r.py", tmp_path)
+        assert isinstance(srv_of(pool, "judge:/r.py").proc, ForkedProcess)
+        assert not srv_of(pool, "judge:/r.py").proc.forked
+        assert pool.forks.broken is not None and "stopped (SIGSTOP)" in pool.forks.broken
+    finally:
+        if pool.forks is not None:
+            os.kill(pool.forks.proc.pid, signal.SIGCONT)
         pool.shutdown()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -30,6 +31,17 @@ from .runner import child_env, python_command
 CTL_FD = 3
 #: Seconds the server may take to answer a spawn (its own start imports torch: seconds; 17 s seen on a loaded host).
 ANSWER_TIMEOUT_S = 180.0
+#: Seconds it may take once it has answered one (a fork: milliseconds).
+ANSWERED_TIMEOUT_S = 30.0
+
+
+def _stopped(pid: int) -> bool:
+    """True when ``pid`` is stopped (SIGSTOP, or a tracer's stop): it answers nothing until someone resumes it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"T", b"t")
 
 
 def supported() -> bool:
@@ -86,6 +98,8 @@ class ForkServer:
         self.next_id = 0
         #: why the server cannot serve (None while it can)
         self.broken: str | None = None
+        #: whether it has answered a request (its imports are done: a fork takes milliseconds)
+        self.answered = False
 
     def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
               ctl: int) -> "ForkedProcess | subprocess.Popen":
@@ -111,15 +125,24 @@ class ForkServer:
         return ForkedProcess(self, rid, argv_for(CTL_FD), held,
                              lambda: popen(argv_for, extra_env, held[0], held[1], held[CTL_FD]))
 
-    def answer(self, rid: int, timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
-        """The server's answer to request ``rid``; ``{"error": ...}`` when it ended or did not answer in time."""
+    def answer(self, rid: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """The server's answer to request ``rid``; ``{"error": ...}`` when it ended, was stopped (a process of this
+        user sent it SIGSTOP) or did not answer within ``timeout_s`` (default :data:`ANSWER_TIMEOUT_S` until it has
+        answered once, :data:`ANSWERED_TIMEOUT_S` after)."""
+        if timeout_s is None:
+            timeout_s = ANSWERED_TIMEOUT_S if self.answered else ANSWER_TIMEOUT_S
         with self.lock:
+            deadline = time.monotonic() + timeout_s
             while rid not in self.replies:
                 if self.broken:
                     return {"error": self.broken}
-                ready, _, _ = select.select([self.sock], [], [], timeout_s)
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self.sock], [], [], max(0.0, min(left, 1.0)))
                 if not ready:
-                    self.broken = f"the fork server did not answer within {timeout_s:g} s"
+                    if _stopped(self.proc.pid):
+                        self.broken = "the fork server was stopped (SIGSTOP): another process of this user stopped it"
+                    elif left <= 1.0:
+                        self.broken = f"the fork server did not answer within {timeout_s:g} s"
                     continue
                 try:
                     data = self.sock.recv(MAX_MESSAGE)
@@ -130,6 +153,7 @@ class ForkServer:
                     continue
                 msg = json.loads(data)
                 self.replies[int(msg.get("id") or 0)] = msg
+                self.answered = True
             return self.replies.pop(rid)
 
     def reap(self, pid: int) -> int | None:
@@ -153,6 +177,8 @@ class ForkServer:
         remove its log."""
         self.broken = self.broken or "closed"
         self.sock.close()
+        if _stopped(self.proc.pid):  # it cannot see its socket close
+            self.proc.kill()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

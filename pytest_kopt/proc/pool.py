@@ -245,7 +245,7 @@ class HarnessPool:
                                          "control pipe, or its log file removed)", gate=gate, path=path,
                                          details=tail(output), fix="the kernel must not touch file descriptors "
                                          "it did not open; rerun with --kopt-fresh-process to compare")
-            raise died_error(srv.proc.returncode, gate, path, output)
+            raise self._died(srv, gate, path, output)
         try:
             result = read_result(req["out"], output, gate, path, on_error=lambda: self._drop(srv),
                                  attest=srv.attest)
@@ -334,6 +334,27 @@ class HarnessPool:
             self.forks.close()
             self.forks = None
 
+    def _died(self, srv: HarnessServer, gate: str, path: str, output: str) -> KernelRuntimeError:
+        """The error of ``srv``'s process ending before it answered (:func:`~pytest_kopt.proc.runner.died_error`),
+        saying so when it died with its fork server: whoever killed that, it was not this request's kernel alone."""
+        err = died_error(srv.proc.returncode, gate, path, output)
+        note = self._server_died(srv)
+        if note:
+            err.message += f"; {note}"
+            err.fix = ("a kernel of this session (or a process it left running) killed kopt's fork server, and every "
+                       "harness process forked from it died with it; run the kernels in separate sessions to see "
+                       "which, or rerun with --kopt-no-fork-server")
+        return err
+
+    def _server_died(self, srv: HarnessServer) -> str | None:
+        """Why ``srv``'s process ended with its fork server, when it was forked and that server has ended (its
+        children die with it: ``PR_SET_PDEATHSIG``), else None."""
+        server = self.forks.proc if self.forks is not None and isinstance(srv.proc, ForkedProcess) else None
+        if server is None or not srv.proc.forked or server.poll() is None:
+            return None
+        return (f"the fork server it came from ended first (exit {server.returncode}): killed by another process "
+                "or by the out-of-memory killer")
+
     def _fork_server(self, workdir: Path) -> ForkServer | None:
         """This pool's fork server, started on first use (its torch import then overlaps the pytest process's
         work); None where it is turned off or the platform lacks what it needs."""
@@ -355,10 +376,9 @@ class HarnessPool:
             code = srv.proc.returncode
             srv.close()
             how = "killed by signal " + str(-code) if code is not None and code < 0 else f"exit {code}"
-            server = self.forks.proc if self.forks is not None and isinstance(srv.proc, ForkedProcess) else None
-            if server is not None and server.poll() is not None:  # it died with the process it was forked from
-                how += (f"; the fork server it came from ended first (exit {server.returncode}): killed by another "
-                        f"process or by the out-of-memory killer")
+            note = self._server_died(srv)
+            if note:
+                how += f"; {note}"
             raise KernelRuntimeError(f"the warm process of {identity.split(':', 1)[0]} {path} ended between requests "
                                      f"({how})",
                                      gate=gate, path=path, status="TAMPERED",
@@ -377,7 +397,7 @@ class HarnessPool:
                     raise KernelRuntimeError(f"the harness process did not start within {READY_TIMEOUT_S:g} s",
                                              gate=gate, path=path, details=tail(output),
                                              fix="check that torch imports in this Python (python3 -c 'import torch')")
-                raise died_error(srv.proc.returncode, gate, path, output)
+                raise self._died(srv, gate, path, output)
         self.live[key] = srv  # most recently used last
         return srv
 
