@@ -235,6 +235,8 @@ def main(argv: list[str]) -> int:
         die_with_parent()
     if len(argv) > 2 and argv[1] == "--serve":
         return serve(int(argv[2]), profiler="--no-profiler" not in argv[3:])
+    if len(argv) > 3 and argv[2] == "--ctl":
+        os.set_inheritable(int(argv[3]), False)  # a program the kernel runs does not get the control pipe
     try:
         import torch  # noqa: F401  (its entry points are recorded before the request imports a kernel)
     except ImportError:
