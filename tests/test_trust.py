@@ -417,6 +417,9 @@ def test_the_timed_output_is_judged_inside_the_measurements_hold(monkeypatch: py
         def __init__(self, *_a: Any, **_k: Any) -> None:
             pass
 
+        def warm(self, i: int) -> None:
+            events.append(f"warm {i}")
+
         def start(self, i: int) -> dict[str, Any]:
             events.append(f"start {i}")
             return {"spec": []}
@@ -436,9 +439,10 @@ def test_the_timed_output_is_judged_inside_the_measurements_hold(monkeypatch: py
     settings = SimpleNamespace(fresh_process=False, loop_mode="run", pr_gate=False, baseline=None,
                                gate_timeout_s=60.0)
     ctx = SimpleNamespace(settings=settings, device_lock=hold, gpu_lock=hold, server=lambda role: role, display="k.cu",
-                          env={}, benchmarks=[{}], ref="ref.py", work=Path("."))
+                          env={}, benchmarks=[{}], ref="ref.py", work=Path("."), shares_gpu=True)
     result, ref, base, verdict = m.measure(ctx, {"device": "cuda"})  # type: ignore[arg-type]
-    assert events == ["hold", "start 0", "finish", "check held=True", "release"]
+    # a loop's close: the kernel's load and first call under a hold of their own (shared) before the measurement's
+    assert events == ["hold", "warm 0", "release", "hold", "start 0", "finish", "check held=True", "release"]
     assert verdict == "verdict" and ref is None and base is None
     assert set(result["gate_phase_s"]) == {"measure", "output_check"}
 
@@ -446,7 +450,8 @@ def test_the_timed_output_is_judged_inside_the_measurements_hold(monkeypatch: py
     final["event_ms"] = [1.0, 1.0]  # two samples reported where one was asked for
     with pytest.raises(TimingError) as err:
         m.measure(ctx, {"device": "cuda"})  # type: ignore[arg-type]
-    assert err.value.status == "TAMPERED" and events == ["hold", "start 0", "finish", "release"]
+    assert err.value.status == "TAMPERED" and events == ["hold", "warm 0", "release", "hold", "start 0", "finish",
+                                                          "release"]
 
     events.clear()
     settings.fresh_process = True

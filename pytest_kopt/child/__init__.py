@@ -19,7 +19,8 @@ The contract, in one place:
   ``params`` (``solve``'s parameters: name, dtype, role), ``ref``, ``dims``, ``seed``/``seed_b``, ``device``,
   ``plan`` (the input plan, :func:`pytest_kopt.gates.inputs.draw_plan`), ``atol``/``rtol`` (overrides or None),
   ``timing`` (the timing policy), and per mode ``spec``/``scalars`` (the candidate's buffers, for the
-  reference), ``round`` (one round of an interleaved timing), ``setup_npz``, and for the judge ``cand`` (what
+  reference), ``round`` (one round of an interleaved timing: ``key``, ``count``, ``final``, or ``warm``: the kernel's
+  load and first call ahead of the first round), ``setup_npz``, and for the judge ``cand`` (what
   the candidate's process kept: IPC descriptors or an ``.npz``), ``poisons`` and ``ref_key``.
 - Result: ``<out>.json`` with ``ok`` true and the mode's figures, or ``ok`` false with ``category``
   (``contract``, ``compile``, ``runtime``, ``needs_gpu``, or ``interpreter_gap``: Triton's interpreter cannot run

@@ -19,6 +19,9 @@ from .candidate import Keeper
 #: Timers of parties timed in alternating rounds, kept in a warm harness process between requests (round key ->
 #: (Timer, finish function)). One interleaved measurement at a time.
 _ROUNDS: dict[str, tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
+#: What a ``warm`` round made ahead of its measurement's first round (round key -> (the mode's own object, the
+#: seconds it took)): the mode's ``warm`` function's return, handed to its ``prepare``. One at a time, as rounds are.
+_WARM: dict[str, tuple[Any, float]] = {}
 
 
 def device_uuid(torch: Any) -> str | None:
@@ -42,23 +45,41 @@ def rotating_sets(torch: Any, first: Inputs, plan: dict[str, Any], seed: int, re
     return sets
 
 
-def timed(req: dict[str, Any], prepare: Callable[[], tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]]
-          ) -> dict[str, Any]:
+def timed(req: dict[str, Any], prepare: Callable[[Any], tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]],
+          warm: Callable[[], Any] = lambda: None) -> dict[str, Any]:
     """Run a timing request: all at once, or (``req["round"]`` = {key, count, final}) one round of an interleaved
-    measurement, its Timer kept between rounds in this process. ``prepare()`` returns (Timer, finish), where
-    ``finish(result)`` adds the mode's own figures to the Timer's result. A non-final round returns the samples
-    taken so far and the stop reason."""
+    measurement, its Timer kept between rounds in this process. ``warm()`` does the work that need not run alone on
+    the GPU (loading the kernel, its first call) and returns what it made; ``prepare(made)`` the rest, returning
+    (Timer, finish), where ``finish(result)`` adds the mode's own figures to the Timer's result. A round with
+    ``warm`` (before the measurement's GPU lock is held exclusively: ``gates/measure.py``'s
+    :meth:`~pytest_kopt.gates.measure.Rounds.warm`) runs ``warm()`` alone and keeps its object for the first round of
+    its key; a first round without it warms at once. A non-final round returns the samples taken so far and the
+    stop reason; ``phase_s`` has ``warm`` (where it ran inside the measurement) or ``warm_ahead`` (before it)."""
     rnd = req.get("round")
     if rnd is None:
         t0 = time.perf_counter()
-        timer, finish = prepare()
+        made = warm()
+        timer, finish = prepare(made)
         timer.phase_s["prepare"] = time.perf_counter() - t0
         return finish(timer.result(timer.take()))
-    if rnd["key"] not in _ROUNDS:
+    if rnd.get("warm"):
         _ROUNDS.clear()  # one interleaved measurement at a time: drop what an aborted one left
+        _WARM.clear()
         t0 = time.perf_counter()
-        _ROUNDS[rnd["key"]] = prepare()
-        _ROUNDS[rnd["key"]][0].phase_s["prepare"] = time.perf_counter() - t0
+        made = warm()
+        _WARM[rnd["key"]] = (made, time.perf_counter() - t0)
+        return {"round": True, "warm": True, "event_ms": [], "stop_reason": None}
+    if rnd["key"] not in _ROUNDS:
+        _ROUNDS.clear()
+        ahead = _WARM.pop(rnd["key"], None)
+        _WARM.clear()
+        t0 = time.perf_counter()
+        made = warm() if ahead is None else ahead[0]
+        t1 = time.perf_counter()
+        _ROUNDS[rnd["key"]] = prepare(made)
+        phase = _ROUNDS[rnd["key"]][0].phase_s
+        phase["prepare"] = time.perf_counter() - t0
+        phase["warm" if ahead is None else "warm_ahead"] = t1 - t0 if ahead is None else ahead[1]
     timer, finish = _ROUNDS[rnd["key"]]
     reason = timer.take(int(rnd["count"]))
     if not rnd.get("final"):
@@ -81,12 +102,15 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
     """Time the candidate over rotating input sets (:mod:`pytest_kopt.child.timer`). Keeps the inputs and outputs of
     a check call on the last timed set (:class:`~pytest_kopt.child.candidate.Keeper`) for the judge in the
     reference's process (:func:`~pytest_kopt.child.correctness.mode_check_timed`)."""
-    def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
+    def warm() -> Candidate:
         cand = Candidate(req)
-        torch = cand.torch
         if cand.device != "cuda":
             raise HarnessError("runtime", "timing needs a CUDA device")
         cand.run()  # module load / JIT outside the measurement; checks the launch once
+        return cand
+
+    def prepare(cand: Candidate) -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
+        torch = cand.torch
         t = req["timing"]
         sets = rotating_sets(torch, cand.inputs, req["plan"], int(req["seed"]), cand.ref, cand.dims, cand.kept, t)
 
@@ -146,7 +170,7 @@ def mode_timing(req: dict[str, Any]) -> dict[str, Any]:
         timer.info = {"spec": cand.inputs.spec, "scalars": _scalars(cand.inputs)}
         return timer, finish
 
-    return timed(req, prepare)
+    return timed(req, prepare, warm)
 
 
 def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +178,7 @@ def mode_time_reference(req: dict[str, Any]) -> dict[str, Any]:
     slow it down to inflate its speedup)."""
     import torch
 
-    def prepare() -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
+    def prepare(_: None) -> tuple[Timer, Callable[[dict[str, Any]], dict[str, Any]]]:
         ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
         dims = req["dims"]
         check_spec(ref, req["spec"], dims, req["ref"])

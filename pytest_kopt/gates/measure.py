@@ -119,6 +119,14 @@ class Rounds:
                                              "bytes": self.memory.read(pids)})
         return result
 
+    def warm(self, i: int) -> None:
+        """Party ``i``'s kernel loaded and called once in its process (a ``warm`` round, :func:`pytest_kopt.child.
+        timing.timed`), kept there for its first round. The caller holds the GPU lock shared, beside other workers'
+        correctness seeds, so the exclusive hold of the measurement does not spend its time on it."""
+        r, server, path = self.parties[i]
+        self.ctx.pool.run({**r, "round": {"key": f"{self.key}-{i}", "count": 0, "warm": True}}, gate="timing",
+                          timeout_s=self.timeout, path=path, workdir=self.ctx.work, server=server)
+
     def start(self, i: int) -> dict[str, Any]:
         """Party ``i``'s first round (3 samples); kept as its latest."""
         self.last.append(self.run(i, 3))
@@ -185,6 +193,11 @@ def interleaved(ctx: Context, req: dict[str, Any],
     # the candidate's device memory, read here between its rounds (the LEAK check, gates/leaks.py)
     memory = ProcessMemory((ctx.env.get("gpu") or {}).get("uuid"))
     rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
+    if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
+        # in a loop's close, the candidate's load and first call under a shared hold, beside other branches' seeds:
+        # inside the exclusive hold they were about a tenth of it (32 branches at 1024^3, H200, 2026-12-06)
+        with ctx.device_lock(req["device"], shared=True):
+            rounds.warm(0)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
     with ctx.device_lock(req["device"]), contextlib.closing(memory):

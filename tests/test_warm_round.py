@@ -1,0 +1,156 @@
+"""A timing's warm round (the kernel's load and first call, ahead of the measurement's exclusive hold): the timing
+process keeps what it made for its measurement's first round and says where the warm-up ran; a first round
+without one warms inside; a warm-up an aborted measurement left is never used by another. The pytest side takes
+a shared hold for it in a loop's close only. Stand-ins for the Timer and for the warm processes; the GPU run is
+the one named in the commit."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_kopt.child import timing
+from pytest_kopt.gates import measure
+
+
+class FakeTimer:
+    """What :func:`pytest_kopt.child.timing.timed` reads of a Timer: samples taken per round, its phases."""
+
+    def __init__(self, made: Any) -> None:
+        self.made = made
+        self.event_ms: list[float] = []
+        self.phase_s: dict[str, float] = {}
+        self.elapsed_s = 0.0
+        self.info: dict[str, Any] = {}
+
+    def take(self, count: int | None = None) -> str | None:
+        self.event_ms += [0.5] * (4 if count is None else count)
+        return "converged" if count is None else None
+
+    def result(self, reason: str | None) -> dict[str, Any]:
+        return {"event_ms": list(self.event_ms), "stop_reason": reason, "made": self.made}
+
+
+def _mode(log: list[str]) -> Any:
+    """A timing mode whose warm-up and prepare record themselves in ``log``."""
+    def run(req: dict[str, Any]) -> dict[str, Any]:
+        def warm() -> str:
+            log.append("warm")
+            return f"kernel-{len(log)}"
+
+        def prepare(made: str) -> tuple[FakeTimer, Any]:
+            log.append(f"prepare {made}")
+            timer = FakeTimer(made)
+            return timer, lambda result: {**result, "phase_s": dict(timer.phase_s)}
+
+        return timing.timed(req, prepare, warm)
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process() -> Any:
+    timing._ROUNDS.clear()
+    timing._WARM.clear()
+    yield
+    timing._ROUNDS.clear()
+    timing._WARM.clear()
+
+
+def test_a_warm_round_is_kept_for_its_measurements_first_round() -> None:
+    log: list[str] = []
+    mode = _mode(log)
+    ahead = mode({"round": {"key": "m-0", "count": 0, "warm": True}})
+    assert ahead == {"round": True, "warm": True, "event_ms": [], "stop_reason": None}
+    assert log == ["warm"] and "m-0" in timing._WARM
+    first = mode({"round": {"key": "m-0", "count": 3}})
+    assert first["event_ms"] == [0.5] * 3 and first["stop_reason"] is None
+    assert log == ["warm", "prepare kernel-1"]  # no second load: what the warm round made was used
+    final = mode({"round": {"key": "m-0", "count": 0, "final": True}})
+    assert final["made"] == "kernel-1" and final["stop_reason"] == "rounds"
+    assert "warm_ahead" in final["phase_s"] and "warm" not in final["phase_s"]
+    assert final["phase_s"]["warm_ahead"] >= 0 and final["phase_s"]["prepare"] >= 0
+    assert timing._WARM == {} and timing._ROUNDS == {}
+
+
+def test_a_first_round_without_a_warm_round_warms_inside_it() -> None:
+    log: list[str] = []
+    mode = _mode(log)
+    mode({"round": {"key": "m-0", "count": 3}})
+    final = mode({"round": {"key": "m-0", "count": 0, "final": True}})
+    assert log == ["warm", "prepare kernel-1"]
+    assert "warm" in final["phase_s"] and "warm_ahead" not in final["phase_s"]
+
+
+def test_an_aborted_measurements_warm_up_is_not_used_by_the_next() -> None:
+    """A warm round whose measurement never came (its lock wait was interrupted) is dropped by the next one's warm
+    round or first round: a kernel loaded for one request is never timed for another."""
+    log: list[str] = []
+    mode = _mode(log)
+    mode({"round": {"key": "old-0", "count": 0, "warm": True}})
+    mode({"round": {"key": "new-0", "count": 3}})
+    assert log == ["warm", "warm", "prepare kernel-2"] and timing._WARM == {}
+    mode({"round": {"key": "new-0", "count": 0, "final": True}})
+    mode({"round": {"key": "a-0", "count": 0, "warm": True}})
+    mode({"round": {"key": "b-0", "count": 0, "warm": True}})
+    assert list(timing._WARM) == ["b-0"]
+
+
+def test_a_one_shot_timing_warms_and_prepares_at_once() -> None:
+    log: list[str] = []
+    got = _mode(log)({})
+    assert log == ["warm", "prepare kernel-1"] and got["stop_reason"] == "converged"
+    assert "prepare" in got["phase_s"]
+
+
+class Locks:
+    """The GPU lock's holds as taken, and the requests sent inside each."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+
+    def device_lock(self, device: str, shared: bool = False) -> Any:
+        @contextlib.contextmanager
+        def hold() -> Any:
+            self.log.append(("hold", "shared" if shared else "exclusive"))
+            yield
+            self.log.append(("release", None))
+        return hold()
+
+
+def _ctx(locks: Locks, loop_mode: str | None) -> Any:
+    def run(req: dict[str, Any], **_: Any) -> dict[str, Any]:
+        rnd = req["round"]
+        locks.log.append(("request", "warm" if rnd.get("warm") else "final" if rnd.get("final") else rnd["count"]))
+        done = {"event_ms": [0.5] * 3, "stop_reason": "converged", "sample_wall_s": 0.001, "spec": [],
+                "scalars": {}}
+        return done
+
+    settings = SimpleNamespace(loop_mode=loop_mode, pr_gate=False, fresh_process=False, baseline=None,
+                               gate_timeout_s=60.0)
+    return SimpleNamespace(
+        settings=settings, shares_gpu=loop_mode == "run", device_lock=locks.device_lock,
+        server=lambda role: f"{role}:k.cu", display="k.cu", ref="ref.py", env={}, benchmarks=[None], work=None,
+        pool=SimpleNamespace(run=run, served=lambda *a: True, pids=lambda *a: []))
+
+
+def test_a_loops_close_warms_the_candidate_under_a_shared_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "ProcessMemory", lambda gpu: SimpleNamespace(close=lambda: None, note=None,
+                                                                               read=lambda pids: None))
+    locks = Locks()
+    measure.interleaved(_ctx(locks, "run"), {"device": "cuda", "env": {}})
+    assert locks.log == [("hold", "shared"), ("request", "warm"), ("release", None),
+                         ("hold", "exclusive"), ("request", 3), ("request", "final"), ("release", None)]
+
+
+def test_outside_a_loops_close_everything_runs_in_one_exclusive_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where seeds do not share the GPU (a PR gate, a plain session), a separate hold for the warm-up would be a
+    second exclusive one: the first round warms inside the measurement's hold, as before."""
+    monkeypatch.setattr(measure, "ProcessMemory", lambda gpu: SimpleNamespace(close=lambda: None, note=None,
+                                                                               read=lambda pids: None))
+    locks = Locks()
+    measure.interleaved(_ctx(locks, None), {"device": "cuda", "env": {}})
+    assert ("request", "warm") not in locks.log
+    assert locks.log[0] == ("hold", "exclusive") and locks.log.count(("hold", "exclusive")) == 1
