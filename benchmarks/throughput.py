@@ -105,6 +105,16 @@ def timeline_table(path: Path) -> list[str]:
                    f"{busy:8.1f} {most:12d}")
     if "exit" in ev:
         out.append(f"  last item to exit {ev['exit'] - last:6.1f} s (the loop's close after the items)")
+        after: dict[str, list[float]] = {}
+        for r in rows:
+            if "request" in r and r["sent"] >= last - 1e-3:
+                after.setdefault(f"{r['gate']}/{r['request']}", []).append(r["returned"] - r["sent"])
+            elif r.get("lock") and r["held"] >= last - 1e-3:
+                after.setdefault(f"{r['lock']} hold", []).append(r["released"] - r["held"])
+        if "sessionfinish" in ev:
+            after["last item to timeline sessionfinish"] = [ev["sessionfinish"] - last]
+        for kind, v in sorted(after.items(), key=lambda kv: -sum(kv[1])):
+            out.append(f"    after the items: {kind:<34} {len(v):>3} x, {sum(v):6.2f} s")
     return (out + lock_table([r for r in rows if "lock" in r], first, last)
             + hold_contents([r for r in rows if r.get("lock") == "exclusive"], [r for r in rows if "request" in r]))
 
