@@ -1,5 +1,5 @@
 """The per-GPU reader-writer lock (pytest_kopt/proc/gpulock.py) and who holds it how: shared holds run side by side,
-an exclusive one runs alone, a waiting writer is not overtaken, and an older session's filelock.FileLock is kept
+an exclusive one runs alone, a waiting writer is not overtaken, writers waiting together go before readers, and an older session's filelock.FileLock is kept
 apart. Each case records the order of events between threads; the waits only give a blocked thread the chance to
 get in wrongly (an ordering is asserted, never a speed)."""
 
@@ -91,6 +91,64 @@ def test_a_waiting_writer_is_not_overtaken_by_a_later_reader(tmp_path: Path) -> 
     assert log.index("-w") < log.index("+r2")
 
 
+def test_writers_waiting_together_go_before_the_readers(tmp_path: Path) -> None:
+    """Two writers queue behind a shared hold, then a reader comes: both writers run (one after the other) before
+    the reader, so the shared holds drain once for both, not once each."""
+    path, log = str(tmp_path / "gpu.lock"), []
+    go = {k: threading.Event() for k in ("r1", "w1", "w2", "r2")}
+    _holder(path, True, "r1", log, go["r1"])
+    _until(lambda: "+r1" in log)
+    _holder(path, False, "w1", log, go["w1"])
+    _holder(path, False, "w2", log, go["w2"])
+    time.sleep(CHANCE_S)
+    _holder(path, True, "r2", log, go["r2"])
+    time.sleep(CHANCE_S)
+    assert log == ["+r1"]
+    go["r2"].set()  # r2 lets go as soon as it gets in: its place in the order is what is asserted
+    go["r1"].set()
+    _until(lambda: any(x in log for x in ("+w1", "+w2", "+r2")))
+    first = "w1" if "+w1" in log else "w2"
+    second = "w2" if first == "w1" else "w1"
+    time.sleep(CHANCE_S)
+    assert log == ["+r1", "-r1", f"+{first}"]  # the writer alone: neither the other writer nor the reader
+    go[first].set()
+    _until(lambda: f"+{second}" in log or "+r2" in log)
+    time.sleep(CHANCE_S)
+    assert log[-1] == f"+{second}"  # the second writer before the reader that came after it
+    go[second].set()
+    _until(lambda: "-r2" in log)
+    assert log == ["+r1", "-r1", f"+{first}", f"-{first}", f"+{second}", f"-{second}", "+r2", "-r2"]
+
+
+def test_a_reader_waits_only_while_a_writer_waits_or_holds(tmp_path: Path) -> None:
+    """A writer's announcement ends with its hold: readers after it come in side by side, and a writer whose wait
+    was interrupted leaves no announcement behind."""
+    path, log = str(tmp_path / "gpu.lock"), []
+    with GpuLock(path):
+        pass
+    go = threading.Event()
+    _holder(path, True, "a", log, go)
+    _holder(path, True, "b", log, go)
+    _until(lambda: {"+a", "+b"} <= set(log))
+    go.set()
+    import pytest_kopt.proc.gpulock as gpulock
+
+    class Interrupted(Exception):
+        pass
+
+    lock = GpuLock(path)
+    real = gpulock.GpuLock._take
+    gpulock.GpuLock._take = lambda self: (_ for _ in ()).throw(Interrupted())
+    try:
+        with pytest.raises(Interrupted):
+            lock.__enter__()
+    finally:
+        gpulock.GpuLock._take = real
+    assert lock._writer is None
+    with GpuLock(path, shared=True):  # not blocked by the interrupted writer
+        pass
+
+
 def test_an_older_sessions_filelock_excludes_a_shared_hold(tmp_path: Path) -> None:
     """Another session of an earlier pytest-kopt takes the same file with filelock.FileLock (flock exclusive)."""
     path, log = str(tmp_path / "gpu.lock"), []
@@ -142,14 +200,14 @@ def test_a_lock_file_of_another_user_is_opened_read_only(tmp_path: Path, monkeyp
         return real_open(path, flags, *mode)
 
     path = tmp_path / "gpu.lock"
-    for p in (path, Path(f"{path}.turn")):
+    for p in (path, Path(f"{path}.turn"), Path(f"{path}.writers")):
         p.touch()
     monkeypatch.setattr(gpulock.os, "open", no_write)  # the os module itself: undone before FileLock opens
     with GpuLock(str(path)):
         monkeypatch.undo()
         with pytest.raises(filelock.Timeout):
             filelock.FileLock(str(path), timeout=0.1).acquire()
-    assert opened == [f"{path}.turn", str(path)]
+    assert opened == [f"{path}.writers", f"{path}.turn", str(path)]
 
 
 def test_a_lock_that_cannot_be_opened_is_a_hardware_error_naming_the_file(tmp_path: Path) -> None:
@@ -159,4 +217,4 @@ def test_a_lock_that_cannot_be_opened_is_a_hardware_error_naming_the_file(tmp_pa
     with pytest.raises(HardwareError) as info:
         with GpuLock(str(path)):
             pass
-    assert info.value.path == f"{path}.turn" and "TMPDIR" in info.value.fix
+    assert info.value.path == f"{path}.writers" and "TMPDIR" in info.value.fix
