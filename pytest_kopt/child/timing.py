@@ -74,12 +74,11 @@ def timed(req: dict[str, Any], prepare: Callable[[Any], tuple[Timer, Callable[[d
         ahead = _WARM.pop(rnd["key"], None)
         _WARM.clear()
         t0 = time.perf_counter()
-        made = warm() if ahead is None else ahead[0]
-        t1 = time.perf_counter()
+        made, warm_s = ahead if ahead is not None else (warm(), time.perf_counter() - t0)
         _ROUNDS[rnd["key"]] = prepare(made)
         phase = _ROUNDS[rnd["key"]][0].phase_s
         phase["prepare"] = time.perf_counter() - t0
-        phase["warm" if ahead is None else "warm_ahead"] = t1 - t0 if ahead is None else ahead[1]
+        phase["warm_ahead" if ahead is not None else "warm"] = warm_s
     timer, finish = _ROUNDS[rnd["key"]]
     reason = timer.take(int(rnd["count"]))
     if not rnd.get("final"):

@@ -29,14 +29,20 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def is_zombie(pid: int) -> bool:
-    """True when ``pid`` has exited and waits to be reaped (or is gone)."""
+def state(pid: int) -> bytes | None:
+    """The state letter of ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``
+    zombie...); None when it is gone or unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X")
+        return None
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+
+
+def is_zombie(pid: int) -> bool:
+    """True when ``pid`` has exited and waits to be reaped (or is gone)."""
+    return state(pid) in (None, b"Z", b"X")
 
 
 def descendants(root: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:

@@ -195,7 +195,8 @@ def interleaved(ctx: Context, req: dict[str, Any],
     rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
     if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
         # in a loop's close, the candidate's load and first call under a shared hold, beside other branches' seeds:
-        # inside the exclusive hold they were about a tenth of it (32 branches at 1024^3, H200, 2026-12-06)
+        # they are part of the timing process's prepare, 0.14 s (median) of an exclusive hold of about 1 s (32
+        # branches at 1024^3, H100, 2026-12-06; their own share not yet measured)
         with ctx.device_lock(req["device"], shared=True):
             rounds.warm(0)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from ..child.forkserver import MAX_MESSAGE, refused
+from ..child.tree import state
 from .runner import child_env, python_command
 
 #: The descriptor number of a forked harness process's control pipe.
@@ -37,11 +38,7 @@ ANSWERED_TIMEOUT_S = 30.0
 
 def _stopped(pid: int) -> bool:
     """True when ``pid`` is stopped (SIGSTOP, or a tracer's stop): it answers nothing until someone resumes it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"T", b"t")
+    return state(pid) in (b"T", b"t")
 
 
 def supported() -> bool:
