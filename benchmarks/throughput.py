@@ -213,7 +213,7 @@ def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...]
     return {"n": n, "flags": " ".join(flags), "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
             "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
-            "phases": measure_phases(it) + seed_phases(it)}
+            "phases": cupti_backends(it) + measure_phases(it) + seed_phases(it)}
 
 
 def seed_phases(it: Path) -> list[str]:
@@ -244,6 +244,22 @@ def measure_phases(it: Path) -> list[str]:
                 if isinstance(x, (int, float)):
                     per.setdefault(f"{k}.{k2}" if k2 else k, []).append(float(x))
     return _spread("bench phase", per)
+
+
+def cupti_backends(it: Path) -> list[str]:
+    """Which CUPTI client gave the branches' kernel-only times (``bench.json`` ``kernel_time.backend``), with how
+    many branches each, and why cupti-python did not where it did not: torch's profiler costs each timing process
+    seconds of start-up and about 0.7 s per measurement at 1024^3 against cupti-python's 0.2-0.3 s, so a run
+    without cupti-python is not comparable with one that had it."""
+    seen: dict[str, int] = {}
+    notes: set[str] = set()
+    for f in sorted(it.glob("branches/*/**/bench.json")):
+        kt = json.loads(f.read_text()).get("kernel_time") or {}
+        seen[str(kt.get("backend"))] = seen.get(str(kt.get("backend")), 0) + 1
+        if kt.get("backend_note"):
+            notes.add(str(kt["backend_note"]))
+    line = "  kernel-only timing through " + ", ".join(f"{k} ({v})" for k, v in sorted(seen.items()))
+    return [line] + [f"    NOTE {n}" for n in sorted(notes)]
 
 
 def _spread(label: str, per: dict[str, list[float]]) -> list[str]:
