@@ -615,3 +615,19 @@ def test_the_scheduler_gives_each_kernel_to_its_planned_worker_and_lets_a_free_w
     for i in list(nodes["gw1"].sent):
         sched.mark_test_complete(nodes["gw1"], i)
     assert sorted({collection[i].split("/")[0] for i in nodes["gw1"].sent}) == ["b2", "b3"]
+
+
+def test_the_header_names_the_cupti_pin_when_a_gpu_has_no_cupti_python() -> None:
+    """With a GPU and no cupti-python, the header says the timing goes through torch's profiler and names the pin of
+    the driver's CUDA; with cupti-python, or without a GPU, it says nothing of it."""
+    tools = {n: {"path": None, "version": None} for n in hardware.TOOLS}
+    env = {**two_gpu_env(), "driver_version": "13.0", "tools": tools,
+           "packages": {"torch": "2.13.0", "cupti-python": None}}
+    line = hardware.header_line(env)
+    assert "torch's profiler" in line
+    assert 'pip install "cupti-python==13.0.*" "nvidia-cuda-cupti==13.0.*"' in line
+    assert hardware.cupti_hint({**env, "packages": {"cupti-python": "13.0.1"}}) is None
+    assert "cupti" not in hardware.header_line({**env, "packages": {"cupti-python": "13.0.1"}})
+    no_gpu = {**env, "gpu": None, "gpus": [], "gpu_error": "no CUDA driver"}
+    assert hardware.cupti_hint(no_gpu) is None
+    assert "pinned with nvidia-cuda-cupti" in hardware.cupti_hint({**env, "driver_version": None})

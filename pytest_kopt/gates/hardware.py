@@ -337,6 +337,22 @@ def detect(attempts: int = 1, tools: dict[str, dict[str, str | None]] | None = N
                         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
+def cupti_hint(env: dict[str, Any]) -> str | None:
+    """What to install when a GPU is present and cupti-python is not (``env["packages"]``): the kernel-only (CUPTI)
+    timing then goes through torch's profiler, whose first session costs each timing process 3.5-7 s and whose
+    profiled calls cost about 0.7 s per measurement of a 0.15 ms kernel against 0.2-0.3 s (H100 and H200,
+    2026-12-03 and 2026-12-06, docs/timing.md and docs/loop.md). The pin names the driver's CUDA
+    (``env["driver_version"]``, such as ``13.0``), since a newer CUPTI does not start. None when there is no GPU or
+    cupti-python is installed."""
+    if not env.get("gpu") or (env.get("packages") or {}).get("cupti-python"):
+        return None
+    cuda = env.get("driver_version")
+    pin = (f'pip install "cupti-python=={cuda}.*" "nvidia-cuda-cupti=={cuda}.*"' if cuda
+           else "pip install cupti-python, pinned with nvidia-cuda-cupti to the driver's CUDA")
+    return ("cupti-python is not installed: the kernel-only timing goes through torch's profiler, several seconds "
+            f"slower per timing process ({pin})")
+
+
 def header_line(env: dict[str, Any]) -> str:
     """One line for the pytest header: GPU, arch, driver and tool versions, or the reason there is no GPU."""
     t = env["tools"]
@@ -350,7 +366,8 @@ def header_line(env: dict[str, Any]) -> str:
             gpu += f" +{len(env['gpus']) - 1} more"
     else:
         gpu = f"no GPU ({env['gpu_error']})"
-    return f"kopt: {gpu}; {tools}; {libs}"
+    hint = cupti_hint(env)
+    return f"kopt: {gpu}; {tools}; {libs}" + (f"; {hint}" if hint else "")
 
 
 def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
@@ -365,6 +382,9 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     g = env.get("gpu") or {}
     figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
                "generation_allowed": env.get("generation_allowed")}
+    if g:  # which CUPTI client the timing processes will start (child/cupti.profiler_backend picks the same way)
+        figures["cupti_client"] = "cupti-python" if (env.get("packages") or {}).get("cupti-python") \
+            else "torch.profiler"
     line = header_line(env)
     if env.get("pinned"):
         figures.update(gpu_uuid=g.get("uuid"), gpu_index=g.get("index"))
