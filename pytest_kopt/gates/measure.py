@@ -201,7 +201,8 @@ def interleaved(ctx: Context, req: dict[str, Any],
             rounds.warm(0)
     # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
     # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
-    with ctx.device_lock(req["device"]), contextlib.closing(memory):
+    # NVML shut down after the hold ends (outer context), not inside it
+    with contextlib.closing(memory), ctx.device_lock(req["device"]):
         first = rounds.start(0)
         if with_reference:
             rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
