@@ -253,19 +253,29 @@ def cupti_backends(it: Path) -> list[str]:
     without cupti-python is not comparable with one that had it."""
     seen: dict[str, int] = {}
     notes: set[str] = set()
+    parts: dict[str, list[float]] = {}
     for f in sorted(it.glob("branches/*/**/bench.json")):
         kt = json.loads(f.read_text()).get("kernel_time") or {}
         seen[str(kt.get("backend"))] = seen.get(str(kt.get("backend")), 0) + 1
         if kt.get("backend_note"):
             notes.add(str(kt["backend_note"]))
+        for k, v in {**(kt.get("times_s") or {}), "profile_s": kt.get("profile_s"), "calls": kt.get("calls"),
+                     "batches": kt.get("batches"), "records": kt.get("records")}.items():
+            if isinstance(v, (int, float)):
+                parts.setdefault(k, []).append(float(v))
     line = "  kernel-only timing through " + ", ".join(f"{k} ({v})" for k, v in sorted(seen.items()))
-    return [line] + [f"    NOTE {n}" for n in sorted(notes)]
+    return [line] + [f"    NOTE {n}" for n in sorted(notes)] + _spread("kernel_time", parts, ("calls", "batches", "records"))
 
 
-def _spread(label: str, per: dict[str, list[float]]) -> list[str]:
-    """One line per phase: its median, largest and sum over the records (s), and how many records had it."""
-    return [f"  {label} {k:<30} median {sorted(v)[len(v) // 2]:7.3f} s  max {max(v):7.3f} s  sum {sum(v):7.2f} s"
-            f"  ({len(v)})" for k, v in per.items()]
+def _spread(label: str, per: dict[str, list[float]], counts: tuple[str, ...] = ()) -> list[str]:
+    """One line per phase: its median, largest and sum over the records (s; the keys in ``counts`` are counts,
+    with no unit), and how many records had it."""
+    out = []
+    for k, v in per.items():
+        u = "" if k in counts else " s"
+        out.append(f"  {label} {k:<30} median {sorted(v)[len(v) // 2]:7.3f}{u}  max {max(v):7.3f}{u}  sum "
+                   f"{sum(v):7.2f}{u}  ({len(v)})")
+    return out
 
 
 def report(r: dict, branches: int) -> None:

@@ -388,8 +388,10 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call up to its last launch
     under the flush window's spin: :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and
     ``host_inside_median_us``; all absent where the records are split by names,
-    ``backend`` (and ``backend_note``: why cupti-python was not used), or ``{"error": reason}`` when the profiler
-    gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
+    ``backend`` (and ``backend_note``: why cupti-python was not used), ``records`` (device records delivered),
+    ``times_s`` (wall seconds of the batch's parts: ``names``, a flush recorded alone; ``capture``, the profiled
+    calls with the session's start and stop; ``split``, the records split into calls), or ``{"error": reason}``
+    when the profiler gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
     H200 (docs/timing.md)."""
     torch = timer.torch
     backend = profiler_backend()  # CUPTI's start-up (a fresh process's) before the calls, not inside their records
@@ -397,6 +399,10 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     refresh_every = bool(timer.t.get("refresh_every_call"))
     info = {"backend": backend["name"], **({"backend_note": backend["note"]} if backend["note"] else {})}
     torch.cuda.synchronize()
+    #: wall seconds of this batch's parts: recording a flush alone (its kernels' names), the profiled calls (the
+    #: session's start and stop included), splitting the records into calls
+    times = {"names": 0.0, "capture": 0.0, "split": 0.0}
+    t0 = time.perf_counter()
     try:
         capture = _capture_cupti if backend["activity"] is not None else _capture_torch
         if flush_names is None:
@@ -409,9 +415,14 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                 capture = _capture_torch
                 flush_records = capture(backend, timer, 0, start, hold, refresh_every)[0]
             flush_names = {n for _, _, n, _ in flush_records}
+            times["names"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
         records, launches, windows, *rest = capture(backend, timer, calls, start, hold, refresh_every)
+        times["capture"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
     except Exception as exc:  # the profiler failed: the event timing stands alone
         return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    info["times_s"] = times
     if not records:
         return {**info, "error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session "
                                  "in this process)"}
@@ -441,6 +452,8 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         base["idle_us"] = idle
         base["before_launch_us"] = before
         base["host_inside_us"] = [a + b for a, b in zip(idle, before)]
+    times["split"] = time.perf_counter() - t0
+    base["records"] = len(records)
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
     if idle:
@@ -574,6 +587,8 @@ def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> 
             reason = "batch_error"
             break
         out["batches"] += 1
+        out["times_s"] = {k: out["times_s"].get(k, 0.0) + v for k, v in (nxt.get("times_s") or {}).items()}
+        out["records"] = out.get("records", 0) + nxt.get("records", 0)
         out["spans_us"] = out["spans_us"] + nxt["spans_us"]
         out["calls"] += nxt["calls"]
         out["empty_calls"] += nxt["empty_calls"]

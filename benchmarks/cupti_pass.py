@@ -1,0 +1,97 @@
+"""Where the kernel-only (CUPTI) pass of one timing spends its wall time, on one GPU: a 1024^3 fp32 matmul (about
+0.15 ms, the throughput benchmark's size) timed as a timing process times a candidate (:class:`EventsTimer` over
+rotating input sets refreshed with new values, then :func:`cupti_samples`), with each part of the pass timed apart.
+
+Prints one table: the whole pass (median of ``--runs``), then its parts: one empty CUPTI session (``start`` and
+``stop``: enabling the five activity kinds, the forced flush, disabling them), one batch of 50 calls behind the
+1 ms hold and behind the event timer's hold, the records each batch delivered, and the Python work after a batch
+(splitting the records into calls). All times are wall seconds on the host (``time.perf_counter``).
+
+    python3 benchmarks/cupti_pass.py [--runs 5] [--n 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--n", type=int, default=1024)
+    a = ap.parse_args()
+
+    import torch
+
+    from pytest_kopt.child import cupti
+    from pytest_kopt.child.timer import make_timer
+    from pytest_kopt.gates.measure import TIMING
+
+    n = a.n
+    sets = [(torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda"), torch.empty(n, n, device="cuda"))
+            for _ in range(8)]
+
+    def launch(s):
+        torch.mm(s[0], s[1], out=s[2])
+
+    def refresh(s, k):
+        g = torch.Generator(device="cuda").manual_seed(k)
+        s[0].normal_(generator=g)
+        s[1].normal_(generator=g)
+
+    backend = cupti.profiler_backend()
+    print(f"GPU {torch.cuda.get_device_name(0)}; CUPTI client {backend['name']} (first session "
+          f"{backend['warm_s']:.3f} s){'; ' + backend['note'] if backend['note'] else ''}")
+    rows: dict[str, list[float]] = {}
+
+    def add(key: str, v: float) -> None:
+        rows.setdefault(key, []).append(v)
+
+    for _ in range(a.runs):
+        timer = make_timer(torch, sets, launch, refresh, {**TIMING, "method": "events"})
+        timer.take()
+        med = statistics.median(timer.event_ms)
+        t0 = time.perf_counter()
+        out = cupti.cupti_samples(timer, med, 1e3 * timer.elapsed_s / len(timer.event_ms))
+        add("whole pass (cupti_samples)", time.perf_counter() - t0)
+        add(f"  its calls ({out.get('calls')} in {out.get('batches')} batches)", 0.0)
+        act = backend["activity"]
+        if act is not None:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            act.start()
+            add("  empty session: start", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            act.stop()
+            add("  empty session: stop (flush, disable)", time.perf_counter() - t0)
+        for label, hold in (("1 ms hold", None), ("event timer's hold", timer.hold_us)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            capture = cupti._capture_cupti if act is not None else cupti._capture_torch
+            records, launches, windows, calls_at = capture(
+                backend, timer, 50, 0, max(2 * timer.hold_us, cupti.KERNEL_TIMES_HOLD_US) if hold is None else hold,
+                False)
+            add(f"  50 calls behind the {label}: capture", time.perf_counter() - t0)
+            add("    device records of that batch", len(records))
+            add("    launch records of that batch", len(launches))
+            t0 = time.perf_counter()
+            segments, _ = cupti.calls_by_launch(records, launches, windows)
+            cupti.idle_in_calls(records, segments, calls_at)
+            cupti.host_before_launch(records, launches, segments, calls_at, windows)
+            add(f"    splitting its records into calls", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for i in range(50):
+            cupti._flush_window(timer, i, timer.hold_us, False)
+            timer.launch(sets[i % len(sets)])
+            torch.cuda.synchronize()
+        add("  the same 50 calls unprofiled (event timer's hold)", time.perf_counter() - t0)
+        add("  event timer's hold (us)", timer.hold_us)
+    print(f"{'part':<58} {'median':>10} {'max':>10}")
+    for k, v in rows.items():
+        print(f"{k:<58} {statistics.median(v):>10.4f} {max(v):>10.4f}")
+
+
+if __name__ == "__main__":
+    main()
