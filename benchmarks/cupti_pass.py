@@ -2,32 +2,62 @@
 0.15 ms, the throughput benchmark's size) timed as a timing process times a candidate (:class:`EventsTimer` over
 rotating input sets refreshed with new values, then :func:`cupti_samples`), with each part of the pass timed apart.
 
-Prints one table: the whole pass (median of ``--runs``), then its parts: one empty CUPTI session (``start`` and
-``stop``: enabling the five activity kinds, the forced flush, disabling them), one batch of 50 calls behind the
-1 ms hold and behind the event timer's hold, the records each batch delivered, and the Python work after a batch
-(splitting the records into calls). All times are wall seconds on the host (``time.perf_counter``).
+Prints one table per load on the host: the whole pass (median of ``--runs``), then its parts: one empty CUPTI
+session (``start`` and ``stop``: enabling the five activity kinds, the forced flush, disabling them), one batch of
+50 calls behind the 1 ms hold and behind the event timer's hold, the records each batch delivered, and the Python
+work after a batch (splitting the records into calls). All times are wall seconds on the host
+(``time.perf_counter``). The loads (``--load``), as a loop's close puts them beside a timing: ``quiet``; ``cpu``,
+one busy Python loop per two CPUs (a close of 32 branches kept an H100 host's 16 CPUs 42% busy, 77% at
+most over 10 s); ``contexts``, 8 processes that create a CUDA context, allocate and free 64 MiB and
+destroy it, over and over (through the driver API: what harness processes starting while idle do).
 
-    python3 benchmarks/cupti_pass.py [--runs 5] [--n 1024]
+    python3 benchmarks/cupti_pass.py [--runs 5] [--n 1024] [--load quiet,cpu,contexts]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
+
+#: One process of the ``contexts`` load: CUDA contexts made, used and destroyed in a loop through libcuda
+CHURN = """
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+cu.cuDeviceGet(ctypes.byref(dev), 0)
+while True:
+    cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
+    cu.cuMemAlloc_v2(ctypes.byref(ptr), 64 << 20)
+    cu.cuMemFree_v2(ptr)
+    cu.cuCtxDestroy_v2(ctx)
+"""
+
+
+def start_load(load: str) -> list[subprocess.Popen]:
+    """The background processes of ``load`` (none for ``quiet``)."""
+    if load == "quiet":
+        return []
+    code, count = ("while True: pass", max(1, (os.cpu_count() or 2) // 2)) if load == "cpu" else (CHURN, 8)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    time.sleep(2.0)
+    return procs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--load", default="quiet")
     a = ap.parse_args()
 
     import torch
 
     from pytest_kopt.child import cupti
-    from pytest_kopt.child.timer import make_timer
-    from pytest_kopt.gates.measure import TIMING
 
     n = a.n
     sets = [(torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda"), torch.empty(n, n, device="cuda"))
@@ -44,19 +74,44 @@ def main() -> None:
     backend = cupti.profiler_backend()
     print(f"GPU {torch.cuda.get_device_name(0)}; CUPTI client {backend['name']} (first session "
           f"{backend['warm_s']:.3f} s){'; ' + backend['note'] if backend['note'] else ''}")
+    for load in a.load.split(","):
+        procs = start_load(load)
+        try:
+            rows = measure(backend, sets, launch, refresh, a.runs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        print(f"\nload: {load}")
+        print(f"{'part':<58} {'median':>10} {'max':>10}")
+        for k, v in rows.items():
+            print(f"{k:<58} {statistics.median(v):>10.4f} {max(v):>10.4f}")
+
+
+def measure(backend: dict, sets: list, launch, refresh, runs: int) -> dict[str, list[float]]:
+    """``runs`` timings of ``launch`` over ``sets`` and their kernel-only passes: each part's wall seconds (and
+    counts) per run."""
+    import torch
+
+    from pytest_kopt.child import cupti
+    from pytest_kopt.child.timer import make_timer
+    from pytest_kopt.gates.measure import TIMING
+
     rows: dict[str, list[float]] = {}
 
     def add(key: str, v: float) -> None:
         rows.setdefault(key, []).append(v)
 
-    for _ in range(a.runs):
+    for _ in range(runs):
         timer = make_timer(torch, sets, launch, refresh, {**TIMING, "method": "events"})
         timer.take()
         med = statistics.median(timer.event_ms)
         t0 = time.perf_counter()
         out = cupti.cupti_samples(timer, med, 1e3 * timer.elapsed_s / len(timer.event_ms))
         add("whole pass (cupti_samples)", time.perf_counter() - t0)
-        add(f"  its calls ({out.get('calls')} in {out.get('batches')} batches)", 0.0)
+        add("  its calls", out.get("calls") or 0)
+        add("  its batches", out.get("batches") or 0)
+        add("  its median span (us)", out.get("median_us") or 0)
         act = backend["activity"]
         if act is not None:
             torch.cuda.synchronize()
@@ -88,9 +143,8 @@ def main() -> None:
             torch.cuda.synchronize()
         add("  the same 50 calls unprofiled (event timer's hold)", time.perf_counter() - t0)
         add("  event timer's hold (us)", timer.hold_us)
-    print(f"{'part':<58} {'median':>10} {'max':>10}")
-    for k, v in rows.items():
-        print(f"{k:<58} {statistics.median(v):>10.4f} {max(v):>10.4f}")
+        add("  event samples' median (ms)", statistics.median(timer.event_ms))
+    return rows
 
 
 if __name__ == "__main__":

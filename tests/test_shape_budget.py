@@ -140,3 +140,22 @@ def test_slow_refreshes_keep_the_kernel_only_pass_near_its_budget(monkeypatch: p
     # 5 + 20 + 5 calls (the third batch cut from 25 to what the budget left, at least 5); unbounded, 50 + 20 + 25
     assert (got["batches"], got["calls"], got["spans_us"][0]) == (3, 30, 10.0)
     assert got["profile_s"] <= tm.CUPTI["budget_s"] + 5 * 0.062, got["profile_s"]
+
+
+def test_later_kernel_only_batches_are_as_long_as_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 150 µs kernel (the throughput benchmark's SGEMM at 1024^3): three batches of 50 calls (the first sized by
+    :func:`cupti_calls`, the others as long), 150 calls where doubling batches profiled 200, each call's span the
+    kernel's own."""
+    from tests.test_host_work import StandInGpu
+
+    gpu = StandInGpu()
+    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": gpu, "note": None, "warm_s": 0.0})
+    monkeypatch.setattr(tm, "time", SimpleNamespace(perf_counter=lambda: gpu.clock / 1e6))
+    timer = SimpleNamespace(
+        torch=SimpleNamespace(cuda=SimpleNamespace(synchronize=gpu.synchronize)), sets=["s0", "s1"], hold_us=30.0,
+        t={}, flush=lambda: gpu.launch("flush", 20.0), hold=lambda us: gpu.launch("spin", us),
+        refresh=lambda s, k: gpu.host(50.0), launch=lambda s: gpu.launch("sgemm", 150.0))
+    got = tm.cupti_samples(timer, 0.15, 0.6)
+    assert (got["batches"], got["calls"], got["stop_reason"]) == (3, 150, "converged")
+    assert set(got["spans_us"]) == {150.0}
+    assert got["records"] == 150 + 3 * 50 * 2 and set(got["times_s"]) == {"names", "capture", "split"}

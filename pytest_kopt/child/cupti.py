@@ -165,7 +165,7 @@ def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
 #: independent samples of a short kernel. On the H200 (2026-12-03), a two-kernel sum of 11.7 µs gave medians
 #: whose standard error from within a batch of 50 calls (MAD, order statistics or bootstrap) read 0.1-0.25%, while
 #: 8 batches' medians spread over 1.36% (standard deviation 0.46%), with new input sets or the same ones; over 3
-#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches (200 calls) took 0.50 s for that sum and
+#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches (200 calls, as batches doubled then) took 0.50 s for that sum and
 #: 0.44 s for an add of 1 M floats (median of 12 runs each, H200, 2026-12-03, seventh session). More batches do not
 #: take the sum under 1%: its medians fall in two levels run to run (docs/timing.md).
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200,
@@ -558,8 +558,8 @@ HOST_INSIDE_KEYS = ("idle_us", "before_launch_us", "host_inside_us")
 
 def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> dict[str, Any]:
     """Kernel-only samples (:func:`kernel_times`) in batches until :func:`cupti_stop` stops them: the first batch
-    :func:`cupti_calls` calls behind a 1 ms spin each; when every call of it launched one kernel (whose span no
-    launch gap can lengthen), later batches spin only the event timer's hold. A later batch is no longer than the
+    :func:`cupti_calls` calls behind a 1 ms spin each; later batches as many calls each (at least 20) and, when every
+    call of the first launched one kernel (whose span no launch gap can lengthen), behind the event timer's hold. A later batch is no longer than the
     profiling budget left allows at the wall time a call took so far, so a call whose inputs are slow to refresh
     cannot run far past :data:`CUPTI`'s budget. Returns :func:`kernel_times`'s fields over all batches, plus
     ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error`` (when the first batch fails; a
@@ -570,13 +570,16 @@ def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> 
         return {**first, "profile_s": time.perf_counter() - t0}
     out = dict(first)
     out["batches"] = 1
+    first_calls = first["calls"] + first["empty_calls"]
     single = first["kernels_per_call"] == [1] and not first["empty_calls"]
     reason = None
     while True:
         reason = cupti_stop(out["spans_us"], time.perf_counter() - t0, out["batches"])
         if reason is not None:
             break
-        n = min(CUPTI["batch_max"], CUPTI["max_samples"] - len(out["spans_us"]), max(20, len(out["spans_us"])))
+        # as many calls as the first batch (at least 20): three batches of 50 for a call under 6 ms, the spread of
+        # whose medians was measured (:data:`CUPTI`); doubling batches profiled 200 calls where 150 did
+        n = min(CUPTI["batch_max"], CUPTI["max_samples"] - len(out["spans_us"]), max(20, first_calls))
         elapsed = time.perf_counter() - t0
         per_call_s = elapsed / max(1, out["calls"] + out["empty_calls"])
         n = max(5, min(n, int((CUPTI["budget_s"] - elapsed) / max(per_call_s, 1e-6))))
