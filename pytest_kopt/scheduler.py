@@ -286,9 +286,9 @@ class Scheduler:
         """The kernels whose profile started ahead is waiting."""
         return {Path(k[0]) for k in self._profiles}
 
-    def on_branch_record(self, ctx: Context, rec: Any, branch_gates: tuple[str, ...]) -> None:
-        """In a loop's close: one more record of a branch (see :class:`BranchProfiles`)."""
-        self._branches.record(ctx, rec, branch_gates)
+    def on_branch_record(self, ctx: Context, rec: Any, branch_gates: tuple[str, ...], branches: int = 1) -> None:
+        """In a loop's close of ``branches`` branches: one more record of a branch (see :class:`BranchProfiles`)."""
+        self._branches.record(ctx, rec, branch_gates, branches)
 
     @property
     def ahead_log(self) -> list[str]:
@@ -331,10 +331,13 @@ class Scheduler:
 
 
 class BranchProfiles:
-    """In a loop's close, the branches' profiles started ahead: each branch's at its first passed correctness seed,
-    at most :data:`PROFILES_AHEAD` at once (a branch over the cap is tried again at its next passed item), so ncu's
-    start (Python, torch, the CUDA context under ncu: about 6.5 s on the H200) overlaps the rest of the close and the
-    champion's profile finds it waiting. A branch whose compile, correctness or timing item fails, whose
+    """In a loop's close, the branches' profiles started ahead, so ncu's start (Python, torch, the CUDA context under
+    ncu: about 6.5 s on the H200) overlaps the rest of the close and the champion's profile finds it waiting. In a
+    close of at most :data:`PROFILES_AHEAD` branches each branch's starts at its first passed correctness seed; in a
+    larger one only the fastest branch timed so far gets one, at its timing (a close of 32 branches started 20 at
+    their seeds and used one, each ncu's start about 6 CPU-s and a CUDA context made beside the measurements, H100,
+    2026-12-06). At most :data:`PROFILES_AHEAD` wait at once (a branch over the cap is tried again at its next passed
+    item). A branch whose compile, correctness or timing item fails, whose
     correctness or timing skips, or whose timing is slower than the fastest branch's so far, has its profile ended
     (and none started). A kernel of several benchmark shapes gets none (its profile is of the first shape, the
     decision of all); a champion the decision picks otherwise is profiled from the start."""
@@ -347,9 +350,10 @@ class BranchProfiles:
         self.ruled_out: set[Path] = set()
         self.log: list[str] = []
 
-    def record(self, ctx: Context, rec: Any, branch_gates: tuple[str, ...]) -> None:
+    def record(self, ctx: Context, rec: Any, branch_gates: tuple[str, ...], branches: int = 1) -> None:
         """One more record (:class:`~pytest_kopt.records.GateRecord`) of the branch ``ctx`` is of; the loop's close
-        calls this only for branches, with the run's pinned ncu set in ``ctx.settings.ncu_set``."""
+        calls this only for branches, with the run's pinned ncu set in ``ctx.settings.ncu_set``. ``branches``: how
+        many branches the close judges."""
         kernel = ctx.kernel
         if not ctx.settings.ncu_set or not ctx.gpu or kernel in self.ruled_out or len(ctx.benchmarks) > 1:
             return
@@ -370,7 +374,8 @@ class BranchProfiles:
         if slower is not None:
             self._rule_out(kernel, slower)
             return
-        if kernel in self.tried or not (rec.gate == "correctness" or self.leader and self.leader[1] == kernel):
+        at_seed = rec.gate == "correctness" and branches <= PROFILES_AHEAD
+        if kernel in self.tried or not (at_seed or self.leader and self.leader[1] == kernel):
             return
         if len(self.scheduler.profiling) >= PROFILES_AHEAD:  # tried again at its next passed item
             return

@@ -276,9 +276,11 @@ def test_the_build_thread_starts_the_profile_once_the_kernel_is_built(tmp_path: 
 
 
 def _close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[str], ended: list[str],
-           shapes: dict[str, tuple[dict[str, int], ...]] | None = None) -> tuple[Any, Scheduler]:
+           shapes: dict[str, tuple[dict[str, int], ...]] | None = None,
+           branches: tuple[str, ...] = ("b1", "b2", "b3")) -> tuple[Any, Scheduler]:
     """A loop close's controller (LoopPlugin, which hands each branch's record to the scheduler) over a scheduler
-    whose profile starts and ends are recorded (``start_profile``, ``end_profiles``) in its own ``_profiles``."""
+    whose profile starts and ends are recorded (``start_profile``, ``end_profiles``) in its own ``_profiles``; the
+    session judges ``branches`` of iterv1 and an ablation."""
     from pytest_kopt.gates.builtin import default_table
     from pytest_kopt.plugin.loop import LoopPlugin
 
@@ -289,7 +291,10 @@ def _close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[str], 
     monkeypatch.setattr(ahead, "end_profiles", lambda kernel, keep=(): ended.append(kernel.parent.name)
                         or [profiles.pop(k) for k in list(profiles) if k[0] == str(kernel)])
     settings = SimpleNamespace(ncu_set="light", loop_mode="run", run_dir=tmp_path)
+    kernels = frozenset([tmp_path / "iterv1" / "branches" / b / "kernel.cu" for b in branches]
+                        + [tmp_path / "iterv1" / "ablations" / "m" / "kernel.cu"])
     state = SimpleNamespace(settings=settings, env={"gpu": {"uuid": "x"}}, gates=default_table(), ahead=ahead,
+                            kernels=kernels,
                             context=lambda config, kernel, display: SimpleNamespace(
                                 kernel=kernel, settings=settings, gpu=True,
                                 benchmarks=(shapes or {}).get(kernel.parent.name, ({"n": 1},))))
@@ -335,7 +340,8 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
     passed item, so when it is timed fastest (the old leader's profile ended) it gets one. A kernel of several
     benchmark shapes gets none: the profile is of its first shape."""
     started: list[str] = []
-    plugin, ahead = _close(tmp_path, monkeypatch, started, [], shapes={"b9": ({"n": 1}, {"n": 2})})
+    plugin, ahead = _close(tmp_path, monkeypatch, started, [], shapes={"b9": ({"n": 1}, {"n": 2})},
+                           branches=("b1", "b2", "b3", "b4"))
 
     def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
         return SimpleNamespace(kernel=str(tmp_path / "iterv1" / "branches" / name / "kernel.cu"), gate=gate,
@@ -350,3 +356,29 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
     plugin.on_record(rec("b5", "timing", 10.0))  # the fastest: b1's profile ends, b5's starts
     assert started == ["b1", "b2", "b3", "b4", "b5"]
     assert sorted(k.parent.name for k in ahead.profiling) == ["b2", "b3", "b4", "b5"]
+
+
+def test_a_close_of_more_branches_than_the_cap_profiles_only_the_fastest_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close of more branches than PROFILES_AHEAD starts no profile at the seeds: only the fastest branch timed so
+    far gets one, at its timing, and an overtaken leader's ends (a close of 32 branches had started 20 profiles at
+    their seeds and used one)."""
+    started: list[str] = []
+    ended: list[str] = []
+    names = tuple(f"b{i}" for i in range(1, 7))
+    plugin, ahead = _close(tmp_path, monkeypatch, started, ended, branches=names)
+
+    def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
+        return SimpleNamespace(kernel=str(tmp_path / "iterv1" / "branches" / name / "kernel.cu"), gate=gate,
+                               outcome="passed", case=None if gate == "timing" else "seed=1",
+                               figures={"median_ms": median} if median else {})
+
+    for name in names:
+        plugin.on_record(rec(name, "correctness"))
+    assert started == [] and ahead.profiling == set()
+    plugin.on_record(rec("b3", "timing", 0.30))
+    assert started == ["b3"]
+    plugin.on_record(rec("b1", "timing", 0.40))  # slower: nothing starts
+    plugin.on_record(rec("b5", "timing", 0.14))  # the fastest now: b3's ends, b5's starts
+    assert started == ["b3", "b5"] and ended == ["b3"]  # b1 had none to end
+    assert {k.parent.name for k in ahead.profiling} == {"b5"}

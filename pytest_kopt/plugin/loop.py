@@ -59,6 +59,8 @@ class LoopPlugin:
         self.state = state
         #: a --kopt-run whose methods.json only finishes the run: nothing is judged (pytest_kopt.loop.finish)
         self.finishing = False
+        #: how many branches the close judges (the session's branch kernels), once a record needs it
+        self._branches: int | None = None
 
     def pytest_configure(self, config: pytest.Config) -> None:
         """A close refuses an option --kopt-init fixed for the run, given with another value (a usage error, exit
@@ -96,7 +98,9 @@ class LoopPlugin:
         if not is_branch_kernel(kernel, settings.run_dir):
             return
         ctx = self.state.context(self.config, kernel, str(kernel))
-        self.state.ahead.on_branch_record(ctx, record, self.state.gates.branch_strict)
+        if self._branches is None:  # the session's kernels are fixed: counted once
+            self._branches = max(1, sum(is_branch_kernel(k, settings.run_dir) for k in self.state.kernels))
+        self.state.ahead.on_branch_record(ctx, record, self.state.gates.branch_strict, self._branches)
 
     def finish(self, session: pytest.Session, outcome: SessionOutcome) -> None:
         """The loop's step, when pytest itself ended the session normally (its "interrupted" 2 and "internal error"
