@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,35 +26,61 @@ import time
 
 #: One process of the ``contexts`` load: CUDA contexts made, used and destroyed in a loop through libcuda
 CHURN = """
-import ctypes
+import ctypes, sys
 cu = ctypes.CDLL("libcuda.so.1")
-assert cu.cuInit(0) == 0
 dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-cu.cuDeviceGet(ctypes.byref(dev), 0)
+if cu.cuInit(0) or cu.cuDeviceGet(ctypes.byref(dev), 0):
+    sys.exit("cuInit or cuDeviceGet failed")
 while True:
-    cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
-    cu.cuMemAlloc_v2(ctypes.byref(ptr), 64 << 20)
-    cu.cuMemFree_v2(ptr)
+    if cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev):
+        sys.exit("cuCtxCreate failed")
+    if cu.cuMemAlloc_v2(ctypes.byref(ptr), 64 << 20) == 0:
+        cu.cuMemFree_v2(ptr)
     cu.cuCtxDestroy_v2(ctx)
 """
+LOADS = {"quiet": None, "cpu": "while True: pass", "contexts": CHURN}
 
 
 def start_load(load: str) -> list[subprocess.Popen]:
-    """The background processes of ``load`` (none for ``quiet``)."""
-    if load == "quiet":
+    """The background processes of ``load`` (none for ``quiet``), each in a session of its own; raises SystemExit
+    when one has already exited 2 s after the start (a load that could not run is no load)."""
+    code = LOADS[load]
+    if code is None:
         return []
-    code, count = ("while True: pass", max(1, (os.cpu_count() or 2) // 2)) if load == "cpu" else (CHURN, 8)
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
-    time.sleep(2.0)
+    count = max(1, (os.cpu_count() or 2) // 2) if load == "cpu" else 8
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+        time.sleep(2.0)
+        dead = [p.returncode for p in procs if p.poll() is not None]
+        if dead:
+            raise SystemExit(f"load {load}: {len(dead)} of {count} processes exited (codes {dead})")
+    except BaseException:
+        stop_load(procs)
+        raise
     return procs
+
+
+def stop_load(procs: list[subprocess.Popen]) -> None:
+    """End a load's processes (and anything they started)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n", type=int, default=1024)
-    ap.add_argument("--load", default="quiet")
+    ap.add_argument("--load", default="quiet", help="comma-separated: " + ", ".join(LOADS))
     a = ap.parse_args()
+    unknown = [x for x in a.load.split(",") if x not in LOADS]
+    if unknown:
+        ap.error(f"--load: unknown {', '.join(unknown)} (one of {', '.join(LOADS)})")
 
     import torch
 
@@ -79,9 +106,7 @@ def main() -> None:
         try:
             rows = measure(backend, sets, launch, refresh, a.runs)
         finally:
-            for p in procs:
-                p.kill()
-                p.wait()
+            stop_load(procs)
         print(f"\nload: {load}")
         print(f"{'part':<58} {'median':>10} {'max':>10}")
         for k, v in rows.items():
@@ -129,13 +154,13 @@ def measure(backend: dict, sets: list, launch, refresh, runs: int) -> dict[str, 
                 backend, timer, 50, 0, max(2 * timer.hold_us, cupti.KERNEL_TIMES_HOLD_US) if hold is None else hold,
                 False)
             add(f"  50 calls behind the {label}: capture", time.perf_counter() - t0)
-            add("    device records of that batch", len(records))
-            add("    launch records of that batch", len(launches))
+            add(f"    {label}: device records", len(records))
+            add(f"    {label}: launch correlations", len(launches))
             t0 = time.perf_counter()
             segments, _ = cupti.calls_by_launch(records, launches, windows)
             cupti.idle_in_calls(records, segments, calls_at)
             cupti.host_before_launch(records, launches, segments, calls_at, windows)
-            add(f"    splitting its records into calls", time.perf_counter() - t0)
+            add(f"    {label}: splitting the records into calls", time.perf_counter() - t0)
         t0 = time.perf_counter()
         for i in range(50):
             cupti._flush_window(timer, i, timer.hold_us, False)

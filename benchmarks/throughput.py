@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -248,23 +249,36 @@ def measure_phases(it: Path) -> list[str]:
 
 def cupti_backends(it: Path) -> list[str]:
     """Which CUPTI client gave the branches' kernel-only times (``bench.json`` ``kernel_time.backend``), with how
-    many branches each, and why cupti-python did not where it did not: torch's profiler costs each timing process
-    seconds of start-up and about 0.7 s per measurement at 1024^3 against cupti-python's 0.2-0.3 s, so a run
-    without cupti-python is not comparable with one that had it."""
+    many branches each, why cupti-python did not where it did not, and the pass's parts (``kernel_time.times_s``,
+    ``profile_s``, calls, batches, records): without cupti-python each timing process starts CUPTI through torch's
+    profiler (seconds; 9-13 s before a close's first timing on an H100), so a run without it is not comparable with
+    one that had it. ``bench.json`` is the candidate's process's report: what is not a number is left out."""
     seen: dict[str, int] = {}
     notes: set[str] = set()
     parts: dict[str, list[float]] = {}
+
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
     for f in sorted(it.glob("branches/*/**/bench.json")):
-        kt = json.loads(f.read_text()).get("kernel_time") or {}
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        kt = doc.get("kernel_time") if isinstance(doc, dict) else None
+        if not isinstance(kt, dict):  # a summary over shapes, or no kernel-only time
+            continue
         seen[str(kt.get("backend"))] = seen.get(str(kt.get("backend")), 0) + 1
         if kt.get("backend_note"):
-            notes.add(str(kt["backend_note"]))
-        for k, v in {**(kt.get("times_s") or {}), "profile_s": kt.get("profile_s"), "calls": kt.get("calls"),
+            notes.add(str(kt["backend_note"])[:300])
+        times = kt.get("times_s") if isinstance(kt.get("times_s"), dict) else {}
+        for k, v in {**times, "profile_s": kt.get("profile_s"), "calls": kt.get("calls"),
                      "batches": kt.get("batches"), "records": kt.get("records")}.items():
-            if isinstance(v, (int, float)):
-                parts.setdefault(k, []).append(float(v))
-    line = "  kernel-only timing through " + ", ".join(f"{k} ({v})" for k, v in sorted(seen.items()))
-    return [line] + [f"    NOTE {n}" for n in sorted(notes)] + _spread("kernel_time", parts, ("calls", "batches", "records"))
+            if number(v):
+                parts.setdefault(str(k), []).append(float(v))
+    line = "  kernel-only timing through " + (", ".join(f"{k} ({v})" for k, v in sorted(seen.items())) or "nothing")
+    return [line] + [f"    NOTE {n}" for n in sorted(notes)] + _spread("kernel_time", parts, ("calls", "batches",
+                                                                                             "records"))
 
 
 def _spread(label: str, per: dict[str, list[float]], counts: tuple[str, ...] = ()) -> list[str]:

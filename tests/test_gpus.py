@@ -625,9 +625,12 @@ def test_the_header_names_the_cupti_pin_when_a_gpu_has_no_cupti_python() -> None
            "packages": {"torch": "2.13.0", "cupti-python": None}}
     line = hardware.header_line(env)
     assert "torch's profiler" in line
-    assert 'pip install "cupti-python==13.0.*" "nvidia-cuda-cupti==13.0.*"' in line
+    assert 'pip install "cupti-python<13.1" "nvidia-cuda-cupti<13.1"' in line
     assert hardware.cupti_hint({**env, "packages": {"cupti-python": "13.0.1"}}) is None
     assert "cupti" not in hardware.header_line({**env, "packages": {"cupti-python": "13.0.1"}})
     no_gpu = {**env, "gpu": None, "gpus": [], "gpu_error": "no CUDA driver"}
     assert hardware.cupti_hint(no_gpu) is None
-    assert "pinned with nvidia-cuda-cupti" in hardware.cupti_hint({**env, "driver_version": None})
+    assert "no newer than the driver's CUDA" in hardware.cupti_hint({**env, "driver_version": None})
+    # a bound below the next minor (cupti-python has releases for some minors only); CUDA 12's library is -cu12
+    assert hardware.cupti_pin("13.1") == 'pip install "cupti-python<13.2" "nvidia-cuda-cupti<13.2"'
+    assert hardware.cupti_pin("12.9") == 'pip install "cupti-python<12.10" "nvidia-cuda-cupti-cu12<12.10"'

@@ -336,12 +336,17 @@ def test_a_close_profiles_each_branch_from_its_first_passed_seed_and_ends_the_sl
 
 
 def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most PROFILES_AHEAD branch profiles wait at once; a branch refused at the cap is tried again at its next
-    passed item, so when it is timed fastest (the old leader's profile ended) it gets one. A kernel of several
-    benchmark shapes gets none: the profile is of its first shape."""
+    """At most PROFILES_AHEAD profiles wait at once, another kernel's among them; a branch refused at the cap is
+    tried again at its next passed item, so when it is timed fastest (the old leader's profile ended) it gets one. A
+    kernel of several benchmark shapes gets none: the profile is of its first shape."""
+    from pytest_kopt import scheduler
+
+    monkeypatch.setattr(scheduler, "PROFILES_AHEAD", 3)
     started: list[str] = []
     plugin, ahead = _close(tmp_path, monkeypatch, started, [], shapes={"b9": ({"n": 1}, {"n": 2})},
-                           branches=("b1", "b2", "b3", "b4"))
+                           branches=("b1", "b2", "b9"))
+    for other in ("x.cu", "y.cu"):  # profiles of two other kernels, waiting
+        ahead._profiles[(str(tmp_path / other), "light")] = object()
 
     def rec(name: str, gate: str, median: float | None = None) -> SimpleNamespace:
         return SimpleNamespace(kernel=str(tmp_path / "iterv1" / "branches" / name / "kernel.cu"), gate=gate,
@@ -349,13 +354,14 @@ def test_a_branch_over_the_cap_starts_once_a_profile_ends(tmp_path: Path, monkey
                                case=None if gate == "timing" else "seed=1",
                                figures={"median_ms": median} if median else {})
 
-    for name in ("b1", "b2", "b3", "b4", "b5", "b9"):
+    for name in ("b1", "b2", "b9"):
         plugin.on_record(rec(name, "correctness"))
-    assert started == ["b1", "b2", "b3", "b4"] == sorted(k.parent.name for k in ahead.profiling)
+    assert started == ["b1"]  # b2 refused at the cap (x, y and b1 waiting), b9 has several shapes
     plugin.on_record(rec("b1", "timing", 20.0))
-    plugin.on_record(rec("b5", "timing", 10.0))  # the fastest: b1's profile ends, b5's starts
-    assert started == ["b1", "b2", "b3", "b4", "b5"]
-    assert sorted(k.parent.name for k in ahead.profiling) == ["b2", "b3", "b4", "b5"]
+    plugin.on_record(rec("b2", "timing", 10.0))  # the fastest: b1's profile ends, b2's starts
+    assert started == ["b1", "b2"]
+    assert sorted(k.parent.name if k.name == "kernel.cu" else k.name for k in ahead.profiling) == \
+        ["b2", "x.cu", "y.cu"]
 
 
 def test_a_close_of_more_branches_than_the_cap_profiles_only_the_fastest_timed(

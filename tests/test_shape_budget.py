@@ -159,3 +159,7 @@ def test_later_kernel_only_batches_are_as_long_as_the_first(monkeypatch: pytest.
     assert (got["batches"], got["calls"], got["stop_reason"]) == (3, 150, "converged")
     assert set(got["spans_us"]) == {150.0}
     assert got["records"] == 150 + 3 * 50 * 2 and set(got["times_s"]) == {"names", "capture", "split"}
+    # the parts of all three batches: the calls alone (150 x (spin + flush + kernel) of GPU time, on this clock)
+    # are in the capture's sum, and the flush recorded alone in the names'
+    assert got["times_s"]["capture"] >= 150 * (150.0 + 20.0) / 1e6 and got["times_s"]["names"] > 0
+    assert 0 <= got["times_s"]["split"] and sum(got["times_s"].values()) <= got["profile_s"]

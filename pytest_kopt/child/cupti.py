@@ -7,37 +7,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from .profile_calls import call_segments, calls_by_launch, host_before_launch, idle_in_calls
 from .samples import median, quantile, should_stop
 
 if TYPE_CHECKING:
     from .timer import Timer
-
-
-def call_segments(events: list[tuple[float, float, str]], flush_names: set[str],
-                  per_flush: int) -> list[list[tuple[float, float, str]]]:
-    """Split a profile's device records (start, end, name), sorted by start, into calls: each run of
-    ``per_flush`` records named in ``flush_names`` (one flush may launch several kernels) starts a call, and the
-    records up to the next flush are that call's. A call that launched nothing is an empty list between two
-    flushes; records before the first flush belong to no call."""
-    segments: list[list[tuple[float, float, str]]] = []
-    current: list[tuple[float, float, str]] | None = None
-    run = 0
-    for ev in events:
-        if ev[2] in flush_names:
-            if run % max(1, per_flush) == 0:
-                if current is not None:
-                    segments.append(current)
-                current = []
-            run += 1
-        else:
-            run = 0
-            if current is not None:
-                current.append(ev)
-    if current is not None:
-        segments.append(current)
-    return segments
 
 
 #: The profiler range (torch.profiler.record_function) each profiled flush runs in: what was launched inside it is
@@ -48,105 +24,6 @@ CALL_RANGE = "kopt::call"
 #: µs of GPU spin before each profiled flush (inside its range, so never counted): time for the host to queue the
 #: call's launches while the profiler slows it
 KERNEL_TIMES_HOLD_US = 1000.0
-
-
-def calls_by_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
-                    flush_windows: list[tuple[float, float]]) -> tuple[list[list[tuple[float, float, str]]], int]:
-    """Split device records into calls by when the host launched them, not by their names (a call that launches
-    the flush's own kernel, a torch.sum, must not read as a flush; a kernel named like the flush must not hide).
-
-    ``records``: (start, end, name, correlation id) per device record; ``launches``: correlation id -> host time
-    of the runtime call that launched it (cudaLaunchKernel, cudaGraphLaunch, cudaMemsetAsync...);
-    ``flush_windows``: (host start, host end) of each flush's range, in order, all times in one clock (µs). A
-    record launched inside a window is the flush's; one launched after window k (and before window k+1) is call
-    k's; one launched before the first window belongs to no call. Returns (one list of (start, end, name) per
-    window, in device start order; the number of records no launch matched)."""
-    import bisect
-
-    starts = [w[0] for w in flush_windows]
-    segments: list[list[tuple[float, float, str]]] = [[] for _ in flush_windows]
-    unmatched = 0
-    for start, end, name, corr in sorted(records):
-        t = launches.get(corr)
-        if t is None:
-            unmatched += 1
-            continue
-        k = bisect.bisect_right(starts, t) - 1
-        if k >= 0 and t > flush_windows[k][1]:
-            segments[k].append((start, end, name))
-    return segments, unmatched
-
-
-def idle_in_calls(records: list[tuple[float, float, str, int]], segments: list[list[tuple[float, float, str]]],
-                  call_windows: list[tuple[float, float]]) -> list[float]:
-    """Per call that launched something (in ``segments`` order, as the spans are), the µs inside the call during
-    which the GPU ran nothing while the host was still in it: from the host's start of the call to whichever ends
-    later, the host's return or the call's last device record, less the time any device record (the flush window's
-    spin included) ran. ``records``: every device record of the batch (start, end, name, correlation id);
-    ``segments``: each call's records (:func:`calls_by_launch`); ``call_windows``: (host start, host end) of each
-    call, one per segment; all in one clock (µs).
-
-    This is the host work a call does while its GPU waits (a ``cudaFree`` after the last kernel, a ``cudaMalloc``
-    between two, a copy to the host and back): the CUDA events around an unprofiled call see it and the kernels'
-    span does not. Host work queued behind the flush window's spin (a ``cudaMalloc`` before the first launch) keeps
-    the GPU busy and is not counted: the event timer's own hold covers it the same way."""
-    import bisect
-
-    merged: list[list[float]] = []
-    for start, end, _, _ in sorted(records):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    starts = [m[0] for m in merged]
-    out = []
-    for seg, (lo, host_end) in zip(segments, call_windows):
-        if not seg:
-            continue
-        hi = max(host_end, max(e for _, e, _ in seg))
-        busy = 0.0
-        for a, b in merged[max(0, bisect.bisect_right(starts, lo) - 1):bisect.bisect_right(starts, hi)]:
-            busy += max(0.0, min(b, hi) - max(a, lo))
-        out.append(max(0.0, (hi - lo) - busy))
-    return out
-
-
-def host_before_launch(records: list[tuple[float, float, str, int]], launches: Mapping[int, float],
-                       segments: list[list[tuple[float, float, str]]], call_windows: list[tuple[float, float]],
-                       flush_windows: list[tuple[float, float]] | None = None) -> list[float]:
-    """Per call that launched something (in ``segments`` order, as :func:`idle_in_calls`), the µs the host spent
-    inside the call while the flush window's spin still held the GPU, up to the call's last launch that ran on the
-    device: from the host's start of the call to the earlier of that launch's host time (``launches``, by the
-    correlation id of a device record in ``records``) and the end of the flush window's last device record
-    (``flush_windows``: (host start, host end) of each window, whose launches are the flush's; without them, the
-    launch's time alone). Same clock and arguments as :func:`idle_in_calls`.
-
-    Host work between the call's launches while the spin runs (a ``cudaMalloc`` before the first kernel, or after a
-    first ``cudaMemsetAsync``) keeps the GPU busy with the spin while profiled, so :func:`idle_in_calls` does not
-    see it; behind the event timer's shorter hold it is inside the events' window. After the spin ends, the GPU's
-    idle time is :func:`idle_in_calls`'s. A call with no host work spends here only its launch path (a few µs; a
-    Triton or torch candidate's Python, tens of µs); a ``cudaFree`` that waits for the call's kernels is no launch
-    and not counted."""
-    import bisect
-
-    by_launch = sorted((launches[c], end) for _, end, _, c in records if c in launches)
-    launched = [t for t, _ in by_launch]
-    out = []
-    for k, (seg, (lo, hi)) in enumerate(zip(segments, call_windows)):
-        if not seg:
-            continue
-        a, b = bisect.bisect_left(launched, lo), bisect.bisect_right(launched, hi)
-        if a == b:
-            out.append(0.0)
-            continue
-        last = launched[b - 1]
-        if flush_windows is not None and k < len(flush_windows):
-            w0, w1 = flush_windows[k]
-            ends = [end for t, end in by_launch[bisect.bisect_left(launched, w0):bisect.bisect_right(launched, w1)]]
-            if ends:  # past the spin's end the GPU idles while the host works: idle_in_calls counts that
-                last = min(last, max(ends))
-        out.append(max(0.0, last - lo))
-    return out
 
 
 def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
@@ -165,9 +42,9 @@ def cupti_calls(median_ms: float, call_wall_ms: float = 0.0) -> int:
 #: independent samples of a short kernel. On the H200 (2026-12-03), a two-kernel sum of 11.7 µs gave medians
 #: whose standard error from within a batch of 50 calls (MAD, order statistics or bootstrap) read 0.1-0.25%, while
 #: 8 batches' medians spread over 1.36% (standard deviation 0.46%), with new input sets or the same ones; over 3
-#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches (200 calls, as batches doubled then) took 0.50 s for that sum and
-#: 0.44 s for an add of 1 M floats (median of 12 runs each, H200, 2026-12-03, seventh session). More batches do not
-#: take the sum under 1%: its medians fall in two levels run to run (docs/timing.md).
+#: batches of 50 calls the spread of 8 medians was 0.37-0.50%. Three batches (200 calls, as batches doubled then)
+#: took 0.50 s for that sum and 0.44 s for an add of 1 M floats (median of 12 runs each, H200, 2026-12-03, seventh
+#: session). More batches do not take the sum under 1%: its medians fall in two levels run to run (docs/timing.md).
 CUPTI = {"min_samples": 20, "target_rse": 0.0025, "budget_s": 1.5, "max_samples": 1000, "batch_max": 200,
          "min_batches": 3, "batches_below_us": 1000.0}
 
@@ -391,8 +268,8 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     ``backend`` (and ``backend_note``: why cupti-python was not used), ``records`` (device records delivered),
     ``times_s`` (wall seconds of the batch's parts: ``names``, a flush recorded alone; ``capture``, the profiled
     calls with the session's start and stop; ``split``, the records split into calls), or ``{"error": reason}``
-    when the profiler gave no records. The events timing measures launch gaps and the flush's tail as well: about 2 µs more on an
-    H200 (docs/timing.md)."""
+    when the profiler gave no records. The events timing measures launch gaps and the flush's tail as well: about
+    2 µs more on an H200 (docs/timing.md)."""
     torch = timer.torch
     backend = profiler_backend()  # CUPTI's start-up (a fresh process's) before the calls, not inside their records
     hold = max(2 * timer.hold_us, KERNEL_TIMES_HOLD_US) if hold_us is None else hold_us
@@ -559,11 +436,12 @@ HOST_INSIDE_KEYS = ("idle_us", "before_launch_us", "host_inside_us")
 def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> dict[str, Any]:
     """Kernel-only samples (:func:`kernel_times`) in batches until :func:`cupti_stop` stops them: the first batch
     :func:`cupti_calls` calls behind a 1 ms spin each; later batches as many calls each (at least 20) and, when every
-    call of the first launched one kernel (whose span no launch gap can lengthen), behind the event timer's hold. A later batch is no longer than the
-    profiling budget left allows at the wall time a call took so far, so a call whose inputs are slow to refresh
-    cannot run far past :data:`CUPTI`'s budget. Returns :func:`kernel_times`'s fields over all batches, plus
-    ``batches``, ``stop_reason`` and ``profile_s`` (wall seconds), or its ``error`` (when the first batch fails; a
-    later batch's failure ends the sampling with ``batch_error``)."""
+    call of the first launched one kernel (whose span no launch gap can lengthen), behind the event timer's hold. A
+    later batch is no longer than the profiling budget left allows at the wall time a call took so far, so a call
+    whose inputs are slow to refresh cannot run far past :data:`CUPTI`'s budget. Returns :func:`kernel_times`'s
+    fields over all batches (``calls``, ``records`` and ``times_s`` summed), plus ``batches``, ``stop_reason`` and
+    ``profile_s`` (wall seconds), or its ``error`` (when the first batch fails; a later batch's failure ends the
+    sampling with ``batch_error``)."""
     t0 = time.perf_counter()
     first = kernel_times(timer, cupti_calls(median_ms, call_wall_ms))
     if "error" in first:

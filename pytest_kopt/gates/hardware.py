@@ -337,20 +337,32 @@ def detect(attempts: int = 1, tools: dict[str, dict[str, str | None]] | None = N
                         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
+def cupti_pin(cuda: str | None) -> str:
+    """The pip command that installs cupti-python and the CUPTI library it loads no newer than a driver's CUDA
+    ``cuda`` (``env["driver_version"]``, such as ``13.0``): a newer CUPTI does not start (CUPTI_ERROR_NOT_INITIALIZED).
+    The bound is below the next minor release (``<13.1``), since cupti-python has releases for some minors only;
+    the library is ``nvidia-cuda-cupti`` from CUDA 13 on and ``nvidia-cuda-cupti-cu12`` before. Without a version,
+    a sentence saying what to pin."""
+    try:
+        major, minor = (int(x) for x in str(cuda).split(".")[:2])
+    except ValueError:
+        return "pip install cupti-python, with it and nvidia-cuda-cupti no newer than the driver's CUDA"
+    bound = f"<{major}.{minor + 1}"
+    lib = "nvidia-cuda-cupti" if major >= 13 else f"nvidia-cuda-cupti-cu{major}"
+    return f'pip install "cupti-python{bound}" "{lib}{bound}"'
+
+
 def cupti_hint(env: dict[str, Any]) -> str | None:
     """What to install when a GPU is present and cupti-python is not (``env["packages"]``): the kernel-only (CUPTI)
-    timing then goes through torch's profiler, whose first session costs each timing process 3.5-7 s and whose
-    profiled calls cost about 0.7 s per measurement of a 0.15 ms kernel against 0.2-0.3 s (H100 and H200,
-    2026-12-03 and 2026-12-06, docs/timing.md and docs/loop.md). The pin names the driver's CUDA
-    (``env["driver_version"]``, such as ``13.0``), since a newer CUPTI does not start. None when there is no GPU or
-    cupti-python is installed."""
+    timing then goes through torch's profiler, whose first session costs each timing process 3.5-7 s (H200,
+    2026-12-03, docs/timing.md; in a loop's close of 32 branches on an H100 the timing items waited 9-13 s for it,
+    docs/loop.md). The pin is :func:`cupti_pin`'s. None when there is no GPU or cupti-python is installed (which
+    client a timing used, and why, is ``bench.json``'s ``kernel_time.backend`` and ``backend_note``: one that is
+    installed but does not start falls back to torch's profiler)."""
     if not env.get("gpu") or (env.get("packages") or {}).get("cupti-python"):
         return None
-    cuda = env.get("driver_version")
-    pin = (f'pip install "cupti-python=={cuda}.*" "nvidia-cuda-cupti=={cuda}.*"' if cuda
-           else "pip install cupti-python, pinned with nvidia-cuda-cupti to the driver's CUDA")
-    return ("cupti-python is not installed: the kernel-only timing goes through torch's profiler, several seconds "
-            f"slower per timing process ({pin})")
+    return ("cupti-python is not installed: the kernel-only timing goes through torch's profiler, whose start costs "
+            f"each timing process seconds ({cupti_pin(env.get('driver_version'))})")
 
 
 def header_line(env: dict[str, Any]) -> str:
@@ -374,7 +386,9 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     """The hardware gate: report the detected environment and write ``<outdir>/env.json``.
 
     Fails (HardwareError, exit 3) only when a tool the kernel's kind cannot do without is missing
-    (:meth:`~pytest_kopt.kinds.base.Kind.check_tools`: nvcc for a ``.cu``, triton for a Triton kernel). No GPU is not a failure here: the GPU gates skip with the reason."""
+    (:meth:`~pytest_kopt.kinds.base.Kind.check_tools`: nvcc for a ``.cu``, triton for a Triton kernel). No GPU is
+    not a failure here: the GPU gates skip with the reason. On a GPU, ``cupti_python`` is the installed cupti-python
+    (None: the kernel-only timing goes through torch's profiler, and the line says what to install)."""
     env = ctx.env
     # the session's document, the same from every xdist worker (each one's own GPU is in this item's figures)
     path = Env.write(ctx.settings.outdir, session_view(env))
@@ -382,9 +396,9 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     g = env.get("gpu") or {}
     figures = {"gpu": g.get("name", "none"), "sm_arch": ctx.arch, "gpu_count": len(env.get("gpus", [])),
                "generation_allowed": env.get("generation_allowed")}
-    if g:  # which CUPTI client the timing processes will start (child/cupti.profiler_backend picks the same way)
-        figures["cupti_client"] = "cupti-python" if (env.get("packages") or {}).get("cupti-python") \
-            else "torch.profiler"
+    if g:  # the installed cupti-python (None: the timing goes through torch's profiler); bench.json's
+        # kernel_time.backend says which client measured (an installed one that cannot start falls back)
+        figures["cupti_python"] = (env.get("packages") or {}).get("cupti-python")
     line = header_line(env)
     if env.get("pinned"):
         figures.update(gpu_uuid=g.get("uuid"), gpu_index=g.get("index"))

@@ -193,39 +193,40 @@ def interleaved(ctx: Context, req: dict[str, Any],
     # the candidate's device memory, read here between its rounds (the LEAK check, gates/leaks.py)
     memory = ProcessMemory((ctx.env.get("gpu") or {}).get("uuid"))
     rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
-    if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
-        # in a loop's close, the candidate's load and first call under a shared hold, beside other branches' seeds:
-        # they are part of the timing process's prepare, 0.14 s (median) of an exclusive hold of about 1 s (32
-        # branches at 1024^3, H100, 2026-12-06; their own share not yet measured)
-        with ctx.device_lock(req["device"], shared=True):
-            rounds.warm(0)
-    # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
-    # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
-    # NVML shut down after the hold ends (outer context), not inside it
-    with contextlib.closing(memory), ctx.device_lock(req["device"]):
-        first = rounds.start(0)
-        if with_reference:
-            rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
-                    "env": {}}
-            parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
-            rounds.start(1)
-        base = ctx.settings.baseline
-        if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
-            bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+    # NVML shut down whatever happens, after the exclusive hold ends (never inside it)
+    with contextlib.closing(memory):
+        if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
+            # in a loop's close, the candidate's load and first call under a shared hold, beside other branches' seeds:
+            # they are part of the timing process's prepare, 0.14 s (median) of an exclusive hold of about 1 s (32
+            # branches at 1024^3, H100, 2026-12-06; their own share not yet measured)
+            with ctx.device_lock(req["device"], shared=True):
+                rounds.warm(0)
+        # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
+        # 4096^3) could slip in between 50 ms rounds, and the rounds would spend their time cap waiting for the lock
+        with ctx.device_lock(req["device"]):
+            first = rounds.start(0)
+            if with_reference:
+                rreq = {**req, "mode": "time_reference", "spec": first["spec"], "scalars": first.get("scalars", {}),
+                        "env": {}}
+                parties.append((rreq, ctx.server("reference"), str(ctx.ref)))
+                rounds.start(1)
+            base = ctx.settings.baseline
+            if ctx.settings.pr_gate and base is not None and Path(base).resolve() != ctx.kernel:
+                bctx = dataclasses.replace(ctx, kernel=Path(base).resolve(), display=str(base))
+                try:
+                    breq: dict[str, Any] | None = timing_request(bctx, req["device"])
+                except KoptError:
+                    breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
+                if breq is not None:
+                    parties.append((breq, bctx.server("candidate"), bctx.display))
+                    rounds.start(2)
+            finals = rounds.finish()
             try:
-                breq: dict[str, Any] | None = timing_request(bctx, req["device"])
-            except KoptError:
-                breq = None  # the baseline's own items report it; the PR gate falls back to its timing gate
-            if breq is not None:
-                parties.append((breq, bctx.server("candidate"), bctx.display))
-                rounds.start(2)
-        finals = rounds.finish()
-        try:
-            if within is not None:
-                within(finals[0], finals[2] if len(finals) > 2 else None)
-        finally:  # the PR baseline's timed outputs are never judged: removed whatever the check raised
-            if len(finals) > 2 and finals[2].get("npz"):
-                Path(finals[2]["npz"]).unlink(missing_ok=True)
+                if within is not None:
+                    within(finals[0], finals[2] if len(finals) > 2 else None)
+            finally:  # the PR baseline's timed outputs are never judged: removed whatever the check raised
+                if len(finals) > 2 and finals[2].get("npz"):
+                    Path(finals[2]["npz"]).unlink(missing_ok=True)
     if not with_reference:
         return finals[0], None, None
     return finals[0], finals[1], finals[2] if len(finals) > 2 else None
