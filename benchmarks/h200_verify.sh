@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
 # Logs in $OUT (one file per section). Usage (device machine, repository root):
-#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [trust] [saved] [pr] [speed] [fidelity] [formats] [multi] [field]
+#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [trust] [saved] [pr] [speed] [fidelity] [formats] [multi] [field] [throughput]
 #   (no argument: main to fidelity, in order)
 #   main      the README's main command on the naive SGEMM, and the Triton softmax example (JSON reports in $OUT)
 #   tests     GPU tests (pytest tests -m gpu -n 4)
@@ -17,6 +17,8 @@
 #   multi     benchmarks/multi_gpu.py -n 9 (one worker per kernel): one 8-branch iteration closed on GPU 0 and on GPUs 0,1 (needs 2 GPUs)
 #   trust     benchmarks/trust_gpu.py: a kernel that rewraps kopt's timing in its own process, alone, in the PR gate
 #             against its honest twin, and as a branch of a loop's close beside it (one verdict line per step)
+#   throughput  issue #40: benchmarks/cupti_pass.py (the kernel-only pass's parts, quiet and under load), then
+#             benchmarks/throughput.py --n 8 (one close of 32 branches); carry cupti-python's wheel in .wheels/
 #   field     issue #19 on the GPU (benchmarks/field_cases/, ~90 s): an arch-guarded kernel through every gate, the
 #             plan's memory estimate at n=10^12, and a host-heavy solve() timed on a quiet GPU and then while two
 #             other pytest-kopt sessions (naive SGEMM 4096^3) run on it; one verdict line per item in field.log
@@ -253,6 +255,18 @@ for phase, u in util.items():
           f"compute pids seen {sorted(apps[phase]) or 'none'}")
 PY
       wall field 0 $t0 ;;
+    throughput)
+      # issue #40: the kernel-only pass taken apart (quiet, beside processes making CUDA contexts, beside a busy
+      # host), then one close of 32 branches at 1024^3 (candidates per GPU-minute, where the holds went)
+      python3 -c "import cupti" 2>/dev/null || echo "NOTE cupti-python is not installed: carry its wheel in .wheels/"
+      timeout 120 python3 benchmarks/cupti_pass.py --runs 3 --load quiet,contexts,cpu > "$OUT/cupti_pass.log" 2>&1
+      grep -E "^load|whole pass|its calls|capture|unprofiled" "$OUT/cupti_pass.log"
+      timeout 240 python3 benchmarks/throughput.py --n 8 --out /tmp/ktp > "$OUT/throughput.log" 2>&1
+      rc=$?; tar czf "$OUT/throughput-run.tgz" --exclude='*.cubin' --exclude='*.so' --exclude='*.o' \
+        --exclude='*.ncu-rep' -C /tmp ktp 2>/dev/null
+      wall throughput $rc $t0
+      grep -E "candidates per GPU-minute|kernel-only timing|kernel_time|of the items|inside|timing\.|check_timed|outside any|passed;" \
+        "$OUT/throughput.log" ;;
     *) echo "unknown section $s" ;;
   esac
 done
