@@ -122,19 +122,26 @@ def test_an_unstable_shape_is_not_measured_twice_past_its_share(monkeypatch: pyt
     assert measured == 2
 
 
-def test_slow_refreshes_keep_the_kernel_only_pass_near_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 10 µs kernel whose inputs take 60 ms to refresh (a problem's own generator on the host): the first batch is
-    sized by the call's wall time (5 calls, not 50: 3 s), and each later batch by the budget left, so the pass ends
-    near CUPTI's 1.5 s budget instead of running batch after batch past it."""
-    from tests.test_host_work import StandInGpu  # the stand-in GPU and CUPTI of the host-work tests
+def _stand_in_timer(monkeypatch: pytest.MonkeyPatch, refresh_us: float, kernel: tuple[str, float]) -> Any:
+    """A timer over the host-work tests' stand-in GPU and CUPTI (cupti-python's client, the stand-in's clock as
+    time.perf_counter): two input sets whose refresh takes ``refresh_us`` on the host, a 20 µs flush, a 30 µs hold,
+    and a call that launches ``kernel`` (name, µs)."""
+    from tests.test_host_work import StandInGpu
 
     gpu = StandInGpu()
     monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": gpu, "note": None, "warm_s": 0.0})
     monkeypatch.setattr(tm, "time", SimpleNamespace(perf_counter=lambda: gpu.clock / 1e6))
-    timer = SimpleNamespace(
+    return SimpleNamespace(
         torch=SimpleNamespace(cuda=SimpleNamespace(synchronize=gpu.synchronize)), sets=["s0", "s1"], hold_us=30.0,
         t={}, flush=lambda: gpu.launch("flush", 20.0), hold=lambda us: gpu.launch("spin", us),
-        refresh=lambda s, k: gpu.host(60_000.0), launch=lambda s: gpu.launch("scan", 10.0))
+        refresh=lambda s, k: gpu.host(refresh_us), launch=lambda s: gpu.launch(*kernel))
+
+
+def test_slow_refreshes_keep_the_kernel_only_pass_near_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 10 µs kernel whose inputs take 60 ms to refresh (a problem's own generator on the host): the first batch is
+    sized by the call's wall time (5 calls, not 50: 3 s), and each later batch by the budget left, so the pass ends
+    near CUPTI's 1.5 s budget instead of running batch after batch past it."""
+    timer = _stand_in_timer(monkeypatch, refresh_us=60_000.0, kernel=("scan", 10.0))
     assert tm.cupti_calls(0.01) == 50 and tm.cupti_calls(0.01, 61.0) == 5
     got = tm.cupti_samples(timer, 0.01, 61.0)
     # 5 + 20 + 5 calls (the third batch cut from 25 to what the budget left, at least 5); unbounded, 50 + 20 + 25
@@ -146,15 +153,7 @@ def test_later_kernel_only_batches_are_as_long_as_the_first(monkeypatch: pytest.
     """A 150 µs kernel (the throughput benchmark's SGEMM at 1024^3): three batches of 50 calls (the first sized by
     :func:`cupti_calls`, the others as long), 150 calls where doubling batches profiled 200, each call's span the
     kernel's own."""
-    from tests.test_host_work import StandInGpu
-
-    gpu = StandInGpu()
-    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": gpu, "note": None, "warm_s": 0.0})
-    monkeypatch.setattr(tm, "time", SimpleNamespace(perf_counter=lambda: gpu.clock / 1e6))
-    timer = SimpleNamespace(
-        torch=SimpleNamespace(cuda=SimpleNamespace(synchronize=gpu.synchronize)), sets=["s0", "s1"], hold_us=30.0,
-        t={}, flush=lambda: gpu.launch("flush", 20.0), hold=lambda us: gpu.launch("spin", us),
-        refresh=lambda s, k: gpu.host(50.0), launch=lambda s: gpu.launch("sgemm", 150.0))
+    timer = _stand_in_timer(monkeypatch, refresh_us=50.0, kernel=("sgemm", 150.0))
     got = tm.cupti_samples(timer, 0.15, 0.6)
     assert (got["batches"], got["calls"], got["stop_reason"]) == (3, 150, "converged")
     assert set(got["spans_us"]) == {150.0}
