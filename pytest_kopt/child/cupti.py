@@ -299,7 +299,6 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         t0 = time.perf_counter()
     except Exception as exc:  # the profiler failed: the event timing stands alone
         return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    info["times_s"] = times
     if not records:
         return {**info, "error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session "
                                  "in this process)"}
@@ -330,7 +329,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         base["before_launch_us"] = before
         base["host_inside_us"] = [a + b for a, b in zip(idle, before)]
     times["split"] = time.perf_counter() - t0
-    base["records"] = len(records)
+    base.update(records=len(records), times_s=times)
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
     if idle:

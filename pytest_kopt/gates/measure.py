@@ -196,9 +196,9 @@ def interleaved(ctx: Context, req: dict[str, Any],
     # NVML shut down whatever happens, after the exclusive hold ends (never inside it)
     with contextlib.closing(memory):
         if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
-            # in a loop's close, the candidate's load and first call under a shared hold, beside other branches' seeds:
-            # they are part of the timing process's prepare, 0.14 s (median) of an exclusive hold of about 1 s (32
-            # branches at 1024^3, H100, 2026-12-06; their own share not yet measured)
+            # in a loop's close, the candidate's load and first call under a shared hold, beside other branches'
+            # seeds, not in the exclusive hold: the first rounds of 32 branches at 1024^3 took 0.149 s (median) with
+            # it against 0.202 s without, the warm round itself 0.018 s (H100, 2026-12-06, docs/loop.md)
             with ctx.device_lock(req["device"], shared=True):
                 rounds.warm(0)
         # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at
