@@ -2,16 +2,17 @@
 0.15 ms, the throughput benchmark's size) timed as a timing process times a candidate (:class:`EventsTimer` over
 rotating input sets refreshed with new values, then :func:`cupti_samples`), with each part of the pass timed apart.
 
-Prints one table per load on the host: the whole pass (median of ``--runs``), then its parts: one empty CUPTI
-session (``start`` and ``stop``: enabling the five activity kinds, the forced flush, disabling them), one batch of
-50 calls behind the 1 ms hold and behind the event timer's hold, the records each batch delivered, and the Python
-work after a batch (splitting the records into calls). All times are wall seconds on the host
+Prints one table per load on the host and per ``--api``: the whole pass (median of ``--runs``), then its parts: one
+empty CUPTI session (``start`` and ``stop``: enabling the five activity kinds and switching off the records of the
+calls that queue no device work (``--api launches``, kopt's setting; ``all`` records every call), the forced flush,
+disabling them), one batch of 50 calls behind the 1 ms hold and behind the event timer's hold, the records each
+batch delivered, and the Python work after a batch (splitting the records into calls). All times are wall seconds on the host
 (``time.perf_counter``). The loads (``--load``), as a loop's close puts them beside a timing: ``quiet``; ``cpu``,
 one busy Python loop per two CPUs (a close of 32 branches kept an H100 host's 16 CPUs 42% busy, 77% at
 most over 10 s); ``contexts``, 8 processes that create a CUDA context, allocate and free 64 MiB and
 destroy it, over and over (through the driver API: what harness processes starting while idle do).
 
-    python3 benchmarks/cupti_pass.py [--runs 5] [--n 1024] [--load quiet,cpu,contexts]
+    python3 benchmarks/cupti_pass.py [--runs 5] [--n 1024] [--load quiet,cpu,contexts] [--api launches,all]
 """
 
 from __future__ import annotations
@@ -77,10 +78,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--load", default="quiet", help="comma-separated: " + ", ".join(LOADS))
+    ap.add_argument("--api", default="launches", help="comma-separated: launches (the runtime and driver calls that "
+                    "queue device work are recorded, as kopt does), all (every call)")
     a = ap.parse_args()
     unknown = [x for x in a.load.split(",") if x not in LOADS]
     if unknown:
         ap.error(f"--load: unknown {', '.join(unknown)} (one of {', '.join(LOADS)})")
+    if not set(a.api.split(",")) <= {"launches", "all"}:
+        ap.error(f"--api: {a.api!r} (comma-separated: launches, all)")
 
     import torch
 
@@ -101,13 +106,19 @@ def main() -> None:
     backend = cupti.profiler_backend()
     print(f"GPU {torch.cuda.get_device_name(0)}; CUPTI client {backend['name']} (first session "
           f"{backend['warm_s']:.3f} s){'; ' + backend['note'] if backend['note'] else ''}")
-    for load in a.load.split(","):
+    for load, api in ((load, api) for load in a.load.split(",") for api in a.api.split(",")):
+        act = backend["activity"]
+        if act is not None:  # which runtime and driver calls CUPTI records (kopt's own: launches)
+            if api == "all":
+                act.record_all("cupti_pass.py --api all")
+            else:
+                act.api, act.api_note = "launches", None
         procs = start_load(load)
         try:
             rows = measure(backend, sets, launch, refresh, a.runs)
         finally:
             stop_load(procs)
-        print(f"\nload: {load}")
+        print(f"\nload: {load}; API records: {act.api if act is not None else 'torch.profiler'}")
         print(f"{'part':<58} {'median':>10} {'max':>10}")
         for k, v in rows.items():
             print(f"{k:<58} {statistics.median(v):>10.4f} {max(v):>10.4f}")

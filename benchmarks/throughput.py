@@ -269,8 +269,9 @@ def measure_phases(it: Path) -> list[str]:
 
 def cupti_backends(it: Path) -> list[str]:
     """Which CUPTI client gave the branches' kernel-only times (``bench.json`` ``kernel_time.backend``), with how
-    many branches each, why cupti-python did not where it did not, and the pass's parts (``kernel_time.times_s``,
-    ``profile_s``, calls, batches, records): without cupti-python each timing process starts CUPTI through torch's
+    many branches each and which runtime and driver calls it recorded (``api``), why cupti-python did not where it
+    did not (``backend_note``) and why a process recorded every call (``api_note``), and the pass's parts
+    (``kernel_time.times_s``, ``profile_s``, calls, batches, records): without cupti-python each timing process starts CUPTI through torch's
     profiler (seconds; 9-13 s before a close's first timing on an H100), so a run without it is not comparable with
     one that had it. ``bench.json`` is the candidate's process's report: what is not a number is left out."""
     seen: dict[str, int] = {}
@@ -288,9 +289,11 @@ def cupti_backends(it: Path) -> list[str]:
         kt = doc.get("kernel_time") if isinstance(doc, dict) else None
         if not isinstance(kt, dict):  # a summary over shapes, or no kernel-only time
             continue
-        seen[str(kt.get("backend"))] = seen.get(str(kt.get("backend")), 0) + 1
-        if kt.get("backend_note"):
-            notes.add(str(kt["backend_note"])[:300])
+        client = str(kt.get("backend")) + (f", {kt['api']} API records" if kt.get("api") in ("launches", "all") else "")
+        seen[client] = seen.get(client, 0) + 1
+        for note in ("backend_note", "api_note"):
+            if kt.get(note):
+                notes.add(str(kt[note])[:300])
         times = kt.get("times_s") if isinstance(kt.get("times_s"), dict) else {}
         for k, v in {**times, "profile_s": kt.get("profile_s"), "calls": kt.get("calls"),
                      "batches": kt.get("batches"), "records": kt.get("records")}.items():

@@ -536,6 +536,7 @@ class _FakeActivity:
 
     def __init__(self, record: bool = True) -> None:
         self.clock, self.device, self.launches, self.record, self.log = 0.0, [], {}, record, []
+        self.api, self.api_note = "all", None
 
     def now_us(self) -> float:
         self.clock += 1.0
@@ -603,6 +604,98 @@ def test_a_profiled_call_ends_before_the_next_window_is_queued(monkeypatch: pyte
     # CUPTI delivers finished work only: each batch, the flush-alone one too, ends with the device synchronised
     stops = [i for i, x in enumerate(order) if x == "stop"]
     assert len(stops) == 2 and all(order[i - 1] == "sync" for i in stops), order
+
+
+def _cupti_with_api_switches(fail: bool | str = False) -> tuple[object, dict[tuple[str, int], int]]:
+    """A stand-in for cupti-python's module: two runtime and three driver calls in its enums, and switches that
+    remember what was set per (domain, callback id); ``fail``: True, a CUPTI without the switches; a domain, a
+    CUPTI that does not know that domain's first call."""
+    import enum
+    from types import SimpleNamespace
+
+    switched: dict[tuple[str, int], int] = {}
+
+    def switch(domain: str):  # noqa: ANN202
+        def set_(cbid: int, on: int) -> None:
+            if fail is True or (fail == domain and cbid == 1):
+                raise RuntimeError("CUPTI_ERROR_NOT_SUPPORTED")
+            switched[(domain, cbid)] = on
+        return set_
+
+    runtime = enum.IntEnum("runtime_api_trace_cbid", {"INVALID": 0, "cudaGetDevice_v3020": 1,
+                                                     "cudaLaunchKernel_v7000": 2, "SIZE": 3})
+    driver = enum.IntEnum("driver_api_trace_cbid", {"cuCtxGetCurrent": 1, "cuMemsetD8Async": 2,
+                                                   "cuMemcpyHtoDAsync_v2": 3, "FORCE_INT": 4})
+    enabled: list[str] = []
+    mod = SimpleNamespace(runtime_api_trace_cbid=runtime, driver_api_trace_cbid=driver,
+                          activity_enable_runtime_api=switch("runtime"), activity_enable_driver_api=switch("driver"),
+                          get_timestamp=lambda: 1_796_289_127_342_000_000, activity_enable=enabled.append,
+                          activity_disable=enabled.remove)
+    return mod, switched
+
+
+def test_a_cupti_session_records_only_the_calls_that_launch_device_work() -> None:
+    """A profiled call's records link each kernel to its launch through the runtime or driver call that queued it;
+    the records of every other call (69 per call of a torch.mm with its flush window on an H100, each handed to
+    Python) are switched off at each session's start. A CUPTI without the per-call switches records every call and
+    says so."""
+    from pytest_kopt.child.cupti import CuptiActivity
+
+    mod, switched = _cupti_with_api_switches()
+    act = CuptiActivity.__new__(CuptiActivity)
+    act.cupti, act.kinds, act.api, act.api_note, act._quiet = mod, ["RUNTIME", "DRIVER"], "launches", None, None
+    act.start()
+    assert switched == {("runtime", 1): 0, ("driver", 1): 0}  # cudaGetDevice, cuCtxGetCurrent; never INVALID/SIZE
+    act.record_all("a device record no recorded launch matched")
+    assert switched == {("runtime", 1): 1, ("driver", 1): 1} and act.api == "all"
+    act.start()  # every call recorded from now on
+    assert switched == {("runtime", 1): 1, ("driver", 1): 1} and act.api_note.startswith("a device record")
+
+    old, _ = _cupti_with_api_switches(fail=True)
+    act = CuptiActivity.__new__(CuptiActivity)
+    act.cupti, act.kinds, act.api, act.api_note, act._quiet = old, ["RUNTIME", "DRIVER"], "launches", None, None
+    act.start()
+    assert act.api == "all" and "NOT_SUPPORTED" in act.api_note
+
+    newer, switched = _cupti_with_api_switches(fail="driver")  # enums newer than the library: that call stays on
+    act = CuptiActivity.__new__(CuptiActivity)
+    act.cupti, act.kinds, act.api, act.api_note, act._quiet = newer, ["RUNTIME", "DRIVER"], "launches", None, None
+    act.start()
+    assert act.api == "launches" and switched == {("runtime", 1): 0} and act.quiet_api() == [
+        (newer.activity_enable_runtime_api, 1)]
+    with pytest.raises(ValueError, match="'launches' or 'all'"):
+        CuptiActivity("some")
+
+
+def test_a_kernel_launched_through_a_call_not_recorded_has_its_batch_profiled_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device record whose launch was not recorded (a call outside the launch calls, which only a candidate's own
+    path can make) would leave the batch split by kernel names, which a kernel named like the flush's can fool: the
+    process records every call from then on and profiles the batch again, split by launch, and the record says
+    why."""
+    from pytest_kopt.child import cupti as tm
+
+    class Switched(_FakeActivity):
+        def __init__(self) -> None:
+            super().__init__()
+            self.api = "launches"
+
+        def record_all(self, why: str) -> None:
+            self.api, self.api_note = "all", why
+
+        def launch(self, name: str) -> None:
+            t = self.now_us()
+            corr = len(self.device) + 1
+            if not (name.startswith("kernel_") and self.api == "launches"):
+                self.launches[corr] = t  # the runtime or driver call's record; none where that call is not recorded
+            self.device.append((100.0 + t, 100.5 + t, name, corr))
+
+    act = Switched()
+    monkeypatch.setattr(tm, "_BACKEND", {"name": "cupti-python", "activity": act, "note": None, "warm_s": 0.0})
+    got = tm.kernel_times(_fake_timer(act), calls=4, hold_us=5.0)
+    assert act.log == ["start", "stop", "start", "stop", "start", "stop"]  # the flush probe, the batch, again
+    assert got["split"] == "launch" and got["calls"] == 4 and got["spans_us"] == [0.5] * 4
+    assert got["api"] == "all" and got["api_note"].startswith("4 of ")
 
 
 def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profiler(

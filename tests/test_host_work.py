@@ -26,6 +26,7 @@ class StandInGpu:
         self.clock, self.free_at = 0.0, 0.0
         self.device: list[tuple[float, float, str, int]] = []
         self.launches: dict[int, float] = {}
+        self.api, self.api_note = "all", None
 
     # -- CuptiActivity's surface
     def now_us(self) -> float:

@@ -94,16 +94,30 @@ class CuptiActivity:
     launched them, in one clock (CUPTI's timestamps, in µs after the session's start: they count ns since the Unix
     epoch, about 1.8e18, where a float64 of µs keeps only quarter-µs steps). One per process, made by
     :func:`profiler_backend`: CUPTI serves one activity client per process up to CUDA 13.2, so torch's profiler is
-    not used beside it. Raises what cupti-python raises when CUPTI cannot start (no cupti-python, a CUPTI newer than
-    the driver: ``CUPTI_ERROR_NOT_INITIALIZED``)."""
+    not used beside it. ``api``: ``launches`` records only the runtime and driver calls that queue device work
+    (:data:`LAUNCH_API_WORDS`), ``all`` every call. Raises ValueError for another ``api``, and what cupti-python
+    raises when CUPTI cannot start (no cupti-python, a CUPTI newer than the driver: ``CUPTI_ERROR_NOT_INITIALIZED``)."""
 
     #: bytes per activity buffer CUPTI asks for (it asks again when one fills)
     BUFFER_BYTES = 8 << 20
+    #: Words in the names of the runtime and driver calls that queue device work (kernel and graph launches, copies,
+    #: sets): their records link each device record to its launch (the same correlation id). With ``api``
+    #: ``launches`` every other call's record is switched off (``cuptiActivityEnableRuntimeApi``/``DriverApi``):
+    #: a profiled 1024^3 ``torch.mm`` with its flush window left 69 API records per call (H100, 2026-12-06), each
+    #: recorded by CUPTI and handed to Python.
+    LAUNCH_API_WORDS = ("Launch", "Memcpy", "Memset")
 
-    def __init__(self) -> None:
+    def __init__(self, api: str = "launches") -> None:
+        if api not in ("launches", "all"):
+            raise ValueError(f"CuptiActivity: api is 'launches' or 'all', not {api!r}")
         from cupti import cupti
 
         self.cupti = cupti
+        #: which runtime and driver calls are recorded: ``launches`` (:data:`LAUNCH_API_WORDS`) or ``all``
+        self.api = api
+        #: why this process records every call (``api`` went from ``launches`` to ``all``), or None
+        self.api_note: str | None = None
+        self._quiet: list[tuple[Any, int]] | None = None
         kind = cupti.ActivityKind
         self.kinds = [kind.CONCURRENT_KERNEL, kind.MEMCPY, kind.MEMSET, kind.RUNTIME, kind.DRIVER]
         self._kernel = int(kind.CONCURRENT_KERNEL)
@@ -130,6 +144,32 @@ class CuptiActivity:
                 self.device.append(((a.start - self.origin) / 1e3, (a.end - self.origin) / 1e3, name,
                                     int(a.correlation_id)))
 
+    def quiet_api(self) -> list[tuple[Any, int]]:
+        """(switch, callback id) of each runtime and driver call whose name has none of :data:`LAUNCH_API_WORDS`
+        (``cupti.activity_enable_runtime_api`` or ``_driver_api``, CUPTI's ids from cupti-python's enums); computed
+        once."""
+        if self._quiet is None:
+            c = self.cupti
+            out = []
+            for enum, switch in ((c.runtime_api_trace_cbid, c.activity_enable_runtime_api),
+                                 (c.driver_api_trace_cbid, c.activity_enable_driver_api)):
+                for m in enum:
+                    if m.name not in ("INVALID", "SIZE", "FORCE_INT") and \
+                            not any(w in m.name for w in self.LAUNCH_API_WORDS):
+                        out.append((switch, int(m)))
+            self._quiet = out
+        return self._quiet
+
+    def record_all(self, why: str) -> None:
+        """Record every runtime and driver call from now on in this process (``api`` ``all``; ``why`` becomes
+        :attr:`api_note`): a device record no recorded launch matched, or a CUPTI without per-call switches."""
+        self.api, self.api_note = "all", why
+        for switch, cbid in self._quiet or []:
+            try:
+                switch(cbid, 1)
+            except Exception:  # a CUPTI without the switch never switched it off
+                break
+
     def now_us(self) -> float:
         """CUPTI's clock now (the clock of its records), in µs after the session's start."""
         return (self.cupti.get_timestamp() - self.origin) / 1e3
@@ -150,6 +190,18 @@ class CuptiActivity:
                 except Exception:
                     pass
             raise
+        if self.api == "launches":
+            kept, error = [], None
+            for switch, cbid in self.quiet_api():
+                try:
+                    switch(cbid, 0)
+                    kept.append((switch, cbid))
+                except Exception as exc:  # an id this CUPTI does not know stays recorded
+                    error = exc
+            if error is not None and not kept:  # a CUPTI without the per-call switches: every call is recorded
+                self.record_all(f"CUPTI cannot switch off single API records: {type(error).__name__}: {error}"[:300])
+            elif error is not None:
+                self._quiet = kept
 
     def stop(self) -> None:
         """Deliver every record (the caller synchronized the device first) and stop recording."""
@@ -303,6 +355,23 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         return {**info, "error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session "
                                  "in this process)"}
     segments, unmatched = calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
+    act = backend["activity"]
+    if unmatched and act is not None and act.api == "launches":
+        # a device record whose launch was not recorded (a call outside CuptiActivity.LAUNCH_API_WORDS): this
+        # process records every call from now on, and the batch is profiled again
+        act.record_all(f"{unmatched} of {len(records)} device records came from calls outside the recorded launch "
+                       "calls")
+        t0 = time.perf_counter()
+        try:
+            records, launches, windows, *rest = capture(backend, timer, calls, start, hold, refresh_every)
+        except Exception as exc:
+            return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        times["capture"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        segments, unmatched = (calls_by_launch(records, launches, windows) if len(windows) == calls
+                               else ([], len(records)))
+    if act is not None:
+        info.update(api=act.api, **({"api_note": act.api_note} if act.api_note else {}))
     split = "launch"
     if unmatched:  # records not linked to launches: the names of a flush alone mark the boundaries
         if not flush_names:
