@@ -118,7 +118,8 @@ def main() -> None:
             rows = measure(backend, sets, launch, refresh, a.runs)
         finally:
             stop_load(procs)
-        print(f"\nload: {load}; API records: {act.api if act is not None else 'torch.profiler'}")
+        print(f"\nload: {load}; API records: {act.api if act is not None else 'torch.profiler'}"
+              f"{f' ({act.api_note})' if act is not None and act.api_note else ''}")
         print(f"{'part':<58} {'median':>10} {'max':>10}")
         for k, v in rows.items():
             print(f"{k:<58} {statistics.median(v):>10.4f} {max(v):>10.4f}")
