@@ -92,6 +92,8 @@ class Rounds:
         self.asked: dict[int, int] = {}
         self.wall_s: dict[int, float] = {}
         self.final_s: dict[int, float] = {}
+        #: wall seconds spent reading the first party's memory between its rounds (NVML's process list)
+        self.memory_read_s = 0.0
 
     def run(self, i: int, count: int, final: bool = False) -> dict[str, Any]:
         """One round of ``count`` samples of party ``i`` (``final``: end it and return its whole result, with
@@ -108,15 +110,18 @@ class Rounds:
                                        "rounds_wall_s": round(self.wall_s.get(i, 0.0), 6),
                                        "final_wall_s": round(took, 6)}
             if i == 0 and self.memory is not None:
-                result["memory_outside"] = {"readings": self.memory_readings, "note": self.memory.note}
+                result["memory_outside"] = {"readings": self.memory_readings, "note": self.memory.note,
+                                            "read_s": round(self.memory_read_s, 6)}
         else:
             self.asked[i] = self.asked.get(i, 0) + count
             self.wall_s[i] = self.wall_s.get(i, 0.0) + took
             if i == 0 and self.memory is not None:
+                t1 = time.perf_counter()
                 pids = self.ctx.pool.pids(server, dict(r.get("env") or {}))
                 self.memory_readings.append({"samples": self.asked[0],
                                              "parties_min": min(self.asked.get(j, 0) for j in range(len(self.parties))),
                                              "bytes": self.memory.read(pids)})
+                self.memory_read_s += time.perf_counter() - t1
         return result
 
     def warm(self, i: int) -> None:
@@ -368,7 +373,8 @@ def measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str
                                                          dict[str, Any] | None, Any]:
     """One measurement: (the candidate's result, the reference's, the PR baseline's, the timed-output verdict).
     The candidate's result gains ``gate_phase_s``: the wall seconds of the measurement and of the output check, as
-    the pytest process saw them (lock waits included)."""
+    the pytest process saw them (lock waits included), and of its NVML readings between the rounds
+    (``memory_read``, where it took any)."""
     ref_result: dict[str, Any] | None = None
     base_result: dict[str, Any] | None = None
     t0 = time.perf_counter()
@@ -394,6 +400,9 @@ def measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         result, ref_result, base_result = interleaved(ctx, req, lambda r, b: check(r, b, held=True))
     verdict = checked["verdict"]
     result["gate_phase_s"] = {"measure": round(checked["t1"] - t0, 3), "output_check": round(checked["check_s"], 3)}
+    read_s = (result.get("memory_outside") or {}).get("read_s")
+    if isinstance(read_s, float):  # the pytest process's NVML readings between the rounds, inside the hold
+        result["gate_phase_s"]["memory_read"] = round(read_s, 3)
     return result, ref_result, base_result, verdict
 
 
