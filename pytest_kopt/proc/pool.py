@@ -52,7 +52,8 @@ class HarnessServer:
         ctl_r, ctl_w = os.pipe()
         stdin_r, stdin_w = os.pipe()
         role = key[0].split(":", 1)[0]
-        flags = () if role in PROFILED_ROLES else ("--no-profiler",)
+        flags = (() if role in PROFILED_ROLES else ("--no-profiler",)) + (
+            ("--reference",) if role in REFERENCE_ROLES else ())
         try:
             #: a forked process (:mod:`pytest_kopt.proc.forkserver`) where the pool has a fork server, else a Popen
             self.proc = start(forks, lambda ctl: ["--serve", str(ctl), *flags], dict(key[1]), stdin_r, fd, ctl_w)
