@@ -259,7 +259,7 @@ PY
       # issue #40: the kernel-only pass taken apart (quiet, beside processes making CUDA contexts, beside a busy
       # host), then one close of 32 branches at 1024^3 (candidates per GPU-minute, where the holds went)
       python3 -c "import cupti" 2>/dev/null || echo "NOTE cupti-python is not installed: carry its wheel in .wheels/"
-      timeout 150 python3 benchmarks/cupti_pass.py --runs 3 --load quiet,contexts,cpu --api launches,all \
+      timeout 150 python3 benchmarks/cupti_pass.py --runs 2 --load quiet,contexts,cpu --api launches,all \
         > "$OUT/cupti_pass.log" 2>&1
       grep -E "^load|whole pass|its calls|capture|correlations|start|unprofiled" "$OUT/cupti_pass.log"
       timeout 240 python3 benchmarks/throughput.py --n 8 --out /tmp/ktp > "$OUT/throughput.log" 2>&1
