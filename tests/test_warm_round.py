@@ -202,3 +202,35 @@ def test_only_the_references_process_makes_its_context_while_idle_after_its_plan
         gc.unfreeze()
         os.close(r)
     assert order == (["plan", "warm_cuda", "judge"] if reference else ["plan", "judge"])
+
+
+def test_re_timing_raises_the_pools_cap_for_its_rounds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-timing five finalists side by side keeps all five processes warm through the rounds (the pool's cap,
+    4, would end one to start it again inside the hold), and leaves the pool's cap as it was afterwards, whether
+    the rounds finished or raised."""
+    pool = SimpleNamespace(max_servers=4, prestart=lambda *a, **k: None)
+    seen: list[int] = []
+
+    class Rounds:
+        def __init__(self, ctx: Any, parties: list[Any]) -> None:
+            self.parties = parties
+
+        def start(self, i: int) -> None:
+            seen.append(pool.max_servers)
+
+        def finish(self) -> list[dict[str, Any]]:
+            if len(self.parties) == 2:
+                raise RuntimeError("a finalist crashed")
+            return [{"event_ms": [0.5], "stop_reason": "converged"} for _ in self.parties]
+
+    ctxs = [SimpleNamespace(pool=pool, work=None, display=f"b{i}", server=lambda role: role,
+                            gpu_lock=contextlib.nullcontext, settings=SimpleNamespace(timing_method="events"))
+            for i in range(5)]
+    monkeypatch.setattr(measure, "timing_request", lambda c, device: {"env": {}})
+    monkeypatch.setattr(measure, "ready_for_timing", lambda ctx, parties: None)
+    monkeypatch.setattr(measure, "Rounds", Rounds)
+    assert len(measure.retime_interleaved(ctxs)) == 5
+    assert seen == [7] * 5 and pool.max_servers == 4
+    with pytest.raises(RuntimeError, match="crashed"):
+        measure.retime_interleaved(ctxs[:2])
+    assert pool.max_servers == 4

@@ -248,19 +248,24 @@ def retime_interleaved(ctxs: list[Context]) -> list[dict[str, Any]]:
     CUDA event samples (``timing_basis``)."""
     parties: list[Party] = []
     # every party's process stays warm through the rounds (the pool's cap would end the least recently used one,
-    # to be started again inside the GPU lock's hold)
-    ctxs[0].pool.max_servers = max(ctxs[0].pool.max_servers, len(ctxs) + 2)
-    for c in ctxs:
-        r = timing_request(c, "cuda")
-        parties.append((r, c.server("candidate"), c.display))
-        # the processes' starts overlap (started ahead, none ends another's)
-        c.pool.prestart(c.server("candidate"), dict(r["env"]), c.work, ahead=True)
-    ready_for_timing(ctxs[0], parties)
-    rounds = Rounds(ctxs[0], parties)
-    with ctxs[0].gpu_lock():
-        for i in range(len(parties)):
-            rounds.start(i)
-        finals = rounds.finish()
+    # to be started again inside the GPU lock's hold); the cap is the pool's own again afterwards
+    pool = ctxs[0].pool
+    cap = pool.max_servers
+    pool.max_servers = max(cap, len(ctxs) + 2)
+    try:
+        for c in ctxs:
+            r = timing_request(c, "cuda")
+            parties.append((r, c.server("candidate"), c.display))
+            # the processes' starts overlap (started ahead, none ends another's)
+            c.pool.prestart(c.server("candidate"), dict(r["env"]), c.work, ahead=True)
+        ready_for_timing(ctxs[0], parties)
+        rounds = Rounds(ctxs[0], parties)
+        with ctxs[0].gpu_lock():
+            for i in range(len(parties)):
+                rounds.start(i)
+            finals = rounds.finish()
+    finally:
+        pool.max_servers = cap
     # one basis for every kernel of the decision: the kernel-only spans when each has them (the timing gate's
     # default), else the events
     spans = [(f.get("cupti") or {}).get("spans_us") for f in finals]
