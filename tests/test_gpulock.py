@@ -149,6 +149,29 @@ def test_a_reader_waits_only_while_a_writer_waits_or_holds(tmp_path: Path) -> No
         pass
 
 
+def test_writers_waiting_reads_whether_a_shared_hold_would_wait_for_a_writer(tmp_path: Path) -> None:
+    """``writers_waiting`` is True while a writer holds or waits (a shared hold asked for then waits for it), False
+    while only readers hold or nobody does; it takes nothing itself."""
+    path, log = str(tmp_path / "gpu.lock"), []
+    probe = GpuLock(path, shared=True)
+    assert probe.writers_waiting() is False
+    go_r, go_w = threading.Event(), threading.Event()
+    _holder(path, True, "r", log, go_r)
+    _until(lambda: "+r" in log)
+    assert probe.writers_waiting() is False  # a reader alone keeps no reader out
+    w = _holder(path, False, "w", log, go_w)
+    _until(lambda: probe.writers_waiting())  # the writer waits for the reader
+    assert "+w" not in log
+    go_r.set()
+    _until(lambda: "+w" in log)
+    assert probe.writers_waiting() is True  # and then holds
+    go_w.set()
+    w.join(5)
+    assert probe.writers_waiting() is False
+    with GpuLock(path):  # the probe left nothing held
+        pass
+
+
 def test_an_older_sessions_filelock_excludes_a_shared_hold(tmp_path: Path) -> None:
     """Another session of an earlier pytest-kopt takes the same file with filelock.FileLock (flock exclusive)."""
     path, log = str(tmp_path / "gpu.lock"), []

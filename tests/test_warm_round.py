@@ -108,8 +108,12 @@ def test_a_one_shot_timing_warms_and_prepares_at_once() -> None:
 class Locks:
     """The GPU lock's holds as taken, and the requests sent inside each."""
 
-    def __init__(self) -> None:
+    def __init__(self, writers: bool = False) -> None:
         self.log: list[tuple[str, Any]] = []
+        self.writers = writers  # other timings hold or wait for the GPU
+
+    def gpu_lock(self, shared: bool = False) -> Any:
+        return SimpleNamespace(writers_waiting=lambda: self.writers)
 
     def device_lock(self, device: str, shared: bool = False) -> Any:
         @contextlib.contextmanager
@@ -131,7 +135,7 @@ def _ctx(locks: Locks, loop_mode: str | None) -> Any:
     settings = SimpleNamespace(loop_mode=loop_mode, pr_gate=False, fresh_process=False, baseline=None,
                                gate_timeout_s=60.0)
     return SimpleNamespace(
-        settings=settings, shares_gpu=loop_mode == "run", device_lock=locks.device_lock,
+        settings=settings, shares_gpu=loop_mode == "run", device_lock=locks.device_lock, gpu_lock=locks.gpu_lock,
         server=lambda role: f"{role}:k.cu", display="k.cu", ref="ref.py", env={}, benchmarks=[None], work=None,
         pool=SimpleNamespace(run=run, served=lambda *a: True, pids=lambda *a: []))
 
@@ -143,6 +147,18 @@ def test_a_loops_close_warms_the_candidate_under_a_shared_hold(monkeypatch: pyte
     measure.interleaved(_ctx(locks, "run"), {"device": "cuda", "env": {}})
     assert locks.log == [("hold", "shared"), ("request", "warm"), ("release", None),
                          ("hold", "exclusive"), ("request", 3), ("request", "final"), ("release", None)]
+
+
+def test_a_loops_close_warms_inside_the_exclusive_hold_while_other_timings_queue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared hold asked for while other timings hold or wait for the GPU waits until all of them have run, and
+    the exclusive queue can run dry meanwhile: the candidate then asks for its exclusive hold at once, and its first
+    round warms inside it."""
+    monkeypatch.setattr(measure, "ProcessMemory", lambda gpu: SimpleNamespace(close=lambda: None, note=None,
+                                                                               read=lambda pids: None))
+    locks = Locks(writers=True)
+    measure.interleaved(_ctx(locks, "run"), {"device": "cuda", "env": {}})
+    assert locks.log == [("hold", "exclusive"), ("request", 3), ("request", "final"), ("release", None)]
 
 
 def test_outside_a_loops_close_everything_runs_in_one_exclusive_hold(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,10 +200,13 @@ def interleaved(ctx: Context, req: dict[str, Any],
     rounds = Rounds(ctx, parties, cap_s=rounds_cap_s(len(ctx.benchmarks)), memory=memory)
     # NVML shut down whatever happens, after the exclusive hold ends (never inside it)
     with contextlib.closing(memory):
-        if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None:
+        if ctx.shares_gpu and req["device"] == "cuda" and parties[0][1] is not None \
+                and not ctx.gpu_lock(shared=True).writers_waiting():
             # in a loop's close, the candidate's load and first call under a shared hold, beside other branches'
             # seeds, not in the exclusive hold: the first rounds of 32 branches at 1024^3 took 0.149 s (median) with
-            # it against 0.202 s without, the warm round itself 0.018 s (H100, 2026-12-06, docs/loop.md)
+            # it against 0.202 s without, the warm round itself 0.018 s (H100, 2026-12-06, docs/loop.md). Not while
+            # other timings hold or wait for the GPU: a shared hold waits for all of them, and the exclusive queue
+            # could run dry meanwhile (it did 14 times in that close, 6.6 s in all, each time with no timing ready)
             with ctx.device_lock(req["device"], shared=True):
                 rounds.warm(0)
         # one hold of the GPU lock for every round: taken per round, another worker's correctness seed (seconds at

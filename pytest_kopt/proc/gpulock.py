@@ -76,6 +76,21 @@ class GpuLock:
             raise
         return self
 
+    def writers_waiting(self) -> bool:
+        """Whether an exclusive hold is held or waited for now (``<lock>.writers`` cannot be taken exclusively
+        without waiting): a shared hold asked for now would wait until every such writer has run. A moment's
+        answer; nothing is held after it."""
+        import fcntl
+
+        writers = _open(self.path + ".writers")
+        try:
+            fcntl.flock(writers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(writers)
+        return False
+
     def _end_writer(self) -> None:
         if self._writer is not None:
             os.close(self._writer)
