@@ -26,6 +26,7 @@ from .gates import sass as sass_gate
 from .gates.build import BuildResult, ensure_built
 from .gates.context import Context
 from .gates.inputs import import_hypothesis
+from .gates.measure import interleaves_reference
 from .proc.pool import HarnessPool
 
 #: The most branch profiles a loop's close keeps waiting at once (each holds a CUDA context on the GPU, and its
@@ -174,7 +175,11 @@ class Scheduler:
         collected the kernel's timing item (or it is not known), the candidate's and the reference's timing
         processes. Called at a kernel's first item in a process and again by the plan gate; with ``ahead``, for the
         kernel this process runs next (:func:`pytest_kopt.plugin.xdist.prestart_next_planned`), whose check
-        process starts whatever its kind (its plan, usually the session's cached one, may start none)."""
+        process starts whatever its kind (its plan, usually the session's cached one, may start none). The
+        reference's timing process only where every timing times the reference in its rounds
+        (:func:`~pytest_kopt.gates.measure.interleaves_reference`): elsewhere (a loop's close) one timing of it
+        serves the session, and the process is started for it then (:func:`~pytest_kopt.gates.measure.
+        reference_timing`)."""
         ctx.pool.prestart(ctx.server("judge"), {}, ctx.work)
         if not ctx.gpu:
             return
@@ -183,7 +188,11 @@ class Scheduler:
             ctx.pool.prestart(ctx.server("check"), env, ctx.work, ahead=ahead)
         if not ctx.collected or "timing" in ctx.collected:
             ctx.pool.prestart(ctx.server("candidate"), env, ctx.work, ahead=ahead)
-            ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
+            if interleaves_reference(ctx):
+                # in a close of 32 branches, each of 8 workers made a CUDA context for a reference process at the
+                # start, one of which timed the reference; some 40 contexts made at once took 5 to 10 s each and
+                # held the first timing back to 22 s (H100, 2026-12-07, docs/loop.md)
+                ctx.pool.prestart(ctx.server("reference"), {}, ctx.work)
 
     # SASS dumps -------------------------------------------------------------------------------------------------
 

@@ -526,7 +526,7 @@ def test_kernels_are_planned_round_robin_and_each_worker_is_handed_its_first() -
 
 
 def test_a_worker_starts_its_next_planned_kernels_processes_ahead(tmp_path: Path) -> None:
-    """At a kernel's first correctness item a worker starts the processes of the next kernel planned for it that has
+    """At a kernel's timing item a worker starts the processes of the next kernel planned for it that has
     not begun there (``ahead``: the pool keeps them while the current kernel's start), none past its last, none
     without a GPU, and none where the selection drops the next kernel's plan item."""
     kernels = [tmp_path / f"b{i}" / "kernel.cu" for i in (1, 3, 5)]
@@ -634,3 +634,50 @@ def test_the_header_names_the_cupti_pin_when_a_gpu_has_no_cupti_python() -> None
     # a bound below the next minor (cupti-python has releases for some minors only); CUDA 12's library is -cu12
     assert hardware.cupti_pin("13.1") == 'pip install "cupti-python<13.2" "nvidia-cuda-cupti<13.2"'
     assert hardware.cupti_pin("12.9") == 'pip install "cupti-python<12.10" "nvidia-cuda-cupti-cu12<12.10"'
+
+
+@pytest.mark.parametrize("loop_mode, started", [(None, ["judge", "check", "candidate", "reference"]),
+                                                ("run", ["judge", "check", "candidate"])])
+def test_the_references_timing_process_is_started_ahead_only_where_every_timing_times_it(
+        loop_mode: str | None, started: list[str]) -> None:
+    """A kernel's warm processes are started at its first item. The reference's timing process is among them where
+    each timing times the reference in its rounds; in a loop's close one timing of the reference serves every
+    branch (the session's cache), so no worker starts one ahead: 8 workers' contexts for it, made at the close's
+    start beside some 30 others, held the first timing back (H100, 2026-12-07)."""
+    from pytest_kopt.scheduler import Scheduler
+
+    roles: list[str] = []
+    pool = SimpleNamespace(prestart=lambda server, env, work, ahead=False: roles.append(server))
+    settings = SimpleNamespace(loop_mode=loop_mode, pr_gate=False, fresh_process=False)
+    ctx = SimpleNamespace(pool=pool, gpu=True, settings=settings, work=None, collected=None, server=lambda role: role,
+                          kind=SimpleNamespace(candidate_env=lambda ctx, device: {}, prestart_check=lambda ctx: True))
+    Scheduler(pool).prestart_harness(ctx)  # type: ignore[arg-type]
+    assert roles == started
+
+
+def test_the_next_kernels_processes_start_at_the_current_kernels_timing_item(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    """A worker starts the next planned kernel's processes at the current kernel's timing item, so at a close's
+    start they do not make their CUDA contexts beside every worker's first ones; a kernel the session runs no
+    timing item of starts them at its first correctness item. Once per kernel."""
+    import pytest_kopt.plugin as plugin
+
+    class Item:  # a KoptItem's surface here
+        def __init__(self, path: Path, gate: str) -> None:
+            self.path, self.gate, self.config, self.session = path, SimpleNamespace(name=gate), config, session
+
+    a, b = tmp_path / "b1" / "kernel.cu", tmp_path / "b2" / "kernel.cu"
+    state = SimpleNamespace(planned=[a, b], led=set())
+    config = SimpleNamespace(stash={plugin.STATE: state})
+    session = SimpleNamespace(items=[])
+    started: list[tuple[str, Path]] = []
+    monkeypatch.setattr(plugin, "KoptItem", Item)
+    monkeypatch.setattr(plugin, "prestart_next_planned", lambda cfg, st, kernel: started.append(kernel))
+    items = [Item(a, g) for g in ("plan", "correctness", "correctness", "timing", "sass")] + \
+        [Item(b, g) for g in ("plan", "correctness", "correctness")]
+    session.items = items
+    for item in items:
+        plugin.pytest_runtest_setup(item)  # type: ignore[arg-type]
+        started.append(("after", f"{item.path.parent.name}:{item.gate.name}"))  # type: ignore[arg-type]
+    at = [started[i + 1][1] for i, s in enumerate(started) if isinstance(s, Path)]
+    assert at == ["b1:timing", "b2:correctness"]

@@ -250,3 +250,30 @@ def test_re_timing_raises_the_pools_cap_for_its_rounds_only(monkeypatch: pytest.
     with pytest.raises(RuntimeError, match="crashed"):
         measure.retime_interleaved(ctxs[:2])
     assert pool.max_servers == 4
+
+
+def test_the_shared_reference_timing_readies_its_process_before_the_gpu_lock(tmp_path: Any,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a loop's close the reference is timed once for every branch (the session's signed cache) in a process
+    no worker started ahead: it is started, its CUDA context and CUPTI made (a ``ready`` request) before the GPU
+    lock is taken for the timing; a second branch reads the cached timing and starts nothing."""
+    from pytest_kopt.gates.trust import Trust
+
+    log: list[tuple[str, Any]] = []
+
+    def run(req: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        log.append((req["mode"], kw.get("lock")))
+        return {"event_ms": [2.0], "stop_reason": "converged", "cupti": None}
+
+    monkeypatch.setattr(measure, "ready_for_timing", lambda ctx, parties: log.append(("ready", parties[0][1])))
+    ctx = SimpleNamespace(ref=tmp_path / "ref.py", env={"gpu": {"uuid": "GPU-0"}}, cache_dir=tmp_path / "cache",
+                          settings=SimpleNamespace(gate_timeout_s=60.0), work=tmp_path, display="b1/kernel.cu",
+                          trust=Trust(b"k" * 32), gpu_lock=lambda: "the GPU lock", server=lambda role: role,
+                          pool=SimpleNamespace(run=run))
+    (tmp_path / "ref.py").write_text("def reference(x): return x\n")
+    req = {"plan": {}, "seed": 1, "dims": {"N": 8}, "device": "cuda"}
+    cand = {"spec": [{"name": "x"}], "scalars": {}}
+    assert measure.reference_timing(ctx, req, cand)["event_ms"] == [2.0]  # type: ignore[arg-type]
+    assert log == [("ready", "reference"), ("time_reference", "the GPU lock")]
+    assert measure.reference_timing(ctx, req, cand)["event_ms"] == [2.0]  # type: ignore[arg-type]
+    assert len(log) == 2

@@ -294,6 +294,9 @@ def reference_timing(ctx: Context, req: dict[str, Any], cand: dict[str, Any]) ->
 
     def compute() -> tuple[dict[str, Any], None]:
         rreq = {**req, "mode": "time_reference", "spec": cand["spec"], "scalars": cand.get("scalars", {}), "env": {}}
+        # its process started (where it was not started ahead: a loop's close) and its context and CUPTI made
+        # before the GPU lock is taken
+        ready_for_timing(ctx, [(rreq, ctx.server("reference"), str(ctx.ref))])
         result = ctx.pool.run(rreq, gate="timing", timeout_s=max(ctx.settings.gate_timeout_s, 120.0),
                               path=str(ctx.ref), workdir=ctx.work, lock=ctx.gpu_lock(),
                               server=ctx.server("reference"))

@@ -198,15 +198,24 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On an xdist worker with kernels planned for it, at a kernel's first correctness item: start the next planned
-    kernel's harness processes (:func:`~pytest_kopt.plugin.xdist.prestart_next_planned`)."""
+    """On an xdist worker with kernels planned for it, at a kernel's timing item (at its first correctness item
+    where the session runs no timing item of it): start the next planned kernel's harness processes
+    (:func:`~pytest_kopt.plugin.xdist.prestart_next_planned`). Not at the first correctness item where a timing
+    follows: at a close's start the next kernels' processes made their CUDA contexts beside every worker's first
+    ones, some 40 at once, 5 to 10 s each (H100, 2026-12-07); the timing's wait for the GPU covers their start."""
     state = item.config.stash.get(STATE, None)
-    if state is None or not state.planned or not isinstance(item, KoptItem) or item.gate.name != "correctness":
+    if state is None or not state.planned or not isinstance(item, KoptItem) \
+            or item.gate.name not in ("correctness", "timing"):
         return
     kernel = Path(item.path).resolve()
-    if kernel not in state.led:
-        state.led.add(kernel)
-        prestart_next_planned(item.config, state, kernel)
+    if kernel in state.led:
+        return
+    if item.gate.name == "correctness" and any(
+            isinstance(i, KoptItem) and i.gate.name == "timing" and Path(i.path).resolve() == kernel
+            for i in item.session.items):
+        return  # its timing item starts them
+    state.led.add(kernel)
+    prestart_next_planned(item.config, state, kernel)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

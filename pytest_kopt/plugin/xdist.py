@@ -185,10 +185,11 @@ def prestart_planned(config: pytest.Config, state: SessionState, handed: dict[st
 
 
 def prestart_next_planned(config: pytest.Config, state: SessionState, current: Path) -> bool:
-    """On a worker, at the current kernel's first correctness item: start the harness processes of the next kernel
-    the controller planned for it (``kopt_planned``, in the plan's order) that has not begun here, so their torch
-    imports and CUDA contexts (4 to 14 s under a close's load: H100, 2026-12-06, a later branch's first seed) overlap
-    the current kernel's seeds and timing instead of delaying the next kernel's first seed while the GPU waits. Its
+    """On a worker, at the current kernel's timing item (its first correctness item where it has none,
+    :func:`pytest_kopt.plugin.pytest_runtest_setup`): start the harness processes of the next kernel the controller
+    planned for it (``kopt_planned``, in the plan's order) that has not begun here, so their torch imports and CUDA
+    contexts (4 to 14 s under a close's load: H100, 2026-12-06, a later branch's first seed) overlap the current
+    kernel's timing instead of delaying the next kernel's first seed while the GPU waits. Its
     check process too: a later kernel's plan is usually the session's cached one, which starts no process. The
     pool keeps them when another kernel starts (:meth:`~pytest_kopt.proc.pool.HarnessPool.prestart` ``ahead``).
     Only where the selection surely keeps the kernel's plan item; the timing processes only where it keeps the
