@@ -696,6 +696,7 @@ def test_a_kernel_launched_through_a_call_not_recorded_has_its_batch_profiled_ag
     assert act.log == ["start", "stop", "start", "stop", "start", "stop"]  # the flush probe, the batch, again
     assert got["split"] == "launch" and got["calls"] == 4 and got["spans_us"] == [0.5] * 4
     assert got["api"] == "all" and got["api_note"].startswith("4 of ")
+    assert got["next_call"] == 8  # profiled again on calls 4-7: input values these calls had not seen
 
 
 def test_a_cupti_python_that_records_nothing_hands_the_process_to_torchs_profiler(

@@ -277,3 +277,44 @@ def test_the_shared_reference_timing_readies_its_process_before_the_gpu_lock(tmp
     assert log == [("ready", "reference"), ("time_reference", "the GPU lock")]
     assert measure.reference_timing(ctx, req, cand)["event_ms"] == [2.0]  # type: ignore[arg-type]
     assert len(log) == 2
+
+
+def test_ready_makes_the_context_and_a_failed_idle_warm_up_leaves_the_error_to_the_next_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``ready`` request on CUDA answers once the context is made (a timing then takes the GPU lock without
+    waiting for it, and nothing is made while idle beside a measurement); on the CPU it makes none. A context that
+    cannot be made while idle (the GPU's memory full) does not end the process: the next request meets the error."""
+    import gc
+    import io
+    import os
+    import sys
+
+    import torch
+
+    from pytest_kopt.child import protocol
+
+    made: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(made))
+    monkeypatch.setattr(protocol, "warm_cuda", lambda _torch: made.append("context") or 0.0)
+    assert protocol.mode_ready({"device": "cpu"}) == {} and made == []
+    assert protocol.mode_ready({"device": "cuda"}) == {} and made == ["context"]
+    assert protocol.mode_ready({"device": "cuda"}) == {} and made == ["context"]  # made once
+
+    served: list[str] = []
+
+    def fail(_torch: Any) -> float:
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(protocol, "warm_cuda", fail)
+    monkeypatch.setattr(protocol, "handle", lambda path, guard: (served.append(path), (0, "sha", True))[1])
+    monkeypatch.setattr(protocol, "_pending", lambda stream, timeout_s: False)
+    monkeypatch.setattr(protocol, "tidy", lambda torch, ends: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("1 judge\n"))
+    r, w = os.pipe()
+    try:
+        assert protocol.serve(w, profiler=False) == 0
+    finally:
+        gc.unfreeze()
+        os.close(r)
+    assert served == ["judge"]

@@ -317,9 +317,12 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     call: :func:`idle_in_calls`), ``before_launch_us`` (the host's time inside the call up to its last launch
     under the flush window's spin: :func:`host_before_launch`), ``host_inside_us`` (their sum per call) and
     ``host_inside_median_us``; all absent where the records are split by names,
-    ``backend`` (and ``backend_note``: why cupti-python was not used), ``records`` (device records delivered),
-    ``times_s`` (wall seconds of the batch's parts: ``names``, a flush recorded alone; ``capture``, the profiled
-    calls with the session's start and stop; ``split``, the records split into calls), or ``{"error": reason}``
+    ``backend`` (and ``backend_note``: why cupti-python was not used), ``api`` and ``api_note`` (which runtime and
+    driver calls were recorded, :class:`CuptiActivity`), ``records`` (device records delivered), ``next_call`` (the
+    first call number, and so input values, this batch left unused: ``start`` + ``calls``, or twice ``calls`` when
+    a device record with no recorded launch had the batch profiled again), ``times_s`` (wall seconds of the batch's
+    parts: ``names``, a flush recorded alone; ``capture``, the profiled calls with the session's start and stop;
+    ``split``, the records split into calls), or ``{"error": reason}``
     when the profiler gave no records. The events timing measures launch gaps and the flush's tail as well: about
     2 µs more on an H200 (docs/timing.md)."""
     torch = timer.torch
@@ -356,14 +359,17 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
                                  "in this process)"}
     segments, unmatched = calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
     act = backend["activity"]
-    if unmatched and act is not None and act.api == "launches":
+    next_call = start + calls  # the first call number (its input values) this batch left unused
+    if unmatched and act is not None and act.api == "launches" and len(windows) == calls:
         # a device record whose launch was not recorded (a call outside CuptiActivity.LAUNCH_API_WORDS): this
-        # process records every call from now on, and the batch is profiled again
+        # process records every call from now on, and the batch is profiled again on the call numbers after it
+        # (fresh input values, never the ones these calls just saw)
         act.record_all(f"{unmatched} of {len(records)} device records came from calls outside the recorded launch "
                        "calls")
         t0 = time.perf_counter()
         try:
-            records, launches, windows, *rest = capture(backend, timer, calls, start, hold, refresh_every)
+            records, launches, windows, *rest = capture(backend, timer, calls, next_call, hold, refresh_every)
+            next_call += calls
         except Exception as exc:
             return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
         times["capture"] += time.perf_counter() - t0
@@ -398,7 +404,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
         base["before_launch_us"] = before
         base["host_inside_us"] = [a + b for a, b in zip(idle, before)]
     times["split"] = time.perf_counter() - t0
-    base.update(records=len(records), times_s=times)
+    base.update(records=len(records), times_s=times, next_call=next_call)
     if not spans:
         return {**base, "error": "no kernel of the call was recorded between the flushes"}
     if idle:
@@ -530,12 +536,13 @@ def cupti_samples(timer: Timer, median_ms: float, call_wall_ms: float = 0.0) -> 
         per_call_s = elapsed / max(1, out["calls"] + out["empty_calls"])
         n = max(5, min(n, int((CUPTI["budget_s"] - elapsed) / max(per_call_s, 1e-6))))
         nxt = kernel_times(timer, n, hold_us=timer.hold_us if single else None,
-                           flush_names=set(out["flush_names"]), start=out["calls"] + out["empty_calls"])
+                           flush_names=set(out["flush_names"]), start=out["next_call"])
         if "error" in nxt and not nxt.get("spans_us"):
             out["batch_error"] = nxt["error"]
             reason = "batch_error"
             break
         out["batches"] += 1
+        out["next_call"] = nxt["next_call"]
         out["times_s"] = {k: out["times_s"].get(k, 0.0) + v for k, v in (nxt.get("times_s") or {}).items()}
         out["records"] = out.get("records", 0) + nxt.get("records", 0)
         out["spans_us"] = out["spans_us"] + nxt["spans_us"]

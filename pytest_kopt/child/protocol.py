@@ -38,8 +38,15 @@ def restart_clock(t0: float) -> None:
 
 
 def mode_ready(req: dict[str, Any]) -> dict[str, Any]:
-    """Nothing: answering it says the process is up and, for a CUDA request, that the profiler's warm-up (which
-    :func:`handle` runs first) is done, so a timing can take the GPU lock without then waiting for it."""
+    """Answering it says the process is up and, for a CUDA request, that the profiler's warm-up (which
+    :func:`handle` runs first) is done and the CUDA context and cuBLAS's handle are made (:func:`warm_cuda`, where
+    nothing made them yet), so a timing can take the GPU lock without then waiting for them, and the process does
+    not make them while idle after it, beside a measurement."""
+    if req.get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_initialized():
+            warm_cuda(torch)
     return {}
 
 
@@ -145,10 +152,13 @@ def serve(ctl_fd: int, profiler: bool = True, reference: bool = False) -> int:
         # CUPTI's first session (seconds), paid while this process is idle: a request already on its way (the
         # plan's, sent as soon as this process is ready) is served first
         if cold and not _pending(stdin, IDLE_S):
-            if profiler and not profiler_warm():
-                _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
-            _STARTUP["cuda_warm"] = round(warm_cuda(torch), 3)
             cold = False
+            try:
+                if profiler and not profiler_warm():
+                    _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
+                _STARTUP["cuda_warm"] = round(warm_cuda(torch), 3)
+            except Exception:  # no context to be had (the GPU's memory full, a lost device): the next request
+                pass  # meets the error and reports it as its own
             continue
         line = stdin.readline()
         if not line:
@@ -161,7 +171,7 @@ def serve(ctl_fd: int, profiler: bool = True, reference: bool = False) -> int:
         # reference's, after a request on the meta device (its plan), makes its context while idle rather than in
         # its first judge's shared hold of the GPU lock (7 to 8.8 s there with some 40 processes making contexts
         # at a close's start, H100, 2026-12-06, docs/loop.md)
-        cold = reference and torch.cuda.is_available() and not torch.cuda.is_initialized()
+        cold = reference and not code and torch.cuda.is_available() and not torch.cuda.is_initialized()
         done = f"done {seq} {code} {json_sha}\n"
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
             ctl.write(done)

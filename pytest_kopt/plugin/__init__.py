@@ -197,6 +197,7 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
     return gpus.pinned({**env, "gpus": chosen}, chosen[0])
 
 
+@pytest.hookimpl(tryfirst=True)  # before a skip marker's or the item's own setup can end the phase
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """On an xdist worker with kernels planned for it, at a kernel's timing item (at its first correctness item
     where the session runs no timing item of it): start the next planned kernel's harness processes
