@@ -357,7 +357,10 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
     if not records:
         return {**info, "error": "the profiler delivered no CUDA records (CUPTI busy, or a second profiler session "
                                  "in this process)"}
-    segments, unmatched = calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
+    def split() -> tuple[list[list[tuple[float, float, str]]], int]:  # every record unmatched without all windows
+        return calls_by_launch(records, launches, windows) if len(windows) == calls else ([], len(records))
+
+    segments, unmatched = split()
     act = backend["activity"]
     next_call = start + calls  # the first call number (its input values) this batch left unused
     if unmatched and act is not None and act.api == "launches" and len(windows) == calls:
@@ -374,8 +377,7 @@ def kernel_times(timer: Timer, calls: int = 50, hold_us: float | None = None,
             return {**info, "error": f"{type(exc).__name__}: {exc}"[:300]}
         times["capture"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        segments, unmatched = (calls_by_launch(records, launches, windows) if len(windows) == calls
-                               else ([], len(records)))
+        segments, unmatched = split()
     if act is not None:
         info.update(api=act.api, **({"api_note": act.api_note} if act.api_note else {}))
     split = "launch"

@@ -171,7 +171,7 @@ def serve(ctl_fd: int, profiler: bool = True, reference: bool = False) -> int:
         # reference's, after a request on the meta device (its plan), makes its context while idle rather than in
         # its first judge's shared hold of the GPU lock (7 to 8.8 s there with some 40 processes making contexts
         # at a close's start, H100, 2026-12-06, docs/loop.md)
-        cold = reference and not code and torch.cuda.is_available() and not torch.cuda.is_initialized()
+        cold = reference and torch.cuda.is_available() and not torch.cuda.is_initialized()
         done = f"done {seq} {code} {json_sha}\n"
         if code:  # the context may be broken (a sticky CUDA error): report, touch nothing, end
             ctl.write(done)
