@@ -83,6 +83,36 @@ def test_parties_that_stop_by_their_own_rule_are_not_capped(monkeypatch: pytest.
     assert [f["stop_reason"] for f in rounds.finish()] == ["rounds", "rounds"]
 
 
+def test_a_party_alone_takes_rounds_of_half_the_minimum_sampling_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A branch timed alone (a loop's close) asks its process for 0.1 s of samples per round, half the policy's
+    0.2 s minimum: the first round and two more reach the minimum, three memory readings for the LEAK check; two
+    parties alternate in rounds of 0.05 s each."""
+    asked: list[list[int]] = []
+    for parties in (1, 2):
+        clock = Clock()
+        monkeypatch.setattr(measure, "time", clock)
+        counts: list[int] = []
+        pool = _party_pool(clock, {0: 3, 1: 3}, round_s=0.1)
+        run = pool.run
+
+        def counting(req: dict[str, Any], _run: Any = run, _counts: list[int] = counts, **kw: Any) -> dict[str, Any]:
+            if not req["round"]["final"]:
+                _counts.append(req["round"]["count"])
+            return _run(req, **kw)
+
+        pool.run = counting
+        ctx = SimpleNamespace(pool=pool, settings=SimpleNamespace(gate_timeout_s=60.0), work=None)
+        rounds = Rounds(ctx, [({}, None, "k.py"), ({}, None, "ref.py")][:parties])
+        for i in range(parties):
+            rounds.start(i)
+        rounds.finish()
+        asked.append(counts)
+    # 1 ms per sample (the stand-in's sample_wall_s): 3 first, then 100 samples a round alone, 50 each of two
+    assert measure.SOLO_ROUND_S == pytest.approx(measure.TIMING["min_time_s"] / 2) == pytest.approx(0.1)
+    assert asked[0] == [3, 100, 100]
+    assert asked[1] == [3, 3, 50, 50, 50, 50]
+
+
 def _unstable_result() -> dict[str, Any]:
     """A candidate whose launches' host time exceeds the stream hold in every sample: unstable, with a remedy (a
     longer hold)."""

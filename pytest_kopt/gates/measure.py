@@ -34,6 +34,12 @@ TIMING = {"warmup_ms": 100.0, "min_samples": 10, "min_time_s": 0.2, "budget_s": 
 GRAPH_CALLS = 20
 #: Seconds of samples one party takes per round of an interleaved measurement (candidate vs reference).
 ROUND_S = 0.05
+#: Seconds of samples per round of a party timed alone (a loop's close times each branch without its reference):
+#: half the policy's minimum sampling time, so two rounds after the first reach it and the LEAK check has its three
+#: readings (``gates/leaks.py`` ``MIN_READINGS``). Its rounds alternate with no one, and every round is a request
+#: to its process with two NVML process-list reads: 50 ms rounds made 221 round trips in a close of 32 branches at
+#: 1024^3, 13.5 ms each above the samples (H100, 2026-12-07, docs/loop.md).
+SOLO_ROUND_S = TIMING["min_time_s"] / 2
 #: Wall seconds the alternating rounds of one measurement may run before the parties still sampling are ended
 #: (``stop_reason`` ``capped``): for a kernel of one benchmark shape 4x the timing budget + 30 s; a kernel of n
 #: shapes shares that among them, each shape at least :data:`SHAPE_ROUNDS_MIN_S` (each party's own stopping rule
@@ -71,7 +77,7 @@ def timing_request(ctx: Context, device: str) -> dict[str, Any]:
 
 class Rounds:
     """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
-    rounds of about :data:`ROUND_S` per party until every party's stopping rule is met or ``cap_s`` wall seconds
+    rounds of about :data:`ROUND_S` per party (:data:`SOLO_ROUND_S` for a party alone) until every party's stopping rule is met or ``cap_s`` wall seconds
     have passed (:data:`ROUNDS_CAP_S`; a party still sampling then is ``capped``), then each party's final result.
     The caller holds the GPU lock around all of it. With ``memory``, the first party's device memory is read after
     each of its sampling rounds, while its process is stopped (:class:`~pytest_kopt.gates.leaks.ProcessMemory`), and
@@ -141,11 +147,12 @@ class Rounds:
         """Rounds until every party has stopped or :attr:`cap_s` has passed, then each party's final result, in
         party order; a party the cap ended reports ``stop_reason`` ``capped`` and ``rounds_cap_s``."""
         t0 = time.monotonic()
+        round_s = ROUND_S if len(self.parties) > 1 else SOLO_ROUND_S
         while any(r["stop_reason"] is None for r in self.last) and time.monotonic() - t0 < self.cap_s:
             for i in range(len(self.parties)):
                 if self.last[i]["stop_reason"] is None:
                     per = max(self.last[i]["sample_wall_s"], 1e-6)
-                    self.last[i] = self.run(i, int(min(500, max(1, ROUND_S / per))))
+                    self.last[i] = self.run(i, int(min(500, max(1, round_s / per))))
         capped = [r["stop_reason"] is None for r in self.last]
         finals = [self.run(i, 0, final=True) for i in range(len(self.parties))]
         for final, cut in zip(finals, capped):
