@@ -240,20 +240,29 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
     """The timing gate's output check, in the reference's process: the inputs of the timed process's check call
     drawn here from the seed the pytest process chose for it (``req["check_seed"]``), the timed process's own copy of
     them (its ``in__`` arrays) compared with those (``guards``: ``input_mutated``; not a GPU MODE ``data``'s output
-    buffer, which the reference writes and returns too), the reference on this process's inputs, and the verdict on that call's outputs (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing``,
-    ``guards`` and ``verdict`` as :func:`mode_judge` does."""
+    buffer, which the reference writes and returns too), the reference on this process's inputs, and the verdict on
+    that call's outputs (``cand1__``). Returns ``outputs``, ``tolerances``, ``missing``, ``guards`` and ``verdict``
+    as :func:`mode_judge` does, and ``phase_s``: the wall seconds of loading the reference, importing the timed
+    process's arrays, drawing the inputs, the reference's call and the verdict."""
     import torch
 
-    none = {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": None, "guards": {}}
+    phase: dict[str, float] = {}
+    none = {"outputs": [], "tolerances": {}, "missing": [], "verdict": None, "unreadable": None, "guards": {},
+            "phase_s": phase}
+    t0 = time.perf_counter()
     bad = check_candidate_report(torch, req)
     if bad:
         return {**none, "unreadable": bad}
     ref = load_reference(req["ref"], req.get("seed"), req.get("ref_sha"), req.get("precision"))
     device, dims = req["device"], req["dims"]
     check_spec(ref, req["spec"], dims, req["ref"])
+    phase["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     given, unreadable = candidate_arrays(torch, req, device, prefixes=("in__", "cand1__"))
+    phase["import"] = time.perf_counter() - t0
     if unreadable:
         return {**none, "unreadable": unreadable}
+    t0 = time.perf_counter()
     inp = Inputs(torch, req["spec"], trusted_scalars(ref, req), device)
     inp.fill(req["plan"], int(req["check_seed"]), ref, dims, _setup_arrays(torch, req, device))
     changed: dict[str, str] = {}
@@ -268,7 +277,10 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
                 changed[s["name"]] = (f"{s['name']} (the timed check call's, {changed_elements(torch, theirs, t)} "
                                       "elements unlike the inputs drawn for it)")
     inp.poison_outputs()
+    phase["inputs"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     outs = reference_results(torch, ref, inp, req)
+    phase["reference"] = time.perf_counter() - t0
     # a GPU MODE data's output buffer is an "input" the reference writes and returns too: the kernel's copy of it
     # holds what the kernel wrote, its output (judged below), not a changed input
     writes = data_outputs(ref, outs)
@@ -281,10 +293,12 @@ def mode_check_timed(req: dict[str, Any]) -> dict[str, Any]:
             "guards": {"input_mutated": list(changed.values())} if changed else {}}
     if missing or not outputs:
         return base
+    t0 = time.perf_counter()
     if getattr(ref, "checker", None) is not None:  # the problem's own check, on the inputs drawn here
         v = problem_verdict(torch, ref.checker, outputs, cand, lambda _: _data(torch, ref, req, "check"), device,
                             req.get("dtypes"), calls=(("cand1", "check"),))
     else:
         v = verdict_of(torch, outputs, cand, {f"ref__{n}": t for n, t in outs.items()},
                        {n: (t["atol"], t["rtol"]) for n, t in tol.items()}, None)
+    phase["judge"] = time.perf_counter() - t0
     return {**base, "verdict": v}

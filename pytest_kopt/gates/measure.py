@@ -339,14 +339,19 @@ def device_peaks(ctx: Context) -> dict[str, Any] | None:
 def _timed_output_check(ctx: Context, req: dict[str, Any], result: dict[str, Any], held: bool = False) -> Any:
     """The judge, in the reference's process, on the timed process's check call: the reference on that call's
     inputs, the verdict on its outputs (:func:`pytest_kopt.child.correctness.mode_check_timed`); ``held``: the
-    caller holds the GPU lock already. Raises KernelRuntimeError when the timed process handed over no outputs (or
-    none the judge could read)."""
+    caller holds the GPU lock already. ``result`` gains ``judge_phase_s``: where the judge's time went (its
+    ``phase_s``, and its process's ``harness_s``). Raises KernelRuntimeError when the timed process handed over no
+    outputs (or none the judge could read)."""
     check_report(ctx, result, req, "timing")
     try:
         judged = judge_request(ctx, req, result, mode="check_timed", held=held)
     finally:
         if result.get("npz") and Path(result["npz"]).is_file():
             Path(result["npz"]).unlink(missing_ok=True)
+    result["judge_phase_s"] = {**{k: round(v, 3) for k, v in (judged.get("phase_s") or {}).items()
+                                  if isinstance(v, (int, float))},
+                               **{f"harness_{k}": v for k, v in (judged.get("harness_s") or {}).items()
+                                  if k in ("wait_profiler", "mode")}}
     if judged.get("unreadable") or judged.get("missing") or judged.get("verdict") is None:
         what = judged.get("unreadable") or ", ".join(judged.get("missing") or []) or "outputs"
         raise KernelRuntimeError(f"the timed call's process returned no {what}", gate="timing", path=ctx.display,
@@ -391,7 +396,8 @@ def measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str
                                                          dict[str, Any] | None, Any]:
     """One measurement: (the candidate's result, the reference's, the PR baseline's, the timed-output verdict).
     The candidate's result gains ``gate_phase_s``: the wall seconds of the measurement and of the output check, as
-    the pytest process saw them (lock waits included), and of its NVML readings between the rounds
+    the pytest process saw them (lock waits included), the output check's parts in the judge's process (``judge``),
+    and of its NVML readings between the rounds
     (``memory_read``, where it took any)."""
     ref_result: dict[str, Any] | None = None
     base_result: dict[str, Any] | None = None
@@ -418,6 +424,9 @@ def measure(ctx: Context, req: dict[str, Any]) -> tuple[dict[str, Any], dict[str
         result, ref_result, base_result = interleaved(ctx, req, lambda r, b: check(r, b, held=True))
     verdict = checked["verdict"]
     result["gate_phase_s"] = {"measure": round(checked["t1"] - t0, 3), "output_check": round(checked["check_s"], 3)}
+    judge = result.pop("judge_phase_s", None)
+    if judge:  # the output check's parts in the judge's process
+        result["gate_phase_s"]["judge"] = judge
     read_s = (result.get("memory_outside") or {}).get("read_s")
     if isinstance(read_s, float):  # the pytest process's NVML readings between the rounds, inside the hold
         result["gate_phase_s"]["memory_read"] = round(read_s, 3)
