@@ -636,6 +636,34 @@ def test_the_header_names_the_cupti_pin_when_a_gpu_has_no_cupti_python() -> None
     assert hardware.cupti_pin("12.9") == 'pip install "cupti-python<12.10" "nvidia-cuda-cupti-cu12<12.10"'
 
 
+def test_a_kernels_correctness_runs_in_its_timing_process_where_cupti_starts_at_once() -> None:
+    """On a GPU with cupti-python (CUPTI's first session 0.017 to 0.058 s), a kernel's check requests go to its
+    timing process: one CUDA context per kernel, not two. Without cupti-python (torch's profiler: 3.5 to 4.7 s
+    first session), without a GPU, or where this process runs no timing item of the kernel, the check process is
+    its own, which never loads the profiler; with --kopt-fresh-process there is none."""
+    from pytest_kopt.gates.context import Context
+
+    def ctx(gpu: bool = True, cupti: str | None = "13.0.1", collected: frozenset[str] = frozenset(),
+            fresh: bool = False) -> SimpleNamespace:
+        c = SimpleNamespace(env={"gpu_available": gpu, "packages": {"cupti-python": cupti}}, collected=collected,
+                            settings=SimpleNamespace(fresh_process=fresh), kernel=Path("/b1/kernel.cu"),
+                            ref=Path("/ref.py"))
+        c.gpu = Context.gpu.fget(c)  # type: ignore[attr-defined]
+        c.checks_in_timing_process = Context.checks_in_timing_process.fget(c)  # type: ignore[attr-defined]
+        return c
+
+    def check(c: SimpleNamespace) -> str | None:
+        return Context.server(c, "check")  # type: ignore[arg-type]
+
+    assert check(ctx()) == "candidate:/b1/kernel.cu" == Context.server(ctx(), "candidate")  # type: ignore[arg-type]
+    assert check(ctx(collected=frozenset({"correctness", "timing"}))) == "candidate:/b1/kernel.cu"
+    assert check(ctx(cupti=None)) == "check:/b1/kernel.cu"
+    assert check(ctx(gpu=False)) == "check:/b1/kernel.cu"
+    assert check(ctx(collected=frozenset({"plan", "correctness"}))) == "check:/b1/kernel.cu"
+    assert check(ctx(fresh=True)) is None
+    assert Context.server(ctx(), "judge") == "judge:/ref.py"  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("loop_mode, started", [(None, ["judge", "check", "candidate", "reference"]),
                                                 ("run", ["judge", "check", "candidate"])])
 def test_the_references_timing_process_is_started_ahead_only_where_every_timing_times_it(

@@ -249,16 +249,32 @@ class Context:
         TIMEOUT."""
         return self.settings.loop_mode == "run"
 
+    @property
+    def checks_in_timing_process(self) -> bool:
+        """Whether the kernel's ``check`` requests (its plan, a Triton build, its correctness seeds) go to its
+        timing process (``candidate``): on a GPU with cupti-python installed, where this process runs the kernel's
+        timing item (or does not know). One process per kernel then makes one CUDA context, not two: in a close of
+        32 branches on 8 workers the second process made 32 more contexts, and contexts made at once took 1.4 to
+        9.9 s each and slowed the timings beside them (H100, 2026-12-07, docs/loop.md). That process starts CUPTI
+        before its first CUDA request, while idle where it can: 0.017 to 0.058 s through cupti-python, 3.5 to 4.7 s
+        through torch's profiler (H200, docs/timing.md), which the seeds would wait for, so without cupti-python
+        they keep a process of their own."""
+        return self.gpu and bool((self.env.get("packages") or {}).get("cupti-python")) \
+            and (not self.collected or "timing" in self.collected)
+
     def server(self, role: str) -> str | None:
         """Identity of the warm harness process for a request (``<role>:<file>``), so a candidate never runs in the
         reference's process or another candidate's; None with ``--kopt-fresh-process``. Per candidate kernel:
         ``check`` (its plan, a Triton build, its correctness requests) and ``candidate`` (its timing and the
-        loop's re-timing); per reference file: ``judge`` (the reference's plan, the judge of every correctness
-        seed and timed output) and ``reference`` (its timing, the GPU's peaks). The timing processes warm CUPTI up
-        while idle (seconds: :func:`pytest_kopt.child.cupti.warm_profiler`); the check and judge processes never
-        load the profiler, so correctness does not wait for it."""
+        loop's re-timing), one process where :attr:`checks_in_timing_process`; per reference file: ``judge`` (the
+        reference's plan, the judge of every correctness seed and timed output) and ``reference`` (its timing, the
+        GPU's peaks). The timing processes warm CUPTI up while idle (seconds:
+        :func:`pytest_kopt.child.cupti.warm_profiler`); a check process of its own and the judge's never load the
+        profiler."""
         if self.settings.fresh_process:
             return None
         if role not in SERVER_ROLES:
             raise ValueError(f"unknown harness role {role!r}")
+        if role == "check" and self.checks_in_timing_process:
+            role = "candidate"
         return f"{role}:{self.kernel if role in ('check', 'candidate') else self.ref}"

@@ -23,8 +23,8 @@ from .runner import died_error, read_result, run_fresh, tail, timeout_error, wri
 from ..child.tree import freeze_tree, kill_tree, resume
 
 #: How many warm harness processes one pytest process keeps (least recently used ones are ended). Under xdist's
-#: loadscope a worker runs one kernel's gates in a row, so the kernel's two processes and the reference's two
-#: cover it (:meth:`pytest_kopt.gates.context.Context.server`).
+#: loadscope a worker runs one kernel's gates in a row, so the kernel's processes (two, or one where its checks run
+#: in its timing process) and the reference's two cover it (:meth:`pytest_kopt.gates.context.Context.server`).
 MAX_SERVERS = 4
 #: The roles whose processes time (and so warm CUPTI up while idle); the others are started with ``--no-profiler``.
 PROFILED_ROLES = ("candidate", "reference")
