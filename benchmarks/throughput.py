@@ -243,7 +243,26 @@ def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...]
     return {"n": n, "flags": " ".join(flags), "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
             "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
-            "phases": cupti_backends(it) + measure_phases(it) + seed_phases(it)}
+            "phases": cupti_backends(it) + measure_phases(it) + warmup_clocks(it) + seed_phases(it)}
+
+
+def warmup_clocks(it: Path) -> list[str]:
+    """The SM clock (MHz, NVML) when each branch's timing warm-up began and ended (``bench.json`` ``warmup``), beside
+    the GPU's maximum: whether the GPU was already at its clocks when a timing's exclusive hold began."""
+    before: list[float] = []
+    after: list[float] = []
+    top: set[int] = set()
+    for f in sorted(it.glob("branches/*/**/bench.json")):
+        w = json.loads(f.read_text()).get("warmup")
+        if isinstance(w, dict) and isinstance(w.get("sm_mhz_before"), (int, float)):
+            before.append(float(w["sm_mhz_before"]))
+            after.append(float(w.get("sm_mhz_after") or 0.0))
+            top.add(int(w.get("max_sm_mhz") or 0))
+    if not before:
+        return ["  warm-up SM clock: not read (no NVML in the timing processes)"]
+    b, a = sorted(before), sorted(after)
+    return [f"  warm-up SM clock MHz (max {sorted(top)}): before min {b[0]:.0f} median {b[len(b) // 2]:.0f}; "
+            f"after min {a[0]:.0f} median {a[len(a) // 2]:.0f} ({len(b)} branches)"]
 
 
 def seed_phases(it: Path) -> list[str]:

@@ -262,6 +262,7 @@ class Bench:
             "robust_cv": k.robust_cv, "stability": timing.stability, "stability_basis": timing.stability_basis,
             "distribution": _as_dict(k), "samples_ms": basis.kernel, "event_samples_ms": run.event_ms,
             "events": _as_dict(ke), "host_ms": run.host_ms, "throttled": run.throttled, "nvml": run.nvml,
+            "warmup": run.raw.get("warmup"),
             "stop_reason": run.stop_reason,
             "reference": {**_as_dict(r), "samples_ms": basis.reference, "event_samples_ms": ref.event_ms},
             "speedup_vs_ref": speedup, "speedup_ci95": [sp_lo, sp_hi], "workload": run.workload or None,

@@ -46,6 +46,7 @@ class Timer:
         self.flush_buf = torch.ones(2 * self.l2 // 4, dtype=torch.float32, device="cuda")
         self.flush_out = torch.empty((), dtype=torch.float32, device="cuda")
         self.clocks = Clocks()
+        before = self.clocks.read()
         t_end = time.perf_counter() + t["warmup_ms"] / 1e3
         i = 0
         launch_s: list[float] = []
@@ -56,6 +57,12 @@ class Timer:
             torch.cuda.synchronize()
             i += 1
         self.warmup_calls = i
+        after = self.clocks.read()
+        #: the warm-up: its calls and the SM clock (MHz, NVML) before and after it, beside the GPU's maximum (None
+        #: without NVML): whether the GPU was already at its clocks when the warm-up began
+        self.warmup = {"calls": i, "sm_mhz_before": before["sm_mhz"] if before else None,
+                       "sm_mhz_after": after["sm_mhz"] if after else None,
+                       "max_sm_mhz": getattr(self.clocks, "max_sm", None) if self.clocks.nvml else None}
         tail = launch_s[1:] or launch_s
         self.host_launch_us = 1e6 * sorted(tail)[int(0.9 * (len(tail) - 1))]
         self.host_launch_ms = statistics.median(tail) * 1e3
@@ -192,7 +199,7 @@ class Timer:
                 "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
                 "launch_host_us": self.launch_host_us or None, "gpu_processes": self.clocks.other_processes(),
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
-                "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
+                "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls, "warmup": self.warmup,
                 "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method,
                 "phase_s": self.phase_s,
                 "memory": {"readings": self.memory, "peak_call": self.peak_call, "nvml_note": self.memory_note}}
