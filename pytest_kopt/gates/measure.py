@@ -77,8 +77,9 @@ def timing_request(ctx: Context, device: str) -> dict[str, Any]:
 
 class Rounds:
     """Alternating timing rounds of several parties, each in its own process: a first round of 3 samples each, then
-    rounds of about :data:`ROUND_S` per party (:data:`SOLO_ROUND_S` for a party alone) until every party's stopping rule is met or ``cap_s`` wall seconds
-    have passed (:data:`ROUNDS_CAP_S`; a party still sampling then is ``capped``), then each party's final result.
+    rounds of about :data:`ROUND_S` per party (:data:`SOLO_ROUND_S` for a party alone) until every party's stopping
+    rule is met or ``cap_s`` wall seconds have passed (:data:`ROUNDS_CAP_S`; a party still sampling then is
+    ``capped``), then each party's final result.
     The caller holds the GPU lock around all of it. With ``memory``, the first party's device memory is read after
     each of its sampling rounds, while its process is stopped (:class:`~pytest_kopt.gates.leaks.ProcessMemory`), and
     its final result carries the readings as ``memory_outside``."""
