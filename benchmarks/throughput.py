@@ -119,7 +119,22 @@ def timeline_table(path: Path) -> list[str]:
     return (out + lock_table([r for r in rows if "lock" in r], first, last)
             + exclusive_start([r for r in rows if r.get("lock") == "exclusive"], [r for r in rows if "request" in r],
                               t0)
-            + hold_contents([r for r in rows if r.get("lock") == "exclusive"], [r for r in rows if "request" in r]))
+            + hold_contents([r for r in rows if r.get("lock") == "exclusive"], [r for r in rows if "request" in r])
+            + contexts_in_holds([r for r in rows if r.get("lock") == "exclusive"],
+                                [r["context"] for r in rows if isinstance(r.get("context"), list)], t0))
+
+
+def contexts_in_holds(holds: list[dict], contexts: list[list[float]], t0: float) -> list[str]:
+    """The CUDA contexts harness processes made while idle (``context``: from, to, Unix seconds) and how much of
+    them fell inside exclusive holds, where they share the GPU and the driver with a timing."""
+    if not contexts:
+        return ["  contexts made while idle: none recorded"]
+    spans = sorted((h["held"], h["released"]) for h in holds)
+    inside = [sum(max(0.0, min(b, c1) - max(a, c0)) for a, b in spans) for c0, c1 in contexts]
+    took = sorted(c1 - c0 for c0, c1 in contexts)
+    return [f"  contexts made while idle: {len(contexts)}, {took[len(took) // 2]:.2f} s median ({took[-1]:.2f} s "
+            f"most), ended {min(c1 for _, c1 in contexts) - t0:.1f} to {max(c1 for _, c1 in contexts) - t0:.1f} s; "
+            f"{sum(1 for x in inside if x > 0)} overlapped an exclusive hold, {sum(inside):.1f} s in all"]
 
 
 def exclusive_start(holds: list[dict], requests: list[dict], t0: float) -> list[str]:
@@ -273,7 +288,7 @@ def seed_phases(it: Path) -> list[str]:
     for f in sorted(it.glob("branches/*/correctness/*.json")):
         ph = json.loads(f.read_text()).get("phase_s") or {}
         for k, v in ph.items():
-            if isinstance(v, (int, float)) and not k.endswith("_age"):
+            if isinstance(v, (int, float)) and not k.endswith(("_age", "_end")):
                 per.setdefault(k, []).append(float(v))
         for who, req in (("candidate", "candidate"), ("judge", "judge_request")):
             if isinstance(ph.get(req), (int, float)) and isinstance(ph.get(f"{who}_harness_mode"), (int, float)):

@@ -4,7 +4,8 @@ every worker. Each process that loads it (the controller and every worker) also 
 per-GPU lock (``lock``: shared or exclusive; ``asked``, ``held``, ``released``: Unix seconds), by wrapping
 :class:`pytest_kopt.proc.gpulock.GpuLock`, and one line per request to a warm harness process (``request``: its mode,
 ``round``: a timing round's sample count or ``final``, ``sent``, ``returned``: Unix seconds), by wrapping
-:meth:`pytest_kopt.proc.pool.HarnessPool.run`. Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
+:meth:`pytest_kopt.proc.pool.HarnessPool.run` (with ``context``: when the process made its CUDA context while idle
+before its first request). Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
 (benchmarks/throughput.py does)."""
 
 from __future__ import annotations
@@ -43,13 +44,20 @@ def _wrap_requests(path: str) -> None:
 
     def logged_run(self, req, **kw):
         sent = time.time()
+        result = None
         try:
-            return run(self, req, **kw)
+            result = run(self, req, **kw)
+            return result
         finally:
             rnd = req.get("round") or {}
-            _append(path, {"request": req.get("mode"), "gate": kw.get("gate"),
-                           "round": "final" if rnd.get("final") else rnd.get("count"), "sent": sent,
-                           "returned": time.time(), "pid": os.getpid()})
+            row = {"request": req.get("mode"), "gate": kw.get("gate"),
+                   "round": "final" if rnd.get("final") else rnd.get("count"), "sent": sent,
+                   "returned": time.time(), "pid": os.getpid()}
+            made = (result.get("harness_s") or {}) if isinstance(result, dict) else {}
+            if isinstance(made.get("cuda_warm_end"), (int, float)) and isinstance(made.get("cuda_warm"), (int, float)):
+                # the process made its CUDA context while idle before this request: from, to (Unix seconds)
+                row["context"] = [made["cuda_warm_end"] - made["cuda_warm"], made["cuda_warm_end"]]
+            _append(path, row)
 
     HarnessPool.run = logged_run
     HarnessPool._timeline = True

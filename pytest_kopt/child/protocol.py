@@ -85,7 +85,8 @@ def handle(req_path: str, guard: Guard) -> tuple[int, str, bool]:
     try:
         result = {"ok": True, **MODES[req["mode"]](req)}
         # where the request's time went inside this process (s): waiting for CUPTI's start-up, the mode itself, the
-        # process's age at the end; the first request also carries the process's start-up stamps
+        # process's age at the end; the first request also carries the process's start-up stamps (and
+        # ``cuda_warm_end``, the Unix second its context made while idle was done)
         result["harness_s"] = {"wait_profiler": round(t_mode - t_in, 3), "mode": round(time.time() - t_mode, 3),
                                "age": round(time.time() - _T0, 3), **_STARTUP}
         _STARTUP.clear()
@@ -157,6 +158,7 @@ def serve(ctl_fd: int, profiler: bool = True, reference: bool = False) -> int:
                 if profiler and not profiler_warm():
                     _STARTUP["profiler_warm"] = round(warm_profiler(), 3)
                 _STARTUP["cuda_warm"] = round(warm_cuda(torch), 3)
+                _STARTUP["cuda_warm_end"] = round(time.time(), 3)  # Unix seconds: when, beside what else ran
             except Exception:  # no context to be had (the GPU's memory full, a lost device): the next request
                 pass  # meets the error and reports it as its own
             continue
