@@ -638,14 +638,16 @@ def test_the_header_names_the_cupti_pin_when_a_gpu_has_no_cupti_python() -> None
 
 def test_a_kernels_correctness_runs_in_its_timing_process_where_cupti_starts_at_once() -> None:
     """On a GPU with cupti-python (CUPTI's first session 0.017 to 0.058 s), a kernel's check requests go to its
-    timing process: one CUDA context per kernel, not two. Without cupti-python (torch's profiler: 3.5 to 4.7 s
-    first session), without a GPU, or where this process runs no timing item of the kernel, the check process is
-    its own, which never loads the profiler; with --kopt-fresh-process there is none."""
+    timing process: one CUDA context per kernel, not two. Without a cupti-python that starts (torch's profiler:
+    3.5 to 4.7 s first session), without a GPU, or where this process runs no timing item of the kernel, the
+    check process is its own, which never loads the profiler; with --kopt-fresh-process there is none. A failing
+    case's shrinking attempts go to whichever of the two does not judge the seeds."""
     from pytest_kopt.gates.context import Context
 
     def ctx(gpu: bool = True, cupti: str | None = "13.0.1", collected: frozenset[str] = frozenset(),
-            fresh: bool = False) -> SimpleNamespace:
-        c = SimpleNamespace(env={"gpu_available": gpu, "packages": {"cupti-python": cupti}}, collected=collected,
+            fresh: bool = False, driver: str | None = "13.0") -> SimpleNamespace:
+        c = SimpleNamespace(env={"gpu_available": gpu, "packages": {"cupti-python": cupti}, "driver_version": driver},
+                            collected=collected,
                             settings=SimpleNamespace(fresh_process=fresh), kernel=Path("/b1/kernel.cu"),
                             ref=Path("/ref.py"))
         c.gpu = Context.gpu.fget(c)  # type: ignore[attr-defined]
@@ -658,6 +660,13 @@ def test_a_kernels_correctness_runs_in_its_timing_process_where_cupti_starts_at_
     assert check(ctx()) == "candidate:/b1/kernel.cu" == Context.server(ctx(), "candidate")  # type: ignore[arg-type]
     assert check(ctx(collected=frozenset({"correctness", "timing"}))) == "candidate:/b1/kernel.cu"
     assert check(ctx(cupti=None)) == "check:/b1/kernel.cu"
+    # a cupti-python newer than the driver's CUDA does not start (torch's profiler instead, seconds); unknown either
+    assert check(ctx(cupti="13.1.0", driver="13.0")) == "check:/b1/kernel.cu"
+    assert check(ctx(driver=None)) == "check:/b1/kernel.cu"
+    assert check(ctx(cupti="12.9.0", driver="13.0")) == "candidate:/b1/kernel.cu"
+    # a failing case's shrinking attempts never run where the seeds are judged
+    assert Context.server(ctx(), "shrink") == "check:/b1/kernel.cu"  # type: ignore[arg-type]
+    assert Context.server(ctx(cupti=None), "shrink") == "candidate:/b1/kernel.cu"  # type: ignore[arg-type]
     assert check(ctx(gpu=False)) == "check:/b1/kernel.cu"
     assert check(ctx(collected=frozenset({"plan", "correctness"}))) == "check:/b1/kernel.cu"
     assert check(ctx(fresh=True)) is None

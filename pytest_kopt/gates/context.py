@@ -56,7 +56,20 @@ class BlockLog:
 
 #: The warm harness processes' roles (:meth:`Context.server`); those in :data:`pytest_kopt.proc.pool.PROFILED_ROLES`
 #: warm the profiler up.
-SERVER_ROLES = ("check", "candidate", "judge", "reference")
+SERVER_ROLES = ("check", "candidate", "judge", "reference", "shrink")
+
+
+def cupti_starts(env: dict[str, Any]) -> bool:
+    """Whether cupti-python is installed (``env["packages"]``) no newer, in major.minor, than the driver's CUDA
+    (``env["driver_version"]``): a newer CUPTI does not start (CUPTI_ERROR_NOT_INITIALIZED), and the process falls
+    back to torch's profiler (seconds: :func:`pytest_kopt.gates.hardware.cupti_pin`). False where either is
+    unknown."""
+    try:
+        have = tuple(int(x) for x in str((env.get("packages") or {}).get("cupti-python")).split(".")[:2])
+        driver = tuple(int(x) for x in str(env.get("driver_version")).split(".")[:2])
+    except ValueError:
+        return False
+    return len(have) == 2 and len(driver) == 2 and have <= driver
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,16 +270,18 @@ class Context:
         32 branches on 8 workers the second process made 32 more contexts, and contexts made at once took 1.4 to
         9.9 s each and slowed the timings beside them (H100, 2026-12-07, docs/loop.md). That process starts CUPTI
         before its first CUDA request, while idle where it can: 0.017 to 0.058 s through cupti-python, 3.5 to 4.7 s
-        through torch's profiler (H200, docs/timing.md), which the seeds would wait for, so without cupti-python
-        they keep a process of their own."""
-        return self.gpu and bool((self.env.get("packages") or {}).get("cupti-python")) \
-            and (not self.collected or "timing" in self.collected)
+        through torch's profiler (H200, docs/timing.md), which a seed would wait for under the GPU lock, so where
+        cupti-python is missing or newer than the driver's CUDA (:func:`cupti_starts`) the seeds keep a process of
+        their own. A failing case's shrinking attempts never run in the process that judges the seeds
+        (:meth:`server`'s ``shrink``)."""
+        return self.gpu and cupti_starts(self.env) and (not self.collected or "timing" in self.collected)
 
     def server(self, role: str) -> str | None:
         """Identity of the warm harness process for a request (``<role>:<file>``), so a candidate never runs in the
         reference's process or another candidate's; None with ``--kopt-fresh-process``. Per candidate kernel:
         ``check`` (its plan, a Triton build, its correctness requests) and ``candidate`` (its timing and the
-        loop's re-timing), one process where :attr:`checks_in_timing_process`; per reference file: ``judge`` (the
+        loop's re-timing), one process where :attr:`checks_in_timing_process`, and ``shrink`` (a failing case's
+        shrinking attempts: the timing process, or the check process where the two are one); per reference file: ``judge`` (the
         reference's plan, the judge of every correctness seed and timed output) and ``reference`` (its timing, the
         GPU's peaks). The timing processes warm CUPTI up while idle (seconds:
         :func:`pytest_kopt.child.cupti.warm_profiler`); a check process of its own and the judge's never load the
@@ -275,6 +290,8 @@ class Context:
             return None
         if role not in SERVER_ROLES:
             raise ValueError(f"unknown harness role {role!r}")
-        if role == "check" and self.checks_in_timing_process:
+        if role == "shrink":  # a failing case's attempts: never where the seeds are judged (gates/shrink.py)
+            role = "check" if self.checks_in_timing_process else "candidate"
+        elif role == "check" and self.checks_in_timing_process:
             role = "candidate"
         return f"{role}:{self.kernel if role in ('check', 'candidate') else self.ref}"

@@ -322,15 +322,16 @@ def _all_ones(dims: dict[str, Any]) -> bool:
 def _attempt(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
              timeout_s: float) -> tuple[str, str, str, str]:
     """One shrinking attempt (:mod:`pytest_kopt.gates.shrink`): the case run as a correctness item is, but under
-    ``timeout_s``, with no record, warning or ncu start, and in the kernel's timing process (``candidate``), which
-    a kernel that failed correctness is never timed in: the state a kernel keeps between calls (a cache by pointer)
-    in the process that judges its other seeds is left as those seeds alone made it. Returns (status, message,
+    ``timeout_s``, with no record, warning or ncu start, and never in the process that judges its other seeds
+    (``shrink``: the kernel's timing process, which a kernel that failed correctness is never timed in, or its own
+    check process where the seeds run in the timing process): the state a kernel keeps between calls (a cache by
+    pointer) in the process that judges its other seeds is left as those seeds alone made it. Returns (status, message,
     details, the regime its inputs were drawn in), PASSED when it passes."""
     ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, gate_timeout_s=max(1.0, timeout_s)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            out = _check_case(ctx, res, case, device, {}, role="candidate")
+            out = _check_case(ctx, res, case, device, {}, role="shrink")
         except KoptError as exc:
             return exc.status, exc.message, exc.details or "", str(exc.figures.get("regime") or "")
     return "PASSED", "", "", str(out.figures.get("regime") or "")

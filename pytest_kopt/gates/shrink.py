@@ -10,8 +10,9 @@ harness, a candidate's four calls and the judge, so the search is kopt's own: gr
   stops there.
 - **Values**: small integers, simplest first: all ones, then {0, 1}, then {-1, 0, 1} (kopt's ``small_int`` regime
   with a narrower range), where the problem allows kopt's regimes and the judge confirms they were used.
-- **Where**: in the kernel's timing process, never the one that judges its seeds (a kernel that keeps state
-  between calls would see other seeds' verdicts change with the attempts); a kernel that failed is never timed.
+- **Where**: never in the process that judges its seeds (a kernel that keeps state between calls would see other
+  seeds' verdicts change with the attempts): the kernel's timing process (a kernel that failed is never timed), or
+  its check process where its seeds run in the timing process (``Context.server``'s ``shrink``).
 - **Bounds**: :data:`MAX_ATTEMPTS` cases and :data:`BUDGET_S` seconds per shrink, each attempt under the rest of
   that budget; one shrink per status, kernel and session (``correctness/shrunk-<status>.json``): a later seed
   failing alike is pointed at it.
