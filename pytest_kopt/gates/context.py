@@ -269,10 +269,11 @@ class Context:
         timing item (or does not know). One process per kernel then makes one CUDA context, not two: in a close of
         32 branches on 8 workers the second process made 32 more contexts, and contexts made at once took 1.4 to
         9.9 s each and slowed the timings beside them (H100, 2026-12-07, docs/loop.md). That process starts CUPTI
-        before its first CUDA request, while idle where it can: 0.017 to 0.058 s through cupti-python, 3.5 to 4.7 s
-        through torch's profiler (H200, docs/timing.md), which a seed would wait for under the GPU lock, so where
-        cupti-python is missing or newer than the driver's CUDA (:func:`cupti_starts`) the seeds keep a process of
-        their own. A failing case's shrinking attempts never run in the process that judges the seeds
+        before its first CUDA request, while idle where it can: through cupti-python 0.017 to 0.058 s on a quiet
+        H200, 0.82 s median (1.32 s at most) in a close's processes on an H100, where seeds waited 7.4 s for it in
+        all; through torch's profiler 3.5 to 4.7 s (H200, docs/timing.md), which a seed would wait for under the
+        GPU lock, so where cupti-python is missing or newer than the driver's CUDA (:func:`cupti_starts`) the seeds
+        keep a process of their own. A failing case's shrinking attempts never run in the process that judges the seeds
         (:meth:`server`'s ``shrink``)."""
         return self.gpu and cupti_starts(self.env) and (not self.collected or "timing" in self.collected)
 
