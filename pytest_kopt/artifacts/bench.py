@@ -65,7 +65,8 @@ class TimedRun:
     flush size (bytes), the number of rotating input sets, the GPU (name, UUID), the reference's ``workload_model``,
     the host's own launch and overhead times of one call (ms), and the seconds of the process's phases
     (``phase_s``) and of the gate's (``gate_phase_s``: the measurement and the output check, as the pytest process
-    saw them, and the output check's parts in the judge's process under ``judge``). ``raw`` is the whole result (what the unstable-timing diagnosis reads)."""
+    saw them, and the output check's parts in the judge's process under ``judge``). ``raw`` is the whole result
+    (what the unstable-timing diagnosis reads)."""
 
     event_ms: list[float]
     stop_reason: str | None

@@ -200,8 +200,8 @@ class Timer:
                 "launch_host_us": self.launch_host_us or None, "gpu_processes": self.clocks.other_processes(),
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
                 "l2_bytes": self.l2, "flush_bytes": 2 * self.l2, "warmup_calls": self.warmup_calls,
-                "warmup": self.warmup, "host_launch_us": self.host_launch_us, "hold_us": self.hold_us, "method": self.method,
-                "phase_s": self.phase_s,
+                "warmup": self.warmup, "host_launch_us": self.host_launch_us, "hold_us": self.hold_us,
+                "method": self.method, "phase_s": self.phase_s,
                 "memory": {"readings": self.memory, "peak_call": self.peak_call, "nvml_note": self.memory_note}}
 
 

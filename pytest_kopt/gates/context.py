@@ -265,16 +265,17 @@ class Context:
     @property
     def checks_in_timing_process(self) -> bool:
         """Whether the kernel's ``check`` requests (its plan, a Triton build, its correctness seeds) go to its
-        timing process (``candidate``): on a GPU with cupti-python installed, where this process runs the kernel's
-        timing item (or does not know). One process per kernel then makes one CUDA context, not two: in a close of
-        32 branches on 8 workers the second process made 32 more contexts, and contexts made at once took 1.4 to
-        9.9 s each and slowed the timings beside them (H100, 2026-12-07, docs/loop.md). That process starts CUPTI
-        before its first CUDA request, while idle where it can: through cupti-python 0.017 to 0.058 s on a quiet
-        H200, 0.82 s median (1.32 s at most) in a close's processes on an H100, where seeds waited 7.4 s for it in
-        all; through torch's profiler 3.5 to 4.7 s (H200, docs/timing.md), which a seed would wait for under the
-        GPU lock, so where cupti-python is missing or newer than the driver's CUDA (:func:`cupti_starts`) the seeds
-        keep a process of their own. A failing case's shrinking attempts never run in the process that judges the seeds
-        (:meth:`server`'s ``shrink``)."""
+        timing process (``candidate``): on a GPU with a cupti-python that starts (:func:`cupti_starts`), where this
+        process runs the kernel's timing item (or does not know). One process per kernel then makes one CUDA
+        context, not two: in a close of 32 branches on 8 workers the second processes made 32 more contexts, and
+        contexts made at once took 1.4 to 9.9 s each and slowed the timings beside them (H100, 2026-12-07,
+        docs/loop.md; with one process per kernel they took 0.12 s median). That process starts CUPTI before its
+        first CUDA request, while idle where it can: through cupti-python 0.017 to 0.058 s on a quiet H200, 0.82 s
+        median (1.32 s at most) in a close's processes on an H100, where seeds waited 7.4 s for it in all; through
+        torch's profiler 3.5 to 4.7 s (H200, docs/timing.md), which a seed would wait for under the GPU lock, so
+        where cupti-python is missing or newer than the driver's CUDA the seeds keep a process of their own. A
+        failing case's shrinking attempts never run in the process that judges the seeds (:meth:`server`'s
+        ``shrink``)."""
         return self.gpu and cupti_starts(self.env) and (not self.collected or "timing" in self.collected)
 
     def server(self, role: str) -> str | None:
@@ -282,9 +283,9 @@ class Context:
         reference's process or another candidate's; None with ``--kopt-fresh-process``. Per candidate kernel:
         ``check`` (its plan, a Triton build, its correctness requests) and ``candidate`` (its timing and the
         loop's re-timing), one process where :attr:`checks_in_timing_process`, and ``shrink`` (a failing case's
-        shrinking attempts: the timing process, or the check process where the two are one); per reference file: ``judge`` (the
-        reference's plan, the judge of every correctness seed and timed output) and ``reference`` (its timing, the
-        GPU's peaks). The timing processes warm CUPTI up while idle (seconds:
+        shrinking attempts: the timing process, or the check process where the two are one); per reference file:
+        ``judge`` (the reference's plan, the judge of every correctness seed and timed output) and ``reference`` (its
+        timing, the GPU's peaks). The timing processes warm CUPTI up while idle (seconds:
         :func:`pytest_kopt.child.cupti.warm_profiler`); a check process of its own and the judge's never load the
         profiler."""
         if self.settings.fresh_process:

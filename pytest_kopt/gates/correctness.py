@@ -325,8 +325,8 @@ def _attempt(ctx: Context, res: BuildResult, case: dict[str, Any], device: str,
     ``timeout_s``, with no record, warning or ncu start, and never in the process that judges its other seeds
     (``shrink``: the kernel's timing process, which a kernel that failed correctness is never timed in, or its own
     check process where the seeds run in the timing process): the state a kernel keeps between calls (a cache by
-    pointer) in the process that judges its other seeds is left as those seeds alone made it. Returns (status, message,
-    details, the regime its inputs were drawn in), PASSED when it passes."""
+    pointer) in the process that judges its other seeds is left as those seeds alone made it. Returns (status,
+    message, details, the regime its inputs were drawn in), PASSED when it passes."""
     ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, gate_timeout_s=max(1.0, timeout_s)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
