@@ -692,6 +692,31 @@ def test_the_references_timing_process_is_started_ahead_only_where_every_timing_
     assert roles == started
 
 
+@pytest.mark.parametrize("cupti, loop_mode, started", [
+    ("13.0.1", None, {"judge:/r.py", "candidate:/k.cu", "reference:/r.py"}),
+    ("13.0.1", "run", {"judge:/r.py", "candidate:/k.cu"}),
+    (None, "run", {"judge:/r.py", "check:/k.cu", "candidate:/k.cu"})])
+def test_a_kernels_first_item_starts_one_process_for_it_where_its_seeds_share_its_timing_process(
+        cupti: str | None, loop_mode: str | None, started: set[str]) -> None:
+    """The same start through the real process identities (``Context.server``): on a GPU with a cupti-python
+    that starts, the kernel's check process is its timing process, so its first item starts one process for it
+    (the pool starts an identity once); without cupti-python, two."""
+    from pytest_kopt.gates.context import Context
+    from pytest_kopt.scheduler import Scheduler
+
+    roles: list[str] = []
+    pool = SimpleNamespace(prestart=lambda server, env, work, ahead=False: roles.append(server))
+    ctx = SimpleNamespace(pool=pool, settings=SimpleNamespace(loop_mode=loop_mode, pr_gate=False, fresh_process=False),
+                          env={"gpu_available": True, "packages": {"cupti-python": cupti}, "driver_version": "13.0"},
+                          work=None, collected=frozenset(), kernel=Path("/k.cu"), ref=Path("/r.py"),
+                          kind=SimpleNamespace(candidate_env=lambda ctx, device: {}, prestart_check=lambda ctx: True))
+    ctx.gpu = Context.gpu.fget(ctx)  # type: ignore[attr-defined]
+    ctx.checks_in_timing_process = Context.checks_in_timing_process.fget(ctx)  # type: ignore[attr-defined]
+    ctx.server = lambda role: Context.server(ctx, role)  # type: ignore[arg-type]
+    Scheduler(pool).prestart_harness(ctx)  # type: ignore[arg-type]
+    assert set(roles) == started
+
+
 def test_the_next_kernels_processes_start_at_the_current_kernels_timing_item(monkeypatch: pytest.MonkeyPatch,
                                                                               tmp_path: Path) -> None:
     """A worker starts the next planned kernel's processes at the current kernel's timing item, so at a close's
