@@ -729,7 +729,10 @@ def test_the_next_kernels_processes_start_at_the_current_kernels_timing_item(mon
             self.path, self.gate, self.config, self.session = path, SimpleNamespace(name=gate), config, session
 
     a, b = tmp_path / "b1" / "kernel.cu", tmp_path / "b2" / "kernel.cu"
-    state = SimpleNamespace(planned=[a, b], led=set())
+    # the gates collected per kernel, as a kernel's first item notes them (nodes.KoptItem._kickoff)
+    state = SimpleNamespace(planned=[a, b], led=set(), collected={a: frozenset({"plan", "correctness", "timing",
+                                                                               "sass"}),
+                                                                  b: frozenset({"plan", "correctness"})})
     config = SimpleNamespace(stash={plugin.STATE: state})
     session = SimpleNamespace(items=[])
     started: list[tuple[str, Path]] = []

@@ -211,10 +211,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     kernel = Path(item.path).resolve()
     if kernel in state.led:
         return
-    if item.gate.name == "correctness" and any(
-            isinstance(i, KoptItem) and i.gate.name == "timing" and Path(i.path).resolve() == kernel
-            for i in item.session.items):
-        return  # its timing item starts them
+    if item.gate.name == "correctness" and "timing" in state.collected.get(kernel, frozenset()):
+        return  # its timing item starts them (the gates this process collected, noted at its first item)
     state.led.add(kernel)
     prestart_next_planned(item.config, state, kernel)
 
