@@ -1,15 +1,18 @@
-"""Candidates judged per GPU-minute: one loop iteration closed with 32 branches of one problem (register- and
-shared-memory-tiled SGEMM variants of this file's own, M=N=K=1024) on one GPU, and where the close's time goes.
+"""Candidates judged per GPU-minute: one loop iteration closed with 32 branches of one problem on one GPU, and where
+the close's time goes. Two problems, both with this file's own variants: ``gemm`` (register- and shared-memory-tiled
+SGEMM, M=N=K=1024, CUDA) and ``softmax`` (a Triton row softmax at ROWS rows a program and WARPS warps,
+M=4096, N=1024).
 
-Sets a run up on the naive SGEMM (``--kopt-init``), writes the 32 branches and methods.json, closes the iteration
-(``--kopt-run -n N``) and prints: the close's wall time, candidates per GPU-minute (branches / close minutes), each
-gate's item time (sum over the branches' items, and the largest item), the branches' verdicts and the champion,
-and the host's CPU seconds by process kind (``benchmarks/cpu_sampler.py``).
+Sets a run up on the problem's example baseline (``--kopt-init``; examples/gemm, examples/softmax_triton), writes
+the branches and methods.json, closes the iteration (``--kopt-run -n N``) and prints: the close's wall time,
+candidates per GPU-minute (branches / close minutes), each gate's item time (sum over the branches' items, and the
+largest item), the branches' verdicts and the champion, and the host's CPU seconds by process kind
+(``benchmarks/cpu_sampler.py``).
 With ``--compare N2`` a second run is set up and closed the same way with ``-n N2`` (and ``--compare-flags``
 added to its close), and the two runs' verdicts and champions are compared (they must agree).
 
     python3 benchmarks/throughput.py [--n 8] [--compare 2] [--compare-flags=--kopt-no-fork-server]
-                                     [--branches 32] [--dims M=1024,N=1024,K=1024]
+                                     [--problem gemm|softmax] [--branches 32] [--dims M=1024,N=1024,K=1024]
 """
 
 from __future__ import annotations
@@ -48,6 +51,32 @@ def variants(count: int) -> list[tuple[str, str]]:
     if len(out) < count:
         raise SystemExit(f"only {len(out)} variants; ask for fewer branches")
     return out[:count]
+
+
+def softmax_variants(count: int) -> list[tuple[str, str]]:
+    """``count`` (label, source) Triton row-softmax variants (``loop_kernels/softmax_rows.py``): ROWS rows a program
+    (1 to 16) by WARPS warps (1 to 16) where a thread holds at most 128 of the tile's elements at N=1024
+    (32 x ROWS / WARPS <= 128) and ROWS x WARPS <= 128, each with exp and with exp2; the example's own shape (1 row,
+    4 warps, exp) last."""
+    body = (ROOT / "benchmarks" / "loop_kernels" / "softmax_rows.py").read_text()
+    out = []
+    for exp2, rows, warps in itertools.product((False, True), (2, 4, 1, 8, 16), (4, 8, 2, 16, 1)):
+        if rows <= 4 * warps and rows * warps <= 128 and (rows, warps, exp2) != (1, 4, False):
+            src = (body.replace("\nROWS = 1\n", f"\nROWS = {rows}\n").replace("\nWARPS = 4\n", f"\nWARPS = {warps}\n")
+                   .replace("\nEXP2 = False\n", f"\nEXP2 = {exp2}\n"))
+            out.append((f"rows{rows}_w{warps}{'_exp2' if exp2 else ''}", src))
+    out.append(("rows1_w4", body))
+    if len(out) < count:
+        raise SystemExit(f"only {len(out)} variants; ask for fewer branches")
+    return out[:count]
+
+
+#: per problem: the example directory, its baseline and reference, the branches' file name, the default dims and
+#: the variants
+PROBLEMS = {
+    "gemm": ("gemm", "gemm.cu", "ref.py", "kernel.cu", "M=1024,N=1024,K=1024", variants),
+    "softmax": ("softmax_triton", "softmax.py", "ref.py", "kernel.py", "M=4096,N=1024", softmax_variants),
+}
 
 
 def pytest(args: list[str], cwd: Path, log: Path, timeline: Path | None = None) -> tuple[int, float]:
@@ -225,13 +254,14 @@ def lock_table(holds: list[dict], first: float, last: float) -> list[str]:
     return out
 
 
-def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...] = ()) -> dict:
-    """Set up, write the branches, close (with ``flags`` added to the close's command); returns the figures of the
-    close."""
+def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...] = (), problem: str = "gemm") -> dict:
+    """Set up ``problem`` (a key of :data:`PROBLEMS`), write the branches, close (with ``flags`` added to the close's
+    command); returns the figures of the close."""
+    example, baseline, ref, kernel_name, _, make = PROBLEMS[problem]
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("gemm.cu", "ref.py"):
-        shutil.copy(ROOT / "examples" / "gemm" / name, work / name)
-    rc, init_s = pytest(["--kopt-baseline", "gemm.cu", "--kopt-ref", "ref.py", "--kopt-dims", dims, "--kopt-seed", "1",
+    for name in (baseline, ref):
+        shutil.copy(ROOT / "examples" / example / name, work / name)
+    rc, init_s = pytest(["--kopt-baseline", baseline, "--kopt-ref", ref, "--kopt-dims", dims, "--kopt-seed", "1",
                          "--kopt-init", "--kopt-iterations", "1", "--kopt-branches", str(branches), "--kopt-json",
                          "init.json"], work, work / "init.log")
     init = json.loads((work / "init.json").read_text())
@@ -239,12 +269,12 @@ def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...]
     it = run_dir / "iterv1"
     if not it.is_dir():
         raise SystemExit(f"set-up stopped (exit {rc}): {init['loop']['message']}")
-    for k, (_, src) in enumerate(variants(branches), start=1):
-        (it / "branches" / f"b{k}" / "kernel.cu").write_text(src)
+    for k, (_, src) in enumerate(make(branches), start=1):
+        (it / "branches" / f"b{k}" / kernel_name).write_text(src)
     budget = json.loads((it / "roofline.json").read_text())["axis_budget"]
     method = "compute.register_tiling" if budget.get("compute") else "memory.shared_memory_tiling"
     (it / "methods.json").write_text(json.dumps({"methods": [{
-        "id": method, "rationale": "throughput.py: tile and thread-tile variants",
+        "id": method, "rationale": f"throughput.py: {problem} tile and thread-tile variants",
         "override_reason": "a fixed plan, timed whatever the trigger says"}]}))
     with CpuSampler() as cpu:
         rc, close_s = pytest([f"--kopt-run={run_dir}", "-n", str(n), "--kopt-json", "close.json", *flags], work,
@@ -377,14 +407,18 @@ def main() -> None:
     ap.add_argument("--compare-flags", default="", help="flags added to the second run's close, such as "
                     "--kopt-no-fork-server")
     ap.add_argument("--branches", type=int, default=32)
-    ap.add_argument("--dims", default="M=1024,N=1024,K=1024")
+    ap.add_argument("--problem", choices=sorted(PROBLEMS), default="gemm")
+    ap.add_argument("--dims", default=None, help="the problem's dims (default: gemm M=N=K=1024, softmax M=4096,N=1024)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     base = Path(a.out or tempfile.mkdtemp(prefix="kopt-throughput-"))
-    first = one_run(base / f"n{a.n}", a.n, a.branches, a.dims)
+    dims = a.dims or PROBLEMS[a.problem][4]
+    print(f"problem {a.problem} at {dims}, {a.branches} branches")
+    first = one_run(base / f"n{a.n}", a.n, a.branches, dims, problem=a.problem)
     report(first, a.branches)
     if a.compare:
-        second = one_run(base / f"n{a.compare}b", a.compare, a.branches, a.dims, tuple(a.compare_flags.split()))
+        second = one_run(base / f"n{a.compare}b", a.compare, a.branches, dims, tuple(a.compare_flags.split()),
+                         a.problem)
         report(second, a.branches)
         same = {k: v[0] for k, v in first["verdicts"].items()} == {k: v[0] for k, v in second["verdicts"].items()}
         print(f"verdicts {'agree' if same else 'DIFFER'}; champions {first['champion']} and {second['champion']}")

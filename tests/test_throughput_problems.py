@@ -1,0 +1,51 @@
+"""benchmarks/throughput.py's problems: the variants it writes as a close's branches are distinct and, for the
+Triton softmax, correct at a shape that leaves a partial tile of rows (Triton's interpreter, on the CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import throughput  # noqa: E402
+
+
+def test_each_problem_gives_32_distinct_branches_with_the_examples_own_shape_not_among_the_softmax_first_three():
+    for name, (example, baseline, ref, kernel_name, dims, make) in throughput.PROBLEMS.items():
+        got = make(32)
+        assert len(got) == 32 and len({label for label, _ in got}) == 32 and len({src for _, src in got}) == 32, name
+        assert (ROOT / "examples" / example / baseline).is_file() and (ROOT / "examples" / example / ref).is_file()
+        assert kernel_name.endswith(Path(baseline).suffix)
+    soft = throughput.softmax_variants(3)
+    assert [label for label, _ in soft] == ["rows2_w4", "rows2_w8", "rows2_w2"]
+    consts = dict(re.findall(r"^(ROWS|WARPS|EXP2) = (\S+)$", soft[1][1], re.M))
+    assert consts == {"ROWS": "2", "WARPS": "8", "EXP2": "False"}
+
+
+def test_softmax_variants_match_torch_softmax_in_tritons_interpreter_with_a_partial_tile_of_rows():
+    # 37 rows leave a partial last program at ROWS 2, 4, 8 and 16; N=100 a partial BLOCK of 128
+    code = """
+import sys, types, torch
+sys.path.insert(0, sys.argv[1])
+import throughput
+for label, src in throughput.softmax_variants(42):
+    m = types.ModuleType(label)
+    exec(compile(src, label, "exec"), m.__dict__)
+    b = m.setup(37, 100, 0, device="cpu")
+    x, y = b["inputs"]["x"], b["inputs"]["y"]
+    x.copy_(torch.randn(37, 100, generator=torch.Generator().manual_seed(1)) * 4)
+    y.fill_(float("nan"))
+    m.run_kernel(x, y)
+    print(label, float((y.double() - torch.softmax(x.double(), -1)).abs().max()))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errors = dict(line.split() for line in out.stdout.splitlines())
+    assert len(errors) == 42 and {"rows16_w8", "rows1_w4", "rows1_w1_exp2"} <= errors.keys()
+    assert all(float(e) < 1e-6 for e in errors.values()), errors
