@@ -232,7 +232,8 @@ PHASE_CU = textwrap.dedent("""\
 @pytest.mark.skipif(hardware.find_tool("nvcc") is None, reason="nvcc not found")
 def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     """On a GPU: work hidden on a side stream is caught at correctness (its stream is ordered with nothing, so its
-    results race the harness), SUSPECT, UNSTABLE_TIMING (its kernels overlap the next calls' spans), or counted (when it fills the GPU, the caller's stream waits for it and the
+    results race the harness), at the timed output's check (the same race in a timed call), SUSPECT, UNSTABLE_TIMING
+    (its kernels overlap the next calls' spans), or counted (when it fills the GPU, the caller's stream waits for it and the
     events see its full cost, so the attack gains nothing); side work the events cannot
     see (one block) is caught at correctness (its writes race the second call) or SUSPECT; a kernel that stops working once timing starts fails the timed-output check; the
     honest kernel's timing passes."""
@@ -265,8 +266,13 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     # correctness may catch it first (H200, 2026-12-03: INCORRECT_NUMERICAL on set B once arrays crossed by IPC;
     # STALE_OUTPUT, wrong after new values in the same buffers, in a later run) or its kernels, left running across
     # calls, make the kernel-only spans unstable (H200, 2026-12-03: robust CV 0.86 over 400 spans, median 160 ms
-    # against the honest 53 µs)
-    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or corr[0] not in ("PASSED", "SKIPPED") or \
+    # against the honest 53 µs), or the timed output's check finds the race in a timed call's output (H100,
+    # 2026-12-07, the seeds and the timing in one process: correctness PASSED, timing INCORRECT_NUMERICAL "a timed
+    # call's output is wrong")
+    timed_output_caught = side["status"] not in ("PASSED", "SKIPPED") and \
+        "a timed call's output is wrong" in (side.get("message") or "") + (side.get("summary") or "")
+    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or timed_output_caught or \
+        corr[0] not in ("PASSED", "SKIPPED") or \
         (side["status"] == "PASSED" and side["figures"]["median_ms"] > 10 * honest_ms), result.stdout.str()[-3000:]
 
 
