@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device-machine check of every GPU path, in named sections so one device call can run the ones it has time for.
 # Logs in $OUT (one file per section). Usage (device machine, repository root):
-#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [trust] [saved] [pr] [speed] [fidelity] [formats] [multi] [field] [throughput]
+#   bash benchmarks/h200_verify.sh [main] [tests] [loop] [trust] [saved] [pr] [speed] [fidelity] [formats] [multi] [field]
+#                                  [throughput] [issue40]
 #   (no argument: main to fidelity, in order)
 #   main      the README's main command on the naive SGEMM, and the Triton softmax example (JSON reports in $OUT)
 #   tests     GPU tests (pytest tests -m gpu -n 4)
@@ -19,6 +20,10 @@
 #             against its honest twin, and as a branch of a loop's close beside it (one verdict line per step)
 #   throughput  issue #40: benchmarks/cupti_pass.py (the kernel-only pass's parts, quiet and under load), then
 #             benchmarks/throughput.py --n 8 (one close of 32 branches); carry cupti-python's wheel in .wheels/
+#   issue40   issue #40's figures in one call: the five-shape GPU MODE problem (benchmarks/honest_h200.sh gpumode), the
+#             4096^3 loop's set-up and close (loop_gemm.py -n 4 --iterations 1), the close of 32 SGEMM branches against
+#             the same close without the fork server (verdicts and champions compared), the close of 3 and of 32
+#             Triton softmax branches (throughput.py --problem softmax); one summary line each in issue40.log
 #   field     issue #19 on the GPU (benchmarks/field_cases/, ~90 s): an arch-guarded kernel through every gate, the
 #             plan's memory estimate at n=10^12, and a host-heavy solve() timed on a quiet GPU and then while two
 #             other pytest-kopt sessions (naive SGEMM 4096^3) run on it; one verdict line per item in field.log
@@ -268,6 +273,21 @@ PY
       wall throughput $rc $t0
       grep -E "candidates per GPU-minute|kernel-only timing|kernel_time|of the items|inside|timing\.|check_timed|outside any|passed;" \
         "$OUT/throughput.log" ;;
+    issue40)
+      OUT="$OUT" bash benchmarks/honest_h200.sh gpumode > "$OUT/gpumode-run.log" 2>&1
+      grep -E "^gpumode \| (exit|timing)" "$OUT/honest.log" | cut -c1-200 | tee -a "$OUT/issue40.log"
+      timeout 170 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
+      echo "loop rc=$?" | tee -a "$OUT/issue40.log"; grep -A3 "^phase " "$OUT/loop.log" | tee -a "$OUT/issue40.log"
+      pick="^-n |^problem|first exclusive|inside|check_timed|outside any|holds with no|passed;|exclusive  |of the items|last item|warm-up SM|contexts made|verdicts"
+      timeout 270 python3 benchmarks/throughput.py --n 8 --compare 8 --compare-flags=--kopt-no-fork-server --out /tmp/ktp \
+        > "$OUT/throughput.log" 2>&1
+      echo "throughput rc=$?" | tee -a "$OUT/issue40.log"; grep -E "$pick" "$OUT/throughput.log" | tee -a "$OUT/issue40.log"
+      for b in 3 32; do
+        timeout 150 python3 benchmarks/throughput.py --problem softmax --branches $b --n $(( b < 8 ? 4 : 8 )) \
+          --out /tmp/kts$b > "$OUT/softmax$b.log" 2>&1
+        echo "softmax $b rc=$?" | tee -a "$OUT/issue40.log"; grep -E "$pick" "$OUT/softmax$b.log" | tee -a "$OUT/issue40.log"
+      done
+      wall issue40 0 $t0 ;;
     *) echo "unknown section $s" ;;
   esac
 done
