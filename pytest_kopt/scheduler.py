@@ -1,6 +1,6 @@
 """The one owner of the work a pytest process starts ahead of the item that needs it: nvcc builds (and the SASS dump
 and ncu profile that follow a build), a kernel's warm harness processes, ncu profiles waiting for their turn, the
-SASS dumps, matplotlib's import.
+SASS dumps (a Triton build's after its compile item), matplotlib's import.
 
 A :class:`Scheduler` lives in the session's stash (:class:`pytest_kopt.plugin.stash.SessionState`) and reaches the
 gates as ``ctx.ahead``: a gate asks it (``wait_build``, ``take_profile``, ``sass_text``) and tells it what happened
@@ -200,19 +200,47 @@ class Scheduler:
         """Dump ``artifact``'s SASS now (a build thread, right after nvcc) for :meth:`sass_text` to find; a failure
         is left for the sass item to meet and report."""
         key = _dump_key(cuobjdump, artifact) if cuobjdump else None
-        if key is None:
-            return
+        if key is not None and self._claim_dump(key):
+            self._dump(key, artifact)
+
+    def dump_sass_ahead(self, ctx: Context, res: BuildResult) -> int:
+        """Start the SASS dumps of ``ctx``'s build ``res`` (each of the kind's
+        :meth:`~pytest_kopt.kinds.base.Kind.sass_artifacts`, one cuobjdump per artifact in this process's threads,
+        side by side) for its sass item to find, when that item runs in this process (or which items do is not
+        known). Called by the compile item: it covers the kinds no build thread dumps (a Triton build's cubins, made
+        in the kernel's harness process: 4 cubins of the softmax example took its sass item 1.9 s one after
+        another, H100, 2026-12-07); a dump already made or under way is not started again. Returns how many were
+        started."""
+        cuobjdump = ctx.tool("cuobjdump")
+        if not cuobjdump or (ctx.collected and "sass" not in ctx.collected):
+            return 0
+        started = 0
+        for art in ctx.kind.sass_artifacts(res):
+            key = _dump_key(cuobjdump, art)
+            if key is not None and self._claim_dump(key):
+                self._pool().submit(self._dump, key, art)
+                started += 1
+        return started
+
+    def _claim_dump(self, key: DumpKey) -> bool:
+        """Mark ``key``'s dump as under way; False when it is made or under way already."""
         with self._lock:
             if key in self._dumps or key in self._pending:
-                return
-            done = self._pending[key] = threading.Event()
+                return False
+            self._pending[key] = threading.Event()
+            return True
+
+    def _dump(self, key: DumpKey, artifact: str) -> None:
+        """Run the dump :meth:`_claim_dump` claimed, then wake whoever waits for it in :meth:`sass_text`."""
         try:
             self._dumps[key] = sass_gate.run_cuobjdump(key[0], artifact, 120.0)
         except HardwareError:
             pass
         finally:
-            self._pending.pop(key, None)
-            done.set()
+            with self._lock:
+                done = self._pending.pop(key, None)
+            if done is not None:
+                done.set()
 
     def sass_text(self, cuobjdump: str, artifact: str, timeout_s: float) -> str | None:
         """The SASS dump of ``artifact`` made ahead (waiting up to ``timeout_s`` for one under way), None when none

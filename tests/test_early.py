@@ -291,7 +291,8 @@ def test_the_compile_item_imports_hypothesis_only_while_it_waits_for_its_build(m
     monkeypatch.setattr(build, "ensure_built",
                         lambda ctx: build.BuildResult(str(tmp_path / "k.so"), "key", False, 1.5, ["nvcc"], ""))
     ahead = scheduler.Scheduler(HarnessPool())
-    ctx = SimpleNamespace(kind=default_kinds().by_name("cuda"), kernel=tmp_path / "k.cu", arch="sm_90a", ahead=ahead)
+    ctx = SimpleNamespace(kind=default_kinds().by_name("cuda"), kernel=tmp_path / "k.cu", arch="sm_90a", ahead=ahead,
+                          tool=lambda name: None, collected=frozenset())  # no cuobjdump: no SASS dump started
     pending: Future[None] = Future()
     threading.Timer(0.2, pending.set_result, (None,)).start()
     monkeypatch.setitem(ahead._builds, ctx.kernel, pending)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,71 @@ def test_a_dump_started_ahead_is_waited_for_not_run_twice(tmp_path: Path) -> Non
     ahead.join()
     assert [f.name for f in functions] == ["k"] and functions[0].opcodes == {"STG.E": 1}
     assert calls.read_text().count("run") == 1
+
+
+def _logging_cuobjdump(tmp_path: Path, log: Path) -> Path:
+    """A stand-in cuobjdump that logs its start and end (``start <file>``, ``end <file>``) and prints one function
+    named after the artifact's stem."""
+    tool = tmp_path / "cuobjdump"
+    tool.write_text(f"#!/bin/sh\nb=$(basename \"$2\" .cubin)\necho \"start $b\" >> {log}\nsleep 0.5\n"
+                    f"echo \"end $b\" >> {log}\nprintf '\\tcode for sm_90a\\n\\t\\tFunction : %s\\n"
+                    "        /*0000*/                   STG.E [R2.64], R5 ;\\n' \"$b\"\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def test_a_builds_cubins_are_dumped_ahead_side_by_side_and_read_by_the_sass_item(tmp_path: Path) -> None:
+    """A Triton build's cubins (made in its harness, which no build thread dumps): the compile item starts one dump
+    per cubin in the scheduler's threads, all at once; the sass item reads them without running cuobjdump again."""
+    from types import SimpleNamespace
+
+    from pytest_kopt import scheduler
+    from pytest_kopt.kinds.builtin import default_kinds
+    from pytest_kopt.proc.pool import HarnessPool
+
+    log = tmp_path / "log"
+    tool = _logging_cuobjdump(tmp_path, log)
+    cubins = []
+    for name in ("k_a", "k_b", "k_c"):
+        cubins.append(tmp_path / f"{name}.cubin")
+        cubins[-1].write_bytes(name.encode())
+    res = SimpleNamespace(cubins=[str(c) for c in cubins], artifact=str(tmp_path), autotune={}, pinned=[])
+    ctx = SimpleNamespace(tool=lambda name: str(tool), kind=default_kinds().by_name("triton"),
+                          collected=frozenset({"compile", "sass"}))
+    owner = scheduler.Scheduler(HarnessPool())
+    try:
+        assert owner.dump_sass_ahead(ctx, res) == 3
+        assert owner.dump_sass_ahead(ctx, res) == 0  # made or under way: not started twice
+        functions = dump_sass(str(tool), [str(c) for c in cubins], ahead=owner)
+    finally:
+        owner.shutdown()
+    assert [f.name for f in functions] == ["k_a", "k_b", "k_c"]
+    lines = log.read_text().split()
+    events = [w for w in lines if w in ("start", "end")]
+    assert events.count("start") == 3 and events.count("end") == 3  # one cuobjdump per cubin, none again
+    # side by side, as many at once as the scheduler's threads (one per CPU): so many began before any ended
+    side = min(3, os.cpu_count() or 1)
+    assert events[:side] == ["start"] * side and events[side] == "end"
+
+
+def test_no_dump_ahead_where_this_process_runs_no_sass_item(tmp_path: Path) -> None:
+    """A worker that collected the kernel's compile item but not its sass item starts no dump."""
+    from types import SimpleNamespace
+
+    from pytest_kopt import scheduler
+    from pytest_kopt.kinds.builtin import default_kinds
+    from pytest_kopt.proc.pool import HarnessPool
+
+    log = tmp_path / "log"
+    tool = _logging_cuobjdump(tmp_path, log)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"k")
+    res = SimpleNamespace(cubins=[str(cubin)], artifact=str(tmp_path), autotune={}, pinned=[])
+    ctx = SimpleNamespace(tool=lambda name: str(tool), kind=default_kinds().by_name("triton"),
+                          collected=frozenset({"compile", "correctness"}))
+    owner = scheduler.Scheduler(HarnessPool())
+    try:
+        assert owner.dump_sass_ahead(ctx, res) == 0
+    finally:
+        owner.shutdown()
+    assert not log.exists()

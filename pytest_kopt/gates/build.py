@@ -110,9 +110,11 @@ def built(ctx: Context) -> BuildResult:
 
 def gate_compile(ctx: Context, case: Any = None) -> Outcome:
     """The compile gate: the kernel built for the target arch by its kind (content-addressed cache), waiting for
-    its build when the session's scheduler started it ahead."""
+    its build when the session's scheduler started it ahead; the build's SASS dumps start here where no build
+    thread started them (:meth:`~pytest_kopt.scheduler.Scheduler.dump_sass_ahead`)."""
     ctx.ahead.wait_build(ctx)
     res = ensure_built(ctx)
+    ctx.ahead.dump_sass_ahead(ctx, res)  # for the sass item, while the correctness and timing items run
     built_ahead = ctx.ahead.built_ahead(res)  # built by this process, from its first item on
     ahead = built_ahead is not None
     seconds = built_ahead if built_ahead is not None else res.seconds
