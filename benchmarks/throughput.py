@@ -288,7 +288,8 @@ def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...]
     return {"n": n, "flags": " ".join(flags), "init_s": init_s, "close_s": close_s, "close_rc": rc, "per_gate": per_gate,
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
             "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
-            "phases": cupti_backends(it) + measure_phases(it) + warmup_clocks(it) + seed_phases(it)}
+            "phases": cupti_backends(it) + plan_phases(run_dir, "baseline/plan.json", "set-up plan phase")
+            + plan_phases(it) + measure_phases(it) + warmup_clocks(it) + seed_phases(it)}
 
 
 def warmup_clocks(it: Path) -> list[str]:
@@ -327,6 +328,18 @@ def seed_phases(it: Path) -> list[str]:
                 per.setdefault(f"{who}_wait_outside{first}", []).append(ph[req] - ph[f"{who}_harness_mode"])
                 per.setdefault(f"{who}_harness_mode{first}", []).append(ph[f"{who}_harness_mode"])
     return _spread("seed phase", dict(sorted(per.items())))
+
+
+def plan_phases(folder: Path, pattern: str = "branches/*/plan.json", label: str = "plan phase") -> list[str]:
+    """The plan items of the ``plan.json`` files under ``folder`` matching ``pattern`` (``phase_s``: each
+    request's wall time and the harness's account of it, the first request's process imports included), each
+    phase's median, largest and sum over them (s)."""
+    per: dict[str, list[float]] = {}
+    for f in sorted(folder.glob(pattern)):
+        for k, v in (json.loads(f.read_text()).get("phase_s") or {}).items():
+            if isinstance(v, (int, float)) and not k.endswith("_end"):
+                per.setdefault(k, []).append(float(v))
+    return _spread(label, dict(sorted(per.items())))
 
 
 def measure_phases(it: Path) -> list[str]:

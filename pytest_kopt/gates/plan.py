@@ -5,6 +5,7 @@ estimated and compared with what the GPU (or, on the CPU, the machine) has free,
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from ..artifacts import write_json
@@ -89,30 +90,50 @@ def gib(n: float) -> str:
 
 def make_plan(ctx: Context) -> dict[str, Any]:
     """The case's spec, from the harness processes (the candidate's ``setup()`` on the meta device in a fresh
-    process, the reference's checks in its own). Raises ContractError naming the buffer or parameter;
-    NotApplicable when, without a GPU, the files cannot even be imported (they need one)."""
+    process, the reference's checks in its own), and where the item's seconds went (``phase_s``: the processes'
+    start asked for, each request's wall time and the harness's account of it, :func:`_request_phases`). Raises
+    ContractError naming the buffer or parameter; NotApplicable when, without a GPU, the files cannot even be
+    imported (they need one)."""
     params = [{"name": p.name, "dtype": p.dtype, "ctype": p.ctype, "role": p.role} for p in preflight(ctx)]
     base = {**ctx.kind.request_fields(ctx), "kernel": str(ctx.kernel), "ref": str(ctx.ref), "dims": ctx.settings.dims,
             "seed": ctx.settings.seeds[0], "params": params, "device": "meta", "env": {},
             "plan": draw_plan(ctx.settings.seeds[0], 0, ctx.regimes), "precision": ctx.settings.precision}
+    t0 = time.time()
     ctx.ahead.prestart_harness(ctx)
+    phase_s: dict[str, float] = {"prestart": time.time() - t0}
     try:
         scalars: dict[str, Any] = {}
         spec, note = None, None
         if ctx.kind.plans_candidate:
             # in the candidate's correctness process, the one its compile (and, on a GPU, correctness) requests go to
+            t1 = time.time()
             cand = ctx.pool.run({**base, "mode": "plan_candidate", "env": ctx.kind.compile_env(ctx)}, gate="plan",
                                 timeout_s=ctx.settings.gate_timeout_s, path=ctx.display, workdir=ctx.work,
                                 server=ctx.server("check"))
+            phase_s.update(_request_phases("candidate", time.time() - t1, cand))
             spec, scalars, note = cand["spec"], cand["scalars"], cand.get("meta_error")
+        t1 = time.time()
         ref = ctx.pool.run({**base, "mode": "plan_reference", "spec": spec, "scalars": scalars}, gate="plan",
                            timeout_s=max(ctx.settings.gate_timeout_s, 120.0), path=str(ctx.ref), workdir=ctx.work,
                            server=ctx.server("judge"))
+        phase_s.update(_request_phases("reference", time.time() - t1, ref))
     except ContractError as exc:
         if not ctx.gpu and "import failed" in exc.message and any(h in exc.message for h in _GPU_INIT_HINTS):
             raise NotApplicable(f"the plan needs a GPU here: {exc.message}") from None
         raise
-    return {"spec": ref["spec"], "scalars": scalars, "note": note}
+    return {"spec": ref["spec"], "scalars": scalars, "note": note,
+            "phase_s": {k: round(v, 3) for k, v in phase_s.items()}}
+
+
+def _request_phases(who: str, wall_s: float, result: dict[str, Any]) -> dict[str, float]:
+    """One plan request's wall seconds (``<who>_request``: from the item's ask to the answer, a process still
+    starting included) and the harness's own account of it (``<who>_harness_<phase>``: the mode's seconds, the
+    process's age and, its first request, the seconds its imports took; ``*_end`` stamps are Unix seconds)."""
+    out = {f"{who}_request": wall_s}
+    for k, v in (result.get("harness_s") or {}).items():
+        if isinstance(v, (int, float)):
+            out[f"{who}_harness_{k}"] = float(v)
+    return out
 
 
 def gate_plan(ctx: Context, case: Any = None) -> Outcome:
@@ -131,7 +152,7 @@ def gate_plan(ctx: Context, case: Any = None) -> Outcome:
     cpu_run = not ctx.gpu and "correctness" in ctx.kind.cpu_gates  # correctness runs on the CPU here
     # the plan is written before any verdict, so a TOO_LARGE case keeps its estimate on disk as well as in figures
     write_json(ctx.outdir / "plan.json", {"kernel": str(ctx.kernel), "dims": ctx.settings.dims, "spec": plan["spec"],
-                                          "note": plan["note"], "estimate": est})
+                                          "note": plan["note"], "estimate": est, "phase_s": plan["phase_s"]})
     if free is not None and est["device_bytes"] > free:
         raise TooLargeError(f"the case needs about {gib(est['device_bytes'])} on the GPU per harness process "
                             f"({gib(est['set_bytes'])} per input set) but {gpu.get('name', 'the GPU')} has "
