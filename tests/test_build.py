@@ -295,3 +295,34 @@ def test_a_triton_build_mark_follows_the_precision_only_where_given() -> None:
                                                          settings=SimpleNamespace(precision=precision)))
 
     assert inputs(None) == ({"N": 8},) and inputs("fp16") == ({"N": 8}, "fp16")
+
+
+def test_a_triton_builds_cubins_are_its_own_not_the_specializations_compiled_there_later(tmp_path: Path) -> None:
+    """The build folder is the kernel's TRITON_CACHE_DIR: its correctness requests JIT-compile other shapes'
+    specializations there after the build (the softmax example's boundary cases left 4 cubins beside the build's
+    one on an H100, 2026-12-07, and the sass item dumped and judged all four). A cache hit gives the cubins the
+    build made, as its manifest lists them."""
+    from pytest_kopt.kinds.triton import build_triton
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text("import triton\n")
+    made: list[dict] = []
+
+    def run_child(req: dict) -> dict:  # the JIT's compile of the session's shape: one cubin in a hashed folder
+        made.append(req)
+        out = Path(req["env"]["TRITON_CACHE_DIR"]) / "AAAA"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "k_kernel.cubin").write_bytes(b"session shape")
+        return {"mode": "jit"}
+
+    args = (kernel, tmp_path / "ref.py", {"N": 1024}, 1, ARCH, tmp_path / "cache", "cuda", "3.6.0", run_child)
+    first = build_triton(*args)
+    assert not first.cache_hit and [Path(c).name for c in first.cubins] == ["k_kernel.cubin"]
+    later = Path(first.artifact) / "BBBB"  # a boundary case's specialization, JIT-compiled by a correctness request
+    later.mkdir()
+    (later / "k_kernel.cubin").write_bytes(b"N=37")
+    again = build_triton(*args)
+    assert again.cache_hit and again.cubins == first.cubins and len(made) == 1
+    (Path(first.cubins[0])).unlink()  # the build's own cubin gone: built again, not read from what is left
+    third = build_triton(*args)
+    assert not third.cache_hit and len(made) == 2 and Path(first.cubins[0]).is_file()

@@ -55,7 +55,8 @@ def triton_cache_dir(ctx: Context) -> Path:
 def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch: str, cache_root: Path,
                  device: str, triton_version: str | None, run_child: Any, display: str | None = None,
                  precision: str | None = None) -> BuildResult:
-    """Compile the Triton kernels ``run_kernel`` launches into ``<cache_root>/<key>/triton/**.cubin``.
+    """Compile the Triton kernels ``run_kernel`` launches into ``<cache_root>/<key>/triton/**.cubin``; the build's
+    cubins are those this compile made (listed in ``manifest.json``), not what the folder holds later.
 
     ``run_child(request) -> dict`` runs the harness (mode ``triton_build``) in a child process with
     ``TRITON_CACHE_DIR`` pointing into the build folder. On a GPU the real JIT path compiles; without one, the
@@ -70,9 +71,13 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     with FileLock(str(folder / ".lock")):
         m = read_dict(manifest)
         if m is not None and "command" in m:
-            cubins = tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin")))
+            # the build's own cubins, as its manifest lists them: the folder is the kernel's TRITON_CACHE_DIR, where
+            # its correctness requests JIT-compile the specializations of other shapes (a boundary case's) later
+            listed = m.get("cubins")
+            cubins = (tuple(str(cache_dir / c) for c in listed) if isinstance(listed, list) and listed
+                      else tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin"))))
             pinned = tuple(m.get("pinned") or ())
-            if cubins and all(Path(p).is_file() for p in pinned):
+            if cubins and all(Path(p).is_file() for p in (*cubins, *pinned)):
                 return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins,
                                    pinned=pinned, autotune=dict(m.get("autotune") or {}))
         t0 = time.perf_counter()
@@ -88,7 +93,8 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
         cmd = ["triton", result.get("mode", "?"), arch]
         pinned, tuned = tuple(result.get("pinned") or ()), dict(result.get("autotune") or {})
         write_json(manifest, {"command": cmd, "log": "", "seconds": seconds, "parts": parts,
-                              "kernels": result.get("kernels"), "pinned": list(pinned), "autotune": tuned})
+                              "kernels": result.get("kernels"), "pinned": list(pinned), "autotune": tuned,
+                              "cubins": [str(Path(c).relative_to(cache_dir)) for c in cubins]})
         return BuildResult(str(cache_dir), key, False, seconds, cmd, "", cubins, pinned=pinned, autotune=tuned)
 
 
