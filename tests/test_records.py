@@ -22,7 +22,7 @@ HEAD_FIELDS = ["kernel", "dims", "requested_dims", "realized_dims", "arch", "gpu
 MEASURED_FIELDS = HEAD_FIELDS + [
     "race_safe", "timing_valid", "average_ms", "median_ms", "timing_basis", "timing_basis_note", "robust_cv",
     "stability", "stability_basis", "distribution", "samples_ms", "event_samples_ms", "events", "host_ms",
-    "throttled", "nvml", "warmup", "stop_reason", "reference", "speedup_vs_ref", "speedup_ci95", "workload", "gflops",
+    "host_probes_ms", "throttled", "nvml", "warmup", "stop_reason", "reference", "speedup_vs_ref", "speedup_ci95", "workload", "gflops",
     "gbytes_per_s", "roofline_floor_ms", "peaks", "suspect", "timed_output_check", "timing_method", "seeds",
     "timing_seed", "kernel_time", "phase_s"]
 INVALID_FIELDS = HEAD_FIELDS + ["timing_valid", "median_ms", "samples_ms", "event_samples_ms", "timing_basis",

@@ -262,7 +262,9 @@ class Bench:
             "median_ms": k.median_ms, "timing_basis": basis.name, "timing_basis_note": basis.note,
             "robust_cv": k.robust_cv, "stability": timing.stability, "stability_basis": timing.stability_basis,
             "distribution": _as_dict(k), "samples_ms": basis.kernel, "event_samples_ms": run.event_ms,
-            "events": _as_dict(ke), "host_ms": run.host_ms, "throttled": run.throttled, "nvml": run.nvml,
+            "events": _as_dict(ke), "host_ms": run.host_ms,
+            # each side-stream probe's median (ms): more than one where the first showed a gap and was taken again
+            "host_probes_ms": run.raw.get("host_probes_ms"), "throttled": run.throttled, "nvml": run.nvml,
             "warmup": run.raw.get("warmup"),
             "stop_reason": run.stop_reason,
             "reference": {**_as_dict(r), "samples_ms": basis.reference, "event_samples_ms": ref.event_ms},

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from .clocks import Clocks, StreamGate, reset_persisting_l2
-from .samples import should_stop
+from .samples import host_gap_exceeds, host_gap_ms, median, should_stop
 
 
 class Timer:
@@ -183,19 +183,23 @@ class Timer:
 
         Probe: without the stream hold, launch and synchronise the whole device :func:`probe_calls` times; work the
         events did not see (another stream, a background thread) lengthens these host-clock times beyond launch +
-        event + sync."""
-        torch = self.torch
-        host_ms: list[float] = []
+        event + sync (:func:`~pytest_kopt.child.samples.host_gap_ms`). A probe that shows such a gap is taken again,
+        up to :data:`PROBE_RETRIES` times :data:`PROBE_RETRY_WAIT_S` apart, and the one of the smallest median is
+        reported (``host_ms``; ``host_probes_ms``: each probe's median): a call's own work on another stream is in
+        every probe, another process's driver work beside this one (a CUDA context being made, ncu starting) is
+        not."""
+        events = median(self.event_ms) if self.event_ms else None
         t0 = time.perf_counter()
-        for j in range(probe_calls(statistics.median(self.event_ms) if self.event_ms else 1.0)):
-            s = self.sets[j % len(self.sets)]
-            torch.cuda.synchronize()
-            h0 = time.perf_counter()
-            self.launch(s)
-            torch.cuda.synchronize()
-            host_ms.append((time.perf_counter() - h0) * 1e3)
+        probes = [self._probe(events if events is not None else 1.0)]
+        while events is not None and len(probes) <= PROBE_RETRIES and host_gap_exceeds(
+                host_gap_ms(min(median(p) for p in probes), events, self.host_launch_ms, self.host_overhead_ms),
+                events):
+            time.sleep(PROBE_RETRY_WAIT_S)
+            probes.append(self._probe(events))
+        host_ms = min(probes, key=median)
         self.phase_s.update(sampling=self.elapsed_s, side_stream_probe=time.perf_counter() - t0)
-        return {"event_ms": self.event_ms, "host_ms": host_ms, "host_overhead_ms": self.host_overhead_ms,
+        return {"event_ms": self.event_ms, "host_ms": host_ms, "host_probes_ms": [median(p) for p in probes],
+                "host_overhead_ms": self.host_overhead_ms,
                 "host_launch_ms": self.host_launch_ms, "throttled": self.throttled or None,
                 "launch_host_us": self.launch_host_us or None, "gpu_processes": self.clocks.other_processes(),
                 "nvml": self.readings or None, "stop_reason": reason, "rotating_sets": len(self.sets),
@@ -203,6 +207,27 @@ class Timer:
                 "warmup": self.warmup, "host_launch_us": self.host_launch_us, "hold_us": self.hold_us,
                 "method": self.method, "phase_s": self.phase_s,
                 "memory": {"readings": self.memory, "peak_call": self.peak_call, "nvml_note": self.memory_note}}
+
+    def _probe(self, events_median_ms: float) -> list[float]:
+        """One side-stream probe: :func:`probe_calls` synchronised calls, each one's host time (ms)."""
+        torch = self.torch
+        host_ms: list[float] = []
+        for j in range(probe_calls(events_median_ms)):
+            s = self.sets[j % len(self.sets)]
+            torch.cuda.synchronize()
+            h0 = time.perf_counter()
+            self.launch(s)
+            torch.cuda.synchronize()
+            host_ms.append((time.perf_counter() - h0) * 1e3)
+        return host_ms
+
+
+#: How many times a side-stream probe that shows a gap is taken again, and the wait before each (s). One honest
+#: Triton branch of 32 in a close saw 0.10 ms a synchronised call against its 0.012 ms events (every call of the
+#: probe, a 3 ms window) while the close's other processes made CUDA contexts; its 31 siblings' gaps were -30 to
+#: +4 µs (H100, 2026-12-07).
+PROBE_RETRIES = 2
+PROBE_RETRY_WAIT_S = 0.05
 
 
 def probe_calls(median_ms: float) -> int:

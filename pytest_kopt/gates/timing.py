@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import stats
 from ..artifacts import Bench, Head, TimedRun, Timing, read_dict
+from ..child.samples import host_gap_ms
 from ..errors import HardwareError, IncorrectError, KoptError, TimingError
 from ..settings import dims_label
 from .build import built
@@ -137,7 +138,7 @@ def judge(ctx: Context, m: Measured, peaks: dict[str, Any] | None) -> Judged:
     host_med = statistics.median(run.host_ms)
     # expected host time of one un-held call: its launch + the kernel + a synchronise round trip (calibrated);
     # against the event median, the clock the host's own time is comparable with
-    gap = host_med - ke.median_ms - run.raw["host_launch_ms"] - run.raw["host_overhead_ms"]
+    gap = host_gap_ms(host_med, ke.median_ms, run.raw["host_launch_ms"], run.raw["host_overhead_ms"])
     wm = run.workload or {}
     floor = stats.roofline_floor_ms(wm.get("flops"), wm.get("bytes_min"),
                                     max((peaks or {}).get("bf16_flops") or 0, (peaks or {}).get("fp32_flops") or 0)
