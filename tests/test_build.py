@@ -325,4 +325,34 @@ def test_a_triton_builds_cubins_are_its_own_not_the_specializations_compiled_the
     assert again.cache_hit and again.cubins == first.cubins and len(made) == 1
     (Path(first.cubins[0])).unlink()  # the build's own cubin gone: built again, not read from what is left
     third = build_triton(*args)
-    assert not third.cache_hit and len(made) == 2 and Path(first.cubins[0]).is_file()
+    assert not third.cache_hit and len(made) == 2 and third.cubins == first.cubins  # the leftover is not listed
+
+
+@pytest.mark.parametrize("listed", [["../../../decoy.cubin"], ["/etc/hostname"], [7], "AAAA/k_kernel.cubin", [],
+                                    ["AAAA/k_kernel.ptx"]])
+def test_a_triton_manifest_that_lists_other_files_is_built_again(tmp_path: Path, listed: object) -> None:
+    """The manifest lies in the build cache, which the kernel's processes can write to: an entry outside the build's
+    folder, not a cubin, or not a string (or no list) makes the build run again, never a crash or a foreign file
+    read as the build's SASS."""
+    from pytest_kopt.kinds.triton import build_triton
+
+    kernel = tmp_path / "k.py"
+    kernel.write_text("import triton\n")
+    (tmp_path / "decoy.cubin").write_bytes(b"decoy")
+    made: list[dict] = []
+
+    def run_child(req: dict) -> dict:
+        made.append(req)
+        out = Path(req["env"]["TRITON_CACHE_DIR"]) / "AAAA"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "k_kernel.cubin").write_bytes(b"session shape")
+        return {"mode": "jit"}
+
+    args = (kernel, tmp_path / "ref.py", {"N": 1024}, 1, ARCH, tmp_path / "cache", "cuda", "3.6.0", run_child)
+    first = build_triton(*args)
+    manifest = Path(first.artifact).parent / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["cubins"] = listed
+    manifest.write_text(json.dumps(doc))
+    again = build_triton(*args)
+    assert not again.cache_hit and len(made) == 2 and again.cubins == first.cubins

@@ -9,6 +9,7 @@ runs in Triton's interpreter (``TRITON_INTERPRET=1``), except for dtypes the int
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -70,16 +71,14 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
     manifest = folder / "manifest.json"
     with FileLock(str(folder / ".lock")):
         m = read_dict(manifest)
-        if m is not None and "command" in m:
-            # the build's own cubins, as its manifest lists them: the folder is the kernel's TRITON_CACHE_DIR, where
-            # its correctness requests JIT-compile the specializations of other shapes (a boundary case's) later
-            listed = m.get("cubins")
-            cubins = (tuple(str(cache_dir / c) for c in listed) if isinstance(listed, list) and listed
-                      else tuple(str(p) for p in sorted(cache_dir.rglob("*.cubin"))))
-            pinned = tuple(m.get("pinned") or ())
-            if cubins and all(Path(p).is_file() for p in (*cubins, *pinned)):
-                return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins,
-                                   pinned=pinned, autotune=dict(m.get("autotune") or {}))
+        own = _own_files(m, cache_dir, folder) if m is not None and "command" in m else None
+        if own is not None:
+            cubins, pinned = own
+            return BuildResult(str(cache_dir), key, True, 0.0, m["command"], m.get("log", ""), cubins,
+                               pinned=pinned, autotune=dict(m.get("autotune") or {}))
+        # built anew (no manifest, or one that does not list files of this folder that exist): what an earlier build
+        # or its correctness requests left in the folder is not this build's
+        shutil.rmtree(cache_dir, ignore_errors=True)
         t0 = time.perf_counter()
         req = {"mode": "triton_build", "kind": "triton", "launcher": "module", "autotune": True, "kernel": str(source), "ref": str(ref), "dims": dims,
                "seed": seed, "device": device, "arch": arch, "env": {"TRITON_CACHE_DIR": str(cache_dir)},
@@ -96,6 +95,26 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
                               "kernels": result.get("kernels"), "pinned": list(pinned), "autotune": tuned,
                               "cubins": [str(Path(c).relative_to(cache_dir)) for c in cubins]})
         return BuildResult(str(cache_dir), key, False, seconds, cmd, "", cubins, pinned=pinned, autotune=tuned)
+
+
+def _own_files(m: dict[str, Any], cache_dir: Path, folder: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A cached build's own cubins and pinned cubins (absolute paths), as its manifest ``m`` lists them; None (build
+    again) unless every entry is a ``.cubin`` that exists inside its folder (``cubins`` relative to ``cache_dir``,
+    the kernel's TRITON_CACHE_DIR, where its correctness requests JIT-compile other shapes' specializations later;
+    ``pinned`` under ``folder``): the manifest lies in a cache the kernel's own processes can write to."""
+    listed, pinned = m.get("cubins"), m.get("pinned") or []
+    if not (isinstance(listed, list) and listed and isinstance(pinned, list)):
+        return None
+    out: list[list[str]] = [[], []]
+    for bucket, names, base in ((0, listed, cache_dir), (1, pinned, folder)):
+        for name in names:
+            if not (isinstance(name, str) and name.endswith(".cubin")):
+                return None
+            path = base / name
+            if not (path.resolve().is_relative_to(base.resolve()) and path.is_file()):
+                return None
+            out[bucket].append(str(path))
+    return tuple(out[0]), tuple(out[1])
 
 
 class TritonKind(PyFileKind):
