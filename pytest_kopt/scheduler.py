@@ -33,6 +33,9 @@ from .proc.pool import HarnessPool
 #: start imports torch under ncu beside the workers' items; the cap is a judgement, not a measured optimum).
 PROFILES_AHEAD = 4
 
+#: Threads for the SASS dumps started at a compile item (each runs one cuobjdump: a process, mostly waiting).
+DUMP_THREADS = 4
+
 #: ``cuobjdump --dump-sass`` of one artifact is identified by (tool, real path, size, mtime in ns): an artifact
 #: rewritten since has another key and is dumped again.
 DumpKey = tuple[str, str, int, int]
@@ -68,6 +71,10 @@ class Scheduler:
         self._profiled: set[Path] = set()
         self._dumps: dict[DumpKey, str] = {}
         self._pending: dict[DumpKey, threading.Event] = {}
+        #: the dumps started ahead of a compile item (:meth:`dump_sass_ahead`), which a sass item may take back
+        #: while they wait for a thread
+        self._queued: dict[DumpKey, Future[None]] = {}
+        self._dump_threads: ThreadPoolExecutor | None = None
         #: (kernel path, ncu set) -> the profile waiting for its ncu item
         self._profiles: dict[tuple[str, str], ncu_gate.ProfileAhead] = {}
         #: kernels no profile is started ahead for any more (their ncu item took or ended them, or a seed failed)
@@ -204,23 +211,45 @@ class Scheduler:
             self._dump(key, artifact)
 
     def dump_sass_ahead(self, ctx: Context, res: BuildResult) -> int:
-        """Start the SASS dumps of ``ctx``'s build ``res`` (each of the kind's
-        :meth:`~pytest_kopt.kinds.base.Kind.sass_artifacts`, one cuobjdump per artifact in this process's threads,
-        side by side) for its sass item to find, when that item runs in this process (or which items do is not
-        known). Called by the compile item: it covers the kinds no build thread dumps (a Triton build's cubins, made
-        in the kernel's harness process: 4 cubins of the softmax example took its sass item 1.9 s one after
-        another, H100, 2026-12-07); a dump already made or under way is not started again. Returns how many were
-        started."""
+        """Start the SASS dumps of ``ctx``'s build ``res`` (one cuobjdump per artifact of the kind's
+        :meth:`~pytest_kopt.kinds.base.Kind.sass_artifacts`, :data:`DUMP_THREADS` side by side) for its sass item
+        to find, when that item runs in this process (or which items do is not known); a sass item that comes while
+        its dump still waits for a thread takes it back and dumps itself. Called by the compile item: it covers the
+        kinds no build thread dumps (a Triton build's cubins, made in the kernel's harness process, whose sass item
+        otherwise dumps them after the ncu and roofline items); a dump made or under way is not started again.
+        Returns how many were started."""
         cuobjdump = ctx.tool("cuobjdump")
         if not cuobjdump or (ctx.collected and "sass" not in ctx.collected):
             return 0
         started = 0
         for art in ctx.kind.sass_artifacts(res):
             key = _dump_key(cuobjdump, art)
-            if key is not None and self._claim_dump(key):
-                self._pool().submit(self._dump, key, art)
-                started += 1
+            if key is None or not self._claim_dump(key):
+                continue
+            try:
+                future = self._dump_pool().submit(self._dump, key, art)
+            except RuntimeError:  # the session is ending: the sass item, if any, dumps it itself
+                self._release_dump(key)
+                continue
+            with self._lock:
+                self._queued[key] = future
+            started += 1
         return started
+
+    def _dump_pool(self) -> ThreadPoolExecutor:
+        """The dumps' own threads (:data:`DUMP_THREADS`), so a dump never waits behind nvcc builds for a thread."""
+        with self._lock:
+            if self._dump_threads is None:
+                self._dump_threads = ThreadPoolExecutor(max_workers=DUMP_THREADS, thread_name_prefix="kopt-sass")
+            return self._dump_threads
+
+    def _release_dump(self, key: DumpKey) -> None:
+        """End ``key``'s claim without a dump (whoever waits reads none and dumps it itself)."""
+        with self._lock:
+            done = self._pending.pop(key, None)
+            self._queued.pop(key, None)
+        if done is not None:
+            done.set()
 
     def _claim_dump(self, key: DumpKey) -> bool:
         """Mark ``key``'s dump as under way; False when it is made or under way already."""
@@ -237,16 +266,18 @@ class Scheduler:
         except HardwareError:
             pass
         finally:
-            with self._lock:
-                done = self._pending.pop(key, None)
-            if done is not None:
-                done.set()
+            self._release_dump(key)
 
     def sass_text(self, cuobjdump: str, artifact: str, timeout_s: float) -> str | None:
         """The SASS dump of ``artifact`` made ahead (waiting up to ``timeout_s`` for one under way), None when none
         was made."""
         key = _dump_key(cuobjdump, artifact)
         if key is None:
+            return None
+        with self._lock:
+            queued = self._queued.get(key)
+        if queued is not None and queued.cancel():  # queued behind other dumps, not begun: the item dumps it now
+            self._release_dump(key)
             return None
         pending = self._pending.get(key)
         if pending is not None:
@@ -358,6 +389,8 @@ class Scheduler:
         the profiles no ncu item took."""
         if self._threads is not None:
             self._threads.shutdown(wait=True)
+        if self._dump_threads is not None:  # a dump not begun is for a sass item that will not run now
+            self._dump_threads.shutdown(wait=True, cancel_futures=True)
         self.wait_plotting()
         self._end_all_profiles()
 
