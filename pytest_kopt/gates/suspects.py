@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import stats
-from ..child.samples import host_gap_exceeds
+from ..child.samples import HOST_UNDER_EVENTS, host_gap_exceeds
 
 #: A finding (a sentence: what was seen) and its fix (what to change).
 Finding = tuple[str, str]
@@ -97,6 +97,17 @@ def host_gap(gap_ms: float, host_median_ms: float, events_median_ms: float) -> l
              "synchronise all work inside solve()/run_kernel(): launch it on the current stream")]
 
 
+def host_under_events(host_median_ms: float, events_median_ms: float) -> list[Finding]:
+    """The side-stream probe's synchronised calls (median, ms) took less than
+    :data:`~pytest_kopt.child.samples.HOST_UNDER_EVENTS` of the timed calls' event median (ms): a synchronised
+    call holds its kernels, so the calls did less when probed than when timed."""
+    if not host_median_ms < HOST_UNDER_EVENTS * events_median_ms:
+        return []
+    return [(f"the host clock (synchronised) saw {stats.fmt_ms(host_median_ms)} per call, under the "
+             f"{stats.fmt_ms(events_median_ms)} CUDA events saw of the timed calls: the calls did less work when "
+             "not timed", "do the same work in every call of solve()/run_kernel()")]
+
+
 #: A kernel-only median under (the event median - 20 µs) / 1.5 is SUSPECT: calls that do their work when not profiled
 #: only. Honest calls differ by launch gaps and the flush's tail: 2.5 to 3 µs on an H200 (events/span 2.795 at
 #: 1.41 µs, 1.061 at 43.7 µs, 1.049 at 60.3 µs; timing_fidelity.py, 2026-12-03).
@@ -176,9 +187,11 @@ def suspects(*, basis: str, method: str, kernel_median_ms: float, events_median_
     ``--kopt-timing`` ``method``, in the order the reports list them. Medians in ms; ``cupti``/``ref_cupti``: the
     kernel's and the reference's kernel-only records ({} when none). A call with host work (:func:`host_work`) is
     timed on ``events`` (:func:`pytest_kopt.gates.measure.timing_basis`), where :func:`events_over_kernel` does not
-    apply; calls that launch nothing or launch different kernels (:func:`cupti_suspects`) and work the events
-    cannot see (:func:`host_gap`) stay suspect on every basis."""
-    found = under_floor(kernel_median_ms, floor_ms) + host_gap(host_gap_ms, host_median_ms, events_median_ms)
+    apply; calls that launch nothing or launch different kernels (:func:`cupti_suspects`), work the events cannot
+    see (:func:`host_gap`) and calls that do less when probed (:func:`host_under_events`) stay suspect on every
+    basis."""
+    found = (under_floor(kernel_median_ms, floor_ms) + host_gap(host_gap_ms, host_median_ms, events_median_ms)
+             + host_under_events(host_median_ms, events_median_ms))
     if basis == "cupti" or (method == "cupti" and cupti.get("spans_us")):
         found += cupti_suspects(cupti)
     if basis == "cupti":

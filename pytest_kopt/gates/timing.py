@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import stats
 from ..artifacts import Bench, Head, TimedRun, Timing, read_dict
-from ..child.samples import host_gap_ms
+from ..child.samples import host_gap_ms, median
 from ..errors import HardwareError, IncorrectError, KoptError, TimingError
 from ..settings import dims_label
 from .build import built
@@ -135,7 +135,7 @@ def judge(ctx: Context, m: Measured, peaks: dict[str, Any] | None) -> Judged:
     k = stats.describe(basis.kernel)
     r = stats.describe(basis.reference)
     ke = stats.describe(run.event_ms)
-    host_med = statistics.median(run.host_ms)
+    host_med = median(run.host_ms)  # as the timing process chose its probe by
     # expected host time of one un-held call: its launch + the kernel + a synchronise round trip (calibrated);
     # against the event median, the clock the host's own time is comparable with
     gap = host_gap_ms(host_med, ke.median_ms, run.raw["host_launch_ms"], run.raw["host_overhead_ms"])
