@@ -337,7 +337,7 @@ def plan_phases(folder: Path, pattern: str = "branches/*/plan.json", label: str 
     per: dict[str, list[float]] = {}
     for f in sorted(folder.glob(pattern)):
         for k, v in (json.loads(f.read_text()).get("phase_s") or {}).items():
-            if isinstance(v, (int, float)) and not k.endswith("_end"):
+            if isinstance(v, (int, float)) and not k.endswith(("_age", "_end")):  # a process's age is no phase
                 per.setdefault(k, []).append(float(v))
     return _spread(label, dict(sorted(per.items())))
 
