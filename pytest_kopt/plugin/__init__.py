@@ -39,8 +39,9 @@ from .terminal import TerminalPlugin
 from .xdist import XdistControllerPlugin, prestart_next_planned, prestart_planned, worker_env, worker_trust
 
 __all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytest_collect_file",
-           "pytest_configure", "pytest_kopt_gates", "pytest_kopt_kinds", "pytest_load_initial_conftests",
-           "pytest_pycollect_makemodule", "pytest_report_header", "pytest_sessionfinish", "pytest_unconfigure"]
+           "pytest_collection_modifyitems", "pytest_configure", "pytest_kopt_gates", "pytest_kopt_kinds",
+           "pytest_load_initial_conftests", "pytest_pycollect_makemodule", "pytest_report_header",
+           "pytest_sessionfinish", "pytest_unconfigure"]
 
 #: Each concern's options, declared beside its plugin, in the order ``pytest --help`` lists them.
 _CONCERNS = (options, report, compare, loop, summary_md)
@@ -195,6 +196,14 @@ def _controller_env(config: pytest.Config, spec: str | None, attempts: int = 1,
         return env
     os.environ["CUDA_VISIBLE_DEVICES"] = chosen[0]["uuid"]
     return gpus.pinned({**env, "gpus": chosen}, chosen[0])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In every process that collects: a ``--kopt-init`` on a machine that does not allow generation runs its
+    hardware items only (:func:`~pytest_kopt.plugin.loop.keep_hardware_only`)."""
+    state = config.stash.get(STATE, None)
+    if state is not None and state.settings.active:
+        loop.keep_hardware_only(state, config, items)
 
 
 @pytest.hookimpl(tryfirst=True)  # before a skip marker's or the item's own setup can end the phase

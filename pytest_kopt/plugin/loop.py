@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from .. import defaults
+from ..loop import envs
 from ..loop import session as loop_session
 from ..loop import state as loop_state
 from ..loop.layout import is_branch_kernel
@@ -47,6 +48,21 @@ def init_run(state: SessionState) -> None:
     loop_state.init_state(s.run_dir, s.baseline, s.ref, s.dims, iterations=s.iterations, branches=s.branches,
                           ncu_num=s.ncu_num, noise_pct=s.noise_pct, numerics_mode=s.numerics_mode,
                           seeds=list(s.seeds), env=state.env)
+
+
+def keep_hardware_only(state: SessionState, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0: the run stops at once,
+    whatever the gates say) runs only its hardware items, which report why; every other item is deselected: its
+    result would be thrown away (the Triton softmax example's correctness ran some 170 s in Triton's interpreter on
+    a GPU-less machine before the step stopped with exit 3). Called in every process that collects (the xdist
+    workers included, from the worker's copy of the controller's probe)."""
+    if state.settings.loop_mode != "init" or envs.generation_problem(state.env) is None:
+        return
+    keep = [i for i in items if getattr(getattr(i, "gate", None), "name", None) == "hardware"]
+    if len(keep) < len(items):
+        kept = {id(i) for i in keep}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
+        items[:] = keep
 
 
 class LoopPlugin:

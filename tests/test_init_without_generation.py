@@ -1,0 +1,56 @@
+"""A ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0) stops at once: only its hardware
+items run (pytest_kopt.plugin.loop.keep_hardware_only); their result would be thrown away."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_kopt.gates import hardware
+from pytest_kopt.plugin.loop import keep_hardware_only
+
+REDTEAM = Path(__file__).parent / "redteam"
+
+
+def _items(*gates: str) -> list[SimpleNamespace]:
+    return [SimpleNamespace(gate=SimpleNamespace(name=g), name=g) for g in gates]
+
+
+def _config(seen: list) -> SimpleNamespace:
+    return SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: seen.extend(items)))
+
+
+@pytest.mark.parametrize(("mode", "env", "kept"), [
+    ("init", {"generation_allowed": False, "reason": "no NVIDIA driver"}, ["hardware"]),
+    ("init", {"generation_allowed": True}, ["hardware", "plan", "correctness", "timing"]),
+    ("run", {"generation_allowed": False}, ["hardware", "plan", "correctness", "timing"]),  # its branches reported
+    (None, {"generation_allowed": False}, ["hardware", "plan", "correctness", "timing"]),   # not a loop step
+])
+def test_only_an_init_step_without_generation_keeps_its_hardware_items_only(mode, env, kept) -> None:
+    items = _items("hardware", "plan", "correctness", "timing")
+    seen: list = []
+    keep_hardware_only(SimpleNamespace(settings=SimpleNamespace(loop_mode=mode), env=env), _config(seen), items)
+    assert [i.name for i in items] == kept
+    assert sorted(i.name for i in seen) == sorted({"hardware", "plan", "correctness", "timing"} - set(kept))
+
+
+def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stops(pytester: pytest.Pytester) -> None:
+    """On this machine (no GPU): exit 3 in about a second, the hardware item in the report with the reason, every
+    other item deselected, ``next.requires`` naming the machine to run on."""
+    if hardware.probe_gpus()["gpus"]:
+        pytest.skip("a GPU is visible here: --kopt-init sets the run up (this test is for a machine without one)")
+    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref.py")
+    shutil.copy(REDTEAM / "honest_python.py", pytester.path / "k.py")
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "M=64,N=64", "--kopt-init", "--kopt-json", "init.json",
+                                           "-p", "no:cacheprovider", "-p", "no:randomly")
+    assert result.ret == 3
+    doc = json.loads((pytester.path / "init.json").read_text())
+    assert [i["gate"] for i in doc["items"]] == ["hardware"]
+    assert doc["loop"]["message"].startswith("run stopped at hardware: generation not allowed on this machine")
+    assert doc["loop"]["next"]["requires"].startswith("a machine with an NVIDIA GPU")
+    result.stdout.fnmatch_lines(["*1 passed, * deselected*"])
