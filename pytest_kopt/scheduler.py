@@ -227,12 +227,11 @@ class Scheduler:
             if key is None or not self._claim_dump(key):
                 continue
             try:
-                future = self._dump_pool().submit(self._dump, key, art)
+                with self._lock:  # recorded before the dump can end and forget it (its release takes this lock)
+                    self._queued[key] = self._dump_pool().submit(self._dump, key, art)
             except RuntimeError:  # the session is ending: the sass item, if any, dumps it itself
                 self._release_dump(key)
                 continue
-            with self._lock:
-                self._queued[key] = future
             started += 1
         return started
 

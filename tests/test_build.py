@@ -10,6 +10,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -297,6 +298,20 @@ def test_a_triton_build_mark_follows_the_precision_only_where_given() -> None:
     assert inputs(None) == ({"N": 8},) and inputs("fp16") == ({"N": 8}, "fp16")
 
 
+def _jit_stand_in(made: list[dict]) -> Callable[[dict], dict]:
+    """A Triton build's harness on a GPU, stood in: the JIT's compile of the session's shape, one cubin in a
+    hashed folder of the request's TRITON_CACHE_DIR; each request is appended to ``made``."""
+
+    def run_child(req: dict) -> dict:
+        made.append(req)
+        out = Path(req["env"]["TRITON_CACHE_DIR"]) / "AAAA"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "k_kernel.cubin").write_bytes(b"session shape")
+        return {"mode": "jit"}
+
+    return run_child
+
+
 def test_a_triton_builds_cubins_are_its_own_not_the_specializations_compiled_there_later(tmp_path: Path) -> None:
     """The build folder is the kernel's TRITON_CACHE_DIR: its correctness requests JIT-compile other shapes'
     specializations there after the build (the softmax example's boundary cases left 4 cubins beside the build's
@@ -307,14 +322,7 @@ def test_a_triton_builds_cubins_are_its_own_not_the_specializations_compiled_the
     kernel = tmp_path / "k.py"
     kernel.write_text("import triton\n")
     made: list[dict] = []
-
-    def run_child(req: dict) -> dict:  # the JIT's compile of the session's shape: one cubin in a hashed folder
-        made.append(req)
-        out = Path(req["env"]["TRITON_CACHE_DIR"]) / "AAAA"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "k_kernel.cubin").write_bytes(b"session shape")
-        return {"mode": "jit"}
-
+    run_child = _jit_stand_in(made)
     args = (kernel, tmp_path / "ref.py", {"N": 1024}, 1, ARCH, tmp_path / "cache", "cuda", "3.6.0", run_child)
     first = build_triton(*args)
     assert not first.cache_hit and [Path(c).name for c in first.cubins] == ["k_kernel.cubin"]
@@ -340,14 +348,7 @@ def test_a_triton_manifest_that_lists_other_files_is_built_again(tmp_path: Path,
     kernel.write_text("import triton\n")
     (tmp_path / "decoy.cubin").write_bytes(b"decoy")
     made: list[dict] = []
-
-    def run_child(req: dict) -> dict:
-        made.append(req)
-        out = Path(req["env"]["TRITON_CACHE_DIR"]) / "AAAA"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "k_kernel.cubin").write_bytes(b"session shape")
-        return {"mode": "jit"}
-
+    run_child = _jit_stand_in(made)
     args = (kernel, tmp_path / "ref.py", {"N": 1024}, 1, ARCH, tmp_path / "cache", "cuda", "3.6.0", run_child)
     first = build_triton(*args)
     manifest = Path(first.artifact).parent / "manifest.json"

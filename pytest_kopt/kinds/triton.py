@@ -98,23 +98,23 @@ def build_triton(source: Path, ref: Path, dims: dict[str, Any], seed: int, arch:
 
 
 def _own_files(m: dict[str, Any], cache_dir: Path, folder: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """A cached build's own cubins and pinned cubins (absolute paths), as its manifest ``m`` lists them; None (build
-    again) unless every entry is a ``.cubin`` that exists inside its folder (``cubins`` relative to ``cache_dir``,
-    the kernel's TRITON_CACHE_DIR, where its correctness requests JIT-compile other shapes' specializations later;
+    """A cached build's own cubins and pinned cubins (paths), as its manifest ``m`` lists them; None (build again)
+    unless every entry is a ``.cubin`` that exists inside its folder (``cubins`` relative to ``cache_dir``, the
+    kernel's TRITON_CACHE_DIR, where its correctness requests JIT-compile other shapes' specializations later;
     ``pinned`` under ``folder``): the manifest lies in a cache the kernel's own processes can write to."""
     listed, pinned = m.get("cubins"), m.get("pinned") or []
     if not (isinstance(listed, list) and listed and isinstance(pinned, list)):
         return None
-    out: list[list[str]] = [[], []]
-    for bucket, names, base in ((0, listed, cache_dir), (1, pinned, folder)):
-        for name in names:
-            if not (isinstance(name, str) and name.endswith(".cubin")):
-                return None
-            path = base / name
-            if not (path.resolve().is_relative_to(base.resolve()) and path.is_file()):
-                return None
-            out[bucket].append(str(path))
-    return tuple(out[0]), tuple(out[1])
+    cubins, pins = _inside(listed, cache_dir), _inside(pinned, folder)
+    return None if cubins is None or pins is None else (cubins, pins)
+
+
+def _inside(names: list[Any], base: Path) -> tuple[str, ...] | None:
+    """``base / name`` for each of ``names``; None unless each is a ``.cubin`` file that exists under ``base``."""
+    paths = [base / n for n in names if isinstance(n, str) and n.endswith(".cubin")]
+    if len(paths) < len(names) or not all(p.resolve().is_relative_to(base.resolve()) and p.is_file() for p in paths):
+        return None
+    return tuple(str(p) for p in paths)
 
 
 class TritonKind(PyFileKind):
