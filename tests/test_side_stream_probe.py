@@ -91,3 +91,31 @@ def test_probed_calls_under_the_timed_calls_events_are_suspect() -> None:
     (finding,) = host_under_events(0.004, 0.05)
     assert finding[0].startswith("the host clock (synchronised) saw 4.00 µs per call, under the 50.00 µs")
     assert host_under_events(25.2596, 25.3562) == [] and host_under_events(0.1016, 0.0122) == []
+
+
+def test_a_candidate_that_rebinds_the_probe_or_its_rule_in_its_process_is_seen_or_judged_outside_it() -> None:
+    """The probe and its gap rule run in the candidate's timing process: rebinding ``Timer._probe`` or
+    ``host_gap_exceeds`` there is listed by the sentinels (TAMPERED); the module's thresholds are plain numbers the
+    sentinels do not watch, but the verdict reads the pytest process's own (``suspects.host_gap`` and
+    ``host_under_events``), so a candidate that lowers ``timer.HOST_UNDER_EVENTS`` to report a lazy probe is still
+    SUSPECT."""
+    import pytest_kopt.child.protocol  # noqa: F401  (the harness's modules, loaded as in a harness process)
+    from pytest_kopt.child import samples, sentinels
+    from pytest_kopt.gates.suspects import host_under_events
+
+    guard = sentinels.Sentinels().take().guard()
+    saved = (timer.Timer._probe, samples.host_gap_exceeds, timer.HOST_UNDER_EVENTS)
+    try:
+        timer.Timer._probe = lambda self, events: [0.0]
+        samples.host_gap_exceeds = lambda gap, events: False
+        got = guard.changed()
+        timer.Timer._probe, samples.host_gap_exceeds = saved[:2]
+        timer.HOST_UNDER_EVENTS = 0.0  # in the candidate's process: its lazy probe is the one reported
+        n = timer.probe_calls(EVENTS_MS)
+        out = _timer(lambda i: 0.1 if i < n else 0.0).result("converged")
+    finally:
+        timer.Timer._probe, samples.host_gap_exceeds, timer.HOST_UNDER_EVENTS = saved
+    assert {"pytest_kopt.child.timer.Timer._probe", "pytest_kopt.child.samples.host_gap_exceeds"} <= set(got), got
+    assert median(out["host_ms"]) < 0.8 * EVENTS_MS  # the lazy probe got through the candidate's process...
+    (finding,) = host_under_events(median(out["host_ms"]), EVENTS_MS)  # ...and the verdict, outside it, reads it
+    assert "did less work when not timed" in finding[0]
