@@ -11,7 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_kopt.gates import hardware
+from pytest_kopt.gates.builtin import default_table
+from pytest_kopt.plugin import terminal
 from pytest_kopt.plugin.loop import keep_hardware_only
+from pytest_kopt.records import GateRecord
 
 REDTEAM = Path(__file__).parent / "redteam"
 
@@ -38,6 +41,36 @@ def test_only_an_init_step_without_generation_keeps_its_hardware_items_only(mode
     assert sorted(i.name for i in seen) == sorted({"hardware", "plan", "correctness", "timing"} - set(kept))
 
 
+class _Lines:
+    """pytest's terminal reporter as terminal.summary uses it: the lines written, in order."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line: str, **_: object) -> None:
+        self.lines.append(line)
+
+
+@pytest.mark.parametrize(("phase", "expected"), [
+    ("stopped", "k.cu: NOT_CHECKED: not judged: the loop stopped before its gates ran (kopt loop below)"),
+    # the same single item outside a stopped step (a -k selection): the old line, with why
+    ("set_up", "k.cu: NOT_CHECKED: passed, output not checked (no correctness item ran)"),
+])
+def test_a_stopped_init_says_its_kernel_was_not_judged(phase: str, expected: str) -> None:
+    """The kernel's verdict line of an init stopped at step 0 said "passed, output not checked" beside exit 3, as
+    if its output had been looked at; it says the kernel was not judged, and points at the loop's line."""
+    rec = GateRecord("k.cu::hardware", "/x/k.cu", "hardware", None, "passed", "PASSED", summary="no GPU")
+    tr = _Lines()
+    loop = {"phase": phase, "message": "run stopped at hardware: generation not allowed on this machine"}
+    terminal.summary(tr, 0, [rec], [], loop, [], 3, default_table())
+    verdict = [line for line in tr.lines if line.startswith("k.cu: ")]
+    assert verdict == [expected]
+    assert f"kopt loop: {loop['message']}" in tr.lines
+
+
 def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stops(pytester: pytest.Pytester) -> None:
     """On this machine (no GPU): exit 3 in about a second, the hardware item in the report with the reason, every
     other item deselected, ``next.requires`` naming the machine to run on."""
@@ -53,4 +86,5 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
     assert [i["gate"] for i in doc["items"]] == ["hardware"]
     assert doc["loop"]["message"].startswith("run stopped at hardware: generation not allowed on this machine")
     assert doc["loop"]["next"]["requires"].startswith("a machine with an NVIDIA GPU")
-    result.stdout.fnmatch_lines(["*1 passed, * deselected*"])
+    result.stdout.fnmatch_lines(["k.py: NOT_CHECKED: not judged: the loop stopped before its gates ran*",
+                                 "*1 passed, * deselected*"])

@@ -32,18 +32,26 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
         tr.write_line(clip(f"{v['name']:<{width}}  {status}{fig}", 200))
 
 
-def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
+def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable, loop: dict[str, Any] | None) -> None:
     """One verdict line per kernel after the item lines (:func:`pytest_kopt.records.kernel_verdicts`), whatever its
     kind: ``NAME: PASSED: ...`` with its timing (or why it was not timed), ``NAME: NOT_CHECKED: passed, output not
     checked (why)`` (the item lines read PASSED and SKIPPED, so exit 0 is not taken for a correct output),
-    ``NAME: STATUS at GATE`` for a failure, ``NAME: SKIPPED: ...`` when every item skipped."""
+    ``NAME: NOT_CHECKED: not judged ...`` when a loop step stopped before any item but the hardware's ran (``loop``:
+    the report's loop section, ``phase`` ``stopped``), ``NAME: STATUS at GATE`` for a failure, ``NAME: SKIPPED:
+    ...`` when every item skipped."""
     def skip_reason(name: str, gate: str) -> str | None:
         return next((r.message for r in rows if r.nodeid.split("::")[0] == name and r.gate == gate
                      and r.outcome == "skipped" and r.message), None)
 
     for v in kernel_verdicts(rows, table):
         name, status = v["name"], v["status"]
-        if status == NOT_CHECKED:
+        ran = {r.gate for r in rows if r.nodeid.split("::")[0] == name}
+        if status == NOT_CHECKED and ran == {"hardware"} and (loop or {}).get("phase") == "stopped":
+            # a --kopt-init that stopped at step 0 ran its hardware item only (plugin.loop.keep_hardware_only):
+            # "passed" would read as if the kernel had been looked at
+            tr.write_line(f"{name}: {NOT_CHECKED}: not judged: the loop stopped before its gates ran "
+                          "(kopt loop below)", yellow=True)
+        elif status == NOT_CHECKED:
             why = skip_reason(name, "correctness") or "no correctness item ran"
             tr.write_line(clip(f"{name}: {NOT_CHECKED}: passed, output not checked ({why})", 400), yellow=True)
         elif v["failed_gate"]:
@@ -87,7 +95,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
         line = f"{name(r):<{width}} {r.status:<20} {text}"
         tr.write_line(clip(line, 400))
     if rows:
-        _verdicts(tr, rows, table)
+        _verdicts(tr, rows, table, loop)
     per_gate: dict[str, list[float]] = {}
     for r in records:
         per_gate.setdefault(r.gate, []).append(r.duration_s)
