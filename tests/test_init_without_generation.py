@@ -84,6 +84,8 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
     assert result.ret == 3
     doc = json.loads((pytester.path / "init.json").read_text())
     assert [i["gate"] for i in doc["items"]] == ["hardware"]
+    figures = doc["items"][0]["figures"]
+    assert (figures.get("sm_arch"), figures["build_arch"], figures["gpu_count"]) == (None, "sm_90a", 0)
     assert doc["loop"]["message"].startswith("run stopped at hardware: generation not allowed on this machine")
     assert doc["loop"]["next"]["requires"].startswith("a machine with an NVIDIA GPU")
     result.stdout.fnmatch_lines(["k.py: NOT_CHECKED: not judged: the loop stopped before its gates ran*",
