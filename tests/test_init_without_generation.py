@@ -54,12 +54,14 @@ class _Lines:
         self.lines.append(line)
 
 
-@pytest.mark.parametrize(("phase", "expected"), [
-    ("stopped", "k.cu: NOT_CHECKED: not judged: the loop stopped before its gates ran (kopt loop below)"),
+@pytest.mark.parametrize(("phase", "expected", "quiet_line"), [
+    ("stopped", "k.cu: NOT_CHECKED: not judged: the loop stopped before its gates ran (kopt loop below)",
+     "k.cu  NOT_CHECKED (not judged: the loop stopped before its gates ran)"),
     # the same single item outside a stopped step (a -k selection): the old line, with why
-    ("set_up", "k.cu: NOT_CHECKED: passed, output not checked (no correctness item ran)"),
+    ("set_up", "k.cu: NOT_CHECKED: passed, output not checked (no correctness item ran)",
+     "k.cu  NOT_CHECKED (passed, output not checked)"),
 ])
-def test_a_stopped_init_says_its_kernel_was_not_judged(phase: str, expected: str) -> None:
+def test_a_stopped_init_says_its_kernel_was_not_judged(phase: str, expected: str, quiet_line: str) -> None:
     """The kernel's verdict line of an init stopped at step 0 said "passed, output not checked" beside exit 3, as
     if its output had been looked at; it says the kernel was not judged, and points at the loop's line."""
     rec = GateRecord("k.cu::hardware", "/x/k.cu", "hardware", None, "passed", "PASSED", summary="no GPU")
@@ -69,6 +71,9 @@ def test_a_stopped_init_says_its_kernel_was_not_judged(phase: str, expected: str
     verdict = [line for line in tr.lines if line.startswith("k.cu: ")]
     assert verdict == [expected]
     assert f"kopt loop: {loop['message']}" in tr.lines
+    quiet = _Lines()  # -q: one line per kernel
+    terminal.summary(quiet, -1, [rec], [], loop, [], 3, default_table())
+    assert [line for line in quiet.lines if line.startswith("k.cu")] == [quiet_line]
 
 
 def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stops(pytester: pytest.Pytester) -> None:

@@ -14,15 +14,24 @@ from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 
 
-def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
+def _stopped_unjudged(name: str, rows: list[GateRecord], loop: dict[str, Any] | None) -> bool:
+    """True when a loop step stopped before any of ``name``'s items but the hardware's ran (a ``--kopt-init`` at
+    step 0 without generation: plugin.loop.keep_hardware_only): its NOT_CHECKED is "not judged", not "passed"."""
+    ran = {r.gate for r in rows if r.nodeid.split("::")[0] == name}
+    return ran == {"hardware"} and (loop or {}).get("phase") == "stopped"
+
+
+def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable, loop: dict[str, Any] | None) -> None:
     """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
     gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing
     median and the speedup over the reference."""
     verdicts = kernel_verdicts(rows, table)
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
+        unjudged = v["status"] == NOT_CHECKED and _stopped_unjudged(v["name"], rows, loop)
         note = "; ".join(x for x in (
-            ", ".join(([] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
+            ", ".join((["not judged: the loop stopped before its gates ran"] if unjudged else
+                       [] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
                       + ([f"{v['skipped']} skipped"] if v["skipped"] else [])),
             f"{', '.join(v['not_applicable_gates'])} not applicable" if v.get("not_applicable_gates") else "") if x)
         status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
@@ -45,9 +54,7 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable, loop: dict[str,
 
     for v in kernel_verdicts(rows, table):
         name, status = v["name"], v["status"]
-        ran = {r.gate for r in rows if r.nodeid.split("::")[0] == name}
-        if status == NOT_CHECKED and ran == {"hardware"} and (loop or {}).get("phase") == "stopped":
-            # a --kopt-init that stopped at step 0 ran its hardware item only (plugin.loop.keep_hardware_only):
+        if status == NOT_CHECKED and _stopped_unjudged(name, rows, loop):
             # "passed" would read as if the kernel had been looked at
             tr.write_line(f"{name}: {NOT_CHECKED}: not judged: the loop stopped before its gates ran "
                           "(kopt loop below)", yellow=True)
@@ -83,7 +90,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     rows = sorted(records, key=lambda r: (r.nodeid.split("::")[0], table.rank(r.gate), order[r.nodeid]))
     several = len({r.nodeid.split("::")[0] for r in rows}) > 1
     if verbosity < 0:
-        _per_kernel(tr, rows, table)
+        _per_kernel(tr, rows, table, loop)
         rows = []
 
     def name(r: GateRecord) -> str:
