@@ -395,7 +395,7 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     ctx.kind.check_tools(ctx)
     g = env.get("gpu") or {}
     # sm_arch: the detected GPU's, as env.json has it (None without one); build_arch: what the builds target
-    # (--kopt-arch, else the GPU's, else sm_90a): the item said the build default as the GPU's arch on a GPU-less machine
+    # (--kopt-arch, else the GPU's, else sm_90a), which on a GPU-less machine is no GPU's
     figures = {"gpu": g.get("name", "none"), "sm_arch": env.get("sm_arch"), "build_arch": ctx.arch,
                "gpu_count": len(env.get("gpus", [])), "generation_allowed": env.get("generation_allowed")}
     if g:  # the installed cupti-python (None: the timing goes through torch's profiler); bench.json's
