@@ -20,11 +20,12 @@ METHODS = "method_registry"
 METRICS = "metric_registry"
 SASS = "sass_signatures"
 REPORT_SCHEMA = "report_schema"
+LOOP_SCHEMA = "loop_schema"
 
 
 def path(name: str) -> Path:
     """The path of registry file ``name`` (``method_registry``, ``metric_registry``, ``sass_signatures``,
-    ``report_schema``, or a guide's file name such as ``optimization_catalog.md``). Raises FileNotFoundError
+    ``report_schema``, ``loop_schema``, or a guide's file name such as ``optimization_catalog.md``). Raises FileNotFoundError
     naming the folder looked in when it is not there (a broken install)."""
     p = REGISTRY_DIR / (name if "." in name else f"{name}.json")
     if not p.is_file():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_kopt import registry
 from pytest_kopt.errors import ConfigError
 from pytest_kopt.loop import session
 from pytest_kopt.loop import state as loop
@@ -42,7 +43,7 @@ def test_init_copies_the_reference_and_what_it_imports_read_only(tmp_path: Path)
     assert state["ref_file"] == str(run / "reference" / "ref.py") and state["ref_source"] == str(tmp_path / "ref.py")
     assert sorted(state["pinned_sha256"]) == ["baseline/k.cu", "reference/deep.py", "reference/helper.py",
                                               "reference/pkg/__init__.py", "reference/pkg/sub.py", "reference/ref.py"]
-    assert sorted(state["registries_sha256"]) == ["method_registry.json", "metric_registry.json",
+    assert sorted(state["registries_sha256"]) == ["loop_schema.json", "method_registry.json", "metric_registry.json",
                                                   "sass_signatures.json"]
     copy = run / "reference" / "ref.py"
     assert copy.read_bytes() == (tmp_path / "ref.py").read_bytes() and not (run / "reference" / "unrelated.py").exists()
@@ -73,8 +74,10 @@ def test_a_ref_file_pointed_elsewhere_is_refused(pytester: pytest.Pytester) -> N
                                         f"copy {run / 'reference' / 'ref.py'}"]
 
 
-@pytest.mark.parametrize("case", ["copy_edited", "copy_gone", "module_added", "baseline_edited", "registry"])
-def test_a_pinned_input_that_changed_is_refused_naming_the_file(tmp_path: Path, case: str) -> None:
+@pytest.mark.parametrize("case", ["copy_edited", "copy_gone", "module_added", "baseline_edited", "registry",
+                                  "loop_schema"])
+def test_a_pinned_input_that_changed_is_refused_naming_the_file(tmp_path: Path, case: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     run, _ = cpu_run(tmp_path)
     copy = run / "reference" / "ref.py"
     if case == "copy_edited":
@@ -93,9 +96,17 @@ def test_a_pinned_input_that_changed_is_refused_naming_the_file(tmp_path: Path, 
         os.chmod(base, 0o644)
         base.write_text("# another baseline\n")
         said = f"{base}: changed since it was pinned"
-    else:  # as if method_registry.json had changed since the run was seeded
+    elif case == "registry":  # as if method_registry.json had changed since the run was seeded
         edit_state(run, lambda s: s["registries_sha256"].update({"method_registry.json": "0" * 64}))
         said = "method_registry.json: the registry changed since the run was seeded"
+    else:  # the schema the loop's files are validated against, loosened after the run was seeded (in a copy)
+        loose = tmp_path / "registries"
+        shutil.copytree(registry.REGISTRY_DIR, loose)
+        doc = json.loads((loose / "loop_schema.json").read_text())
+        doc["$defs"] = {k: {} for k in doc["$defs"]}  # every loop file valid
+        (loose / "loop_schema.json").write_text(json.dumps(doc))
+        monkeypatch.setattr(registry, "REGISTRY_DIR", loose)
+        said = "loop_schema.json: the registry changed since the run was seeded"
     with pytest.raises(ConfigError) as exc:
         session.run_overrides(run)
     assert any(p.startswith(said) or said in p for p in problems_of(exc)), problems_of(exc)

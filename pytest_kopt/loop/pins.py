@@ -26,8 +26,10 @@ from typing import Mapping
 from .. import registry
 from .layout import RunLayout
 
-#: The registry files whose rules a run applies (methods.json's validation, the SASS signatures, ncu's metrics).
-REGISTRIES = (registry.METHODS, registry.SASS, registry.METRICS)
+#: The registry files whose rules a run applies (methods.json's validation, the SASS signatures, ncu's metrics, and
+#: the schema every loop file is validated against when read: a schema loosened between steps would admit files the
+#: run was seeded to refuse).
+REGISTRIES = (registry.METHODS, registry.SASS, registry.METRICS, registry.LOOP_SCHEMA)
 #: A GPU MODE reference reads its shapes from ``task.yml`` beside it (:func:`pytest_kopt.settings.task_shapes`).
 DATA_FILES = ("task.yml",)
 #: The most files copied for the modules a reference imports (a folder of thousands is not a reference's helper).

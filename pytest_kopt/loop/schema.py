@@ -17,7 +17,7 @@ from .. import registry
 from ..errors import ConfigError
 
 #: The registry file of the loop's schemas (one ``$defs`` entry per file kind).
-SCHEMA = "loop_schema"
+SCHEMA = registry.LOOP_SCHEMA
 
 
 def loop_error(message: str, problems: Iterable[str], *, fix: str, path: Path | str | None = None,
