@@ -14,7 +14,7 @@ import pytest
 
 from pytest_kopt import registry
 from pytest_kopt.errors import ConfigError
-from pytest_kopt.loop import session
+from pytest_kopt.loop import schema, session
 from pytest_kopt.loop import state as loop
 
 from test_loop_files import REDTEAM, cpu_run, edit_state, problems_of
@@ -74,10 +74,29 @@ def test_a_ref_file_pointed_elsewhere_is_refused(pytester: pytest.Pytester) -> N
                                         f"copy {run / 'reference' / 'ref.py'}"]
 
 
+def loosen_the_loop_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The registries as a copy whose loop_schema.json accepts any loop file, in place of the installed ones for
+    this test; the schema caches are cleared before and after, so no other test validates against the copy."""
+    loose = tmp_path / "registries"
+    shutil.copytree(registry.REGISTRY_DIR, loose)
+    doc = json.loads((loose / "loop_schema.json").read_text())
+    doc["$defs"] = {k: {} for k in doc["$defs"]}
+    (loose / "loop_schema.json").write_text(json.dumps(doc))
+
+    def clear() -> None:
+        registry.load.cache_clear()
+        schema._validator.cache_clear()
+
+    clear()
+    request.addfinalizer(clear)
+    monkeypatch.setattr(registry, "REGISTRY_DIR", loose)
+
+
 @pytest.mark.parametrize("case", ["copy_edited", "copy_gone", "module_added", "baseline_edited", "registry",
                                   "loop_schema"])
 def test_a_pinned_input_that_changed_is_refused_naming_the_file(tmp_path: Path, case: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                request: pytest.FixtureRequest) -> None:
     run, _ = cpu_run(tmp_path)
     copy = run / "reference" / "ref.py"
     if case == "copy_edited":
@@ -100,17 +119,36 @@ def test_a_pinned_input_that_changed_is_refused_naming_the_file(tmp_path: Path, 
         edit_state(run, lambda s: s["registries_sha256"].update({"method_registry.json": "0" * 64}))
         said = "method_registry.json: the registry changed since the run was seeded"
     else:  # the schema the loop's files are validated against, loosened after the run was seeded (in a copy)
-        loose = tmp_path / "registries"
-        shutil.copytree(registry.REGISTRY_DIR, loose)
-        doc = json.loads((loose / "loop_schema.json").read_text())
-        doc["$defs"] = {k: {} for k in doc["$defs"]}  # every loop file valid
-        (loose / "loop_schema.json").write_text(json.dumps(doc))
-        monkeypatch.setattr(registry, "REGISTRY_DIR", loose)
+        loosen_the_loop_schema(tmp_path, monkeypatch, request)
         said = "loop_schema.json: the registry changed since the run was seeded"
     with pytest.raises(ConfigError) as exc:
         session.run_overrides(run)
     assert any(p.startswith(said) or said in p for p in problems_of(exc)), problems_of(exc)
     assert "start a new run" in (exc.value.fix or "")
+
+
+@pytest.mark.parametrize("malformed", [
+    {"pinned_sha256": ["x"]}, {"registries_sha256": {"loop_schema.json": None, "x": ["y"]}}, {"open_iter": "1"}])
+def test_a_loosened_loop_schema_is_refused_before_it_validates_state_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, malformed: dict) -> None:
+    """A loop_schema.json loosened after --kopt-init and a state.json of wrong types beside it: the close refused
+    it with a traceback (AttributeError, exit 3: kopt's hardware code) because the loosened schema validated the
+    state first. The schema's pin is checked on the raw state.json (the first and third cases keep the recorded
+    hash: the pin decides); a state.json whose recorded hash is dropped (null, the second) is refused by the schema
+    the run was seeded with."""
+    run, _ = cpu_run(tmp_path)
+    if "registries_sha256" not in malformed:
+        edit_state(run, lambda s: s.update(malformed))
+        loosen_the_loop_schema(tmp_path, monkeypatch, request)
+        with pytest.raises(ConfigError) as exc:
+            session.run_overrides(run)
+        assert exc.value.exit_code == 4
+        assert any("loop_schema.json: the registry changed since the run was seeded" in p for p in problems_of(exc))
+    else:  # the recorded hash removed (null) with the schema as seeded: the schema refuses the state
+        edit_state(run, lambda s: s["registries_sha256"].update(malformed["registries_sha256"]))
+        with pytest.raises(ConfigError) as exc:
+            session.run_overrides(run)
+        assert exc.value.exit_code == 4 and "registries_sha256" in str(exc.value), str(exc.value)
 
 
 def test_the_champion_copy_is_pinned_when_the_iteration_closes(tmp_path: Path) -> None:

@@ -117,6 +117,23 @@ def registry_hashes() -> dict[str, str]:
     return out
 
 
+def schema_problem(state_doc: object) -> str | None:
+    """Whether the loop's schema changed since the run was seeded, read from ``state_doc`` (state.json's JSON,
+    before it is validated: the schema that would validate it is the file in question, and a loosened one would let
+    a malformed state.json through to code that trusts its types). The problem's line, as :func:`check` words it;
+    None when it is unchanged, or when state.json records no hash for it (a run seeded before it was pinned)."""
+    recorded = state_doc.get("registries_sha256") if isinstance(state_doc, Mapping) else None
+    name = registry.path(registry.LOOP_SCHEMA).name
+    want = recorded.get(name) if isinstance(recorded, Mapping) else None
+    if not isinstance(want, str):
+        return None
+    now = registry_hashes()[name]
+    if now == want:
+        return None
+    return (f"{registry.REGISTRY_DIR / name}: the registry changed since the run was seeded "
+            f"(SHA-256 {want[:16]}..., now {now[:16]}...)")
+
+
 def check(layout: RunLayout, pinned: Mapping[str, str], registries: Mapping[str, str]) -> list[str]:
     """Each pinned file that is gone or changed (its recorded and current SHA-256), each file in ``reference/``
     that was not pinned (``__pycache__`` aside), and each registry file that changed since the run was seeded;

@@ -15,7 +15,7 @@ from .. import defaults
 from ..errors import ConfigError
 from . import schema
 from .layout import KERNEL_SUFFIXES, RunLayout
-from .pins import file_sha256
+from .pins import file_sha256, schema_problem
 from .records import Record, build
 
 #: SKILL.md's state schema version.
@@ -136,7 +136,13 @@ class State(Record):
         if not path.is_file():
             raise schema.loop_error(f"{run_dir} is not a run directory", [f"{path}: no such file"], path=path,
                                     fix="pass a run_YYYYMMDD_HHMMSS folder made by --kopt-init")
-        return cls.from_json(schema.read_json(path, fix=_STATE_FIX), path)
+        doc = schema.read_json(path, fix=_STATE_FIX)
+        changed = schema_problem(doc)
+        if changed is not None:
+            raise schema.loop_error(f"{run_dir}: the schema its files are checked against changed since --kopt-init",
+                                    [changed], path=path, fix="run the step with the pytest-kopt that seeded the run "
+                                    "(reinstall it), or start a new run with --kopt-init")
+        return cls.from_json(doc, path)
 
     def save(self, run_dir: Path) -> "State":  # type: ignore[override]
         """Validate and write ``run_dir/state.json`` atomically; returns self."""
