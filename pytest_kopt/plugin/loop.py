@@ -50,13 +50,19 @@ def init_run(state: SessionState) -> None:
                           seeds=list(s.seeds), env=state.env)
 
 
+def hardware_only(state: SessionState) -> bool:
+    """True for a ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0: the run stops at
+    once, whatever the gates say): the session runs its hardware items only (:func:`keep_hardware_only`), and its
+    kernels are not judged. The same answer in every process (the xdist workers read the controller's probe)."""
+    return state.settings.loop_mode == "init" and envs.generation_problem(state.env) is not None
+
+
 def keep_hardware_only(state: SessionState, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0: the run stops at once,
-    whatever the gates say) runs only its hardware items, which report why; every other item is deselected: its
-    result would be thrown away (the Triton softmax example's correctness ran some 170 s in Triton's interpreter on
-    a GPU-less machine before the step stopped with exit 3). Called in every process that collects (the xdist
-    workers included, from the worker's copy of the controller's probe)."""
-    if state.settings.loop_mode != "init" or envs.generation_problem(state.env) is None:
+    """Where :func:`hardware_only` holds, only the hardware items run, which report why; every other item is
+    deselected: its result would be thrown away (the Triton softmax example's correctness ran some 170 s in
+    Triton's interpreter on a GPU-less machine before the step stopped with exit 3). Called in every process that
+    collects."""
+    if not hardware_only(state):
         return
     keep = [i for i in items if getattr(getattr(i, "gate", None), "name", None) == "hardware"]
     if len(keep) < len(items):
