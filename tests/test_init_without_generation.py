@@ -114,4 +114,6 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
     assert "| `k.py` | ⚠️ NOT_CHECKED (not judged: the loop stopped before its gates ran) |" in \
         (pytester.path / "summary.md").read_text()
     result.stdout.fnmatch_lines(["k.py: NOT_CHECKED: not judged: the loop stopped before its gates ran*",
+                                 "kopt loop: run stopped at hardware*",
+                                 "kopt loop next: run on a machine with an NVIDIA GPU*",
                                  "*1 passed, * deselected*"])

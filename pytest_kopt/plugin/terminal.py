@@ -112,6 +112,9 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
                           red=c["fails"], green=c["verdict"] == "FASTER")
     if loop is not None:
         tr.write_line(f"kopt loop: {loop['message']}")
+        requires = (loop.get("next") or {}).get("requires")
+        if requires:  # where the next command can succeed (loop.next.requires), which the message refers to
+            tr.write_line(f"kopt loop next: run on {requires}")
     for e in errors:
         tr.write_line(f"kopt: {e}", red=True)
     if code is not None:
