@@ -25,8 +25,8 @@ LOOP_SCHEMA = "loop_schema"
 
 def path(name: str) -> Path:
     """The path of registry file ``name`` (``method_registry``, ``metric_registry``, ``sass_signatures``,
-    ``report_schema``, ``loop_schema``, or a guide's file name such as ``optimization_catalog.md``). Raises FileNotFoundError
-    naming the folder looked in when it is not there (a broken install)."""
+    ``report_schema``, ``loop_schema``, or a guide's file name such as ``optimization_catalog.md``). Raises
+    FileNotFoundError naming the folder looked in when it is not there (a broken install)."""
     p = REGISTRY_DIR / (name if "." in name else f"{name}.json")
     if not p.is_file():
         raise FileNotFoundError(f"pytest-kopt registry {p.name} not found in {REGISTRY_DIR} (a broken install? "

@@ -127,11 +127,14 @@ def schema_problem(state_doc: object) -> str | None:
     want = recorded.get(name) if isinstance(recorded, Mapping) else None
     if not isinstance(want, str):
         return None
-    now = registry_hashes()[name]
-    if now == want:
-        return None
+    now = file_sha256(registry.path(registry.LOOP_SCHEMA))
+    return None if now == want else _registry_changed(name, want, now)
+
+
+def _registry_changed(name: str, want: str, now: str | None) -> str:
+    """The problem line of registry file ``name`` whose SHA-256 is ``now``, recorded as ``want`` at --kopt-init."""
     return (f"{registry.REGISTRY_DIR / name}: the registry changed since the run was seeded "
-            f"(SHA-256 {want[:16]}..., now {now[:16]}...)")
+            f"(SHA-256 {want[:16]}..., now {str(now)[:16]}...)")
 
 
 def check(layout: RunLayout, pinned: Mapping[str, str], registries: Mapping[str, str]) -> list[str]:
@@ -159,6 +162,5 @@ def check(layout: RunLayout, pinned: Mapping[str, str], registries: Mapping[str,
     now = registry_hashes()
     for name, want in sorted(registries.items()):
         if now.get(name) != want:
-            problems.append(f"{registry.REGISTRY_DIR / name}: the registry changed since the run was seeded "
-                            f"(SHA-256 {want[:16]}..., now {str(now.get(name))[:16]}...)")
+            problems.append(_registry_changed(name, want, now.get(name)))
     return problems
