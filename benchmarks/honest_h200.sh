@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #41 on the GPU: kernels written as people write them pass as written. Three cases from
+# Issue #41 on the GPU: kernels written as people write them pass as written. Cases from
 # benchmarks/honest_cases/, each one session through every gate, one line per item plus the timing figures:
 #   cub       a .cu that includes CUB (BlockLoad, BlockReduce): sass PASSED, CUB's EmptyKernel<void> listed as a
 #             library kernel, not EMPTY_KERNEL
@@ -7,7 +7,9 @@
 #             events basis with host_work_ms and idle_median_us, not SUSPECT
 #   gpumode   a GPU MODE problem with 5 benchmark shapes (Triton submission): every gate within 60 s, each shape's
 #             stop_reason (converged / budget / capped)
-# Usage (device machine, repository root): bash benchmarks/honest_h200.sh [cub] [scan] [gpumode]; logs in $OUT.
+#   l2        a gather of >= 0.1 ms whose 8 rotating input sets fit in the L2 (the side-stream probe runs them warm,
+#             the timed calls after a flush): timing PASSED, its probe/events ratio above the 0.8 rule
+# Usage (device machine, repository root): bash benchmarks/honest_h200.sh [cub] [scan] [gpumode] [l2]; logs in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kopt-out}
@@ -33,7 +35,9 @@ for f in sorted(glob.glob(f"{doc['outdir']}/**/bench.json", recursive=True)):
           f"events {(b.get('events') or {}).get('median_ms')} ms, host_work_ms {b.get('host_work_ms')}, "
           f"idle_median_us {kt.get('idle_median_us')}, host_inside_median_us {kt.get('host_inside_median_us')}, cupti {kt.get('median_us')} us ({kt.get('backend')}, "
           f"{kt.get('batches')} batches, {kt.get('profile_s')} s), stop {b.get('stop_reason')}, "
-          f"shapes {[(r['label'], r.get('stop_reason')) for r in b.get('shapes') or []]}")
+          f"shapes {[(r['label'], r.get('stop_reason')) for r in b.get('shapes') or []]}, probes "
+          f"{b.get('host_probes_ms')} ms, rotating_sets {(b.get('timing_method') or {}).get('rotating_sets')}, "
+          f"suspect {b.get('suspect')}")
 PY
 }
 for s in ${*:-cub scan gpumode}; do
@@ -46,6 +50,8 @@ for s in ${*:-cub scan gpumode}; do
     gpumode) timeout 300 python3 -m pytest $K --kopt-baseline $HC/gpumode_rowsum/submission.py \
                --kopt-ref $HC/gpumode_rowsum/reference.py --kopt-json "$OUT/honest_gpumode.json" \
                > "$OUT/honest_gpumode.log" 2>&1 ;;
+    l2) timeout 300 python3 -m pytest $K --kopt-baseline $HC/l2_passes.cu --kopt-ref $HC/l2_passes_ref.py \
+          --kopt-dims N=524288,P=512 --kopt-json "$OUT/honest_l2.json" > "$OUT/honest_l2.log" 2>&1 ;;
     *) echo "unknown section $s"; continue ;;
   esac
   rc=$?
