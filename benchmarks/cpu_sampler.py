@@ -127,6 +127,23 @@ class CpuSampler:
         return out
 
 
+def host_line() -> str:
+    """One line naming the host a benchmark ran on: its CPU model (``/proc/cpuinfo``'s first ``model name``), the
+    CPUs this process may use, and the load average (1, 5, 15 min) at the start. Hosts of one GPU model differ by
+    up to a third in the loop's host-side parts (docs/loop.md, issue #40's figures on a slower H100 host)."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return f"host: {model}, {ncpu} CPUs, load average {load}"
+
+
 def _machine() -> tuple[float, float]:
     """(busy ticks, all ticks) of all CPUs since boot, from /proc/stat's first line (busy: all but idle and
     iowait)."""

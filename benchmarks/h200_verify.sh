@@ -277,8 +277,8 @@ PY
       OUT="$OUT" bash benchmarks/honest_h200.sh gpumode > "$OUT/gpumode-run.log" 2>&1
       grep -E "^gpumode \| (exit|timing)" "$OUT/honest.log" | cut -c1-200 | tee -a "$OUT/issue40.log"
       timeout 170 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
-      echo "loop rc=$?" | tee -a "$OUT/issue40.log"; grep -A3 "^phase " "$OUT/loop.log" | tee -a "$OUT/issue40.log"
-      pick="^-n |^problem|first exclusive|inside|check_timed|outside any|holds with no|passed;|exclusive  |of the items|last item|warm-up SM|contexts made|verdicts"
+      echo "loop rc=$?" | tee -a "$OUT/issue40.log"; grep -E -A3 "^host: |^phase " "$OUT/loop.log" | tee -a "$OUT/issue40.log"
+      pick="^host: |^-n |^problem|first exclusive|inside|check_timed|outside any|holds with no|passed;|exclusive  |of the items|last item|warm-up SM|contexts made|verdicts"
       timeout 270 python3 benchmarks/throughput.py --n 8 --compare 8 --compare-flags=--kopt-no-fork-server --out /tmp/ktp \
         > "$OUT/throughput.log" 2>&1
       echo "throughput rc=$?" | tee -a "$OUT/issue40.log"; grep -E "$pick" "$OUT/throughput.log" | tee -a "$OUT/issue40.log"

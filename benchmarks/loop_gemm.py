@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from cpu_sampler import host_line
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = Path(__file__).resolve().parent / "loop_kernels"
 #: each phase's start (epoch s), by its log
@@ -140,6 +142,7 @@ def main() -> None:
     ap.add_argument("-n", default="4")
     ap.add_argument("--iterations", type=int, default=2, help="iterations to close (1: the loop-speed scenario)")
     args = ap.parse_args()
+    print(host_line())
     work = Path(args.out) / "loop"
     if work.exists():
         shutil.rmtree(work)

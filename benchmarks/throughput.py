@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cpu_sampler import CpuSampler
+from cpu_sampler import CpuSampler, host_line
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -426,6 +426,7 @@ def main() -> None:
     a = ap.parse_args()
     base = Path(a.out or tempfile.mkdtemp(prefix="kopt-throughput-"))
     dims = a.dims or PROBLEMS[a.problem][4]
+    print(host_line())
     print(f"problem {a.problem} at {dims}, {a.branches} branches")
     first = one_run(base / f"n{a.n}", a.n, a.branches, dims, problem=a.problem)
     report(first, a.branches)

@@ -49,3 +49,13 @@ for label, src in throughput.softmax_variants(42):
     errors = dict(line.split() for line in out.stdout.splitlines())
     assert len(errors) == 42 and {"rows16_w8", "rows1_w4", "rows1_w1_exp2"} <= errors.keys()
     assert all(float(e) < 1e-6 for e in errors.values()), errors
+
+
+def test_the_benchmarks_name_their_host_by_cpu_model_cpus_and_load():
+    import cpu_sampler
+
+    line = cpu_sampler.host_line()
+    models = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+              if ln.startswith("model name")] if Path("/proc/cpuinfo").is_file() else []
+    assert line.startswith(f"host: {models[0] if models else 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs, ")
+    assert re.search(r"load average \d+\.\d/\d+\.\d/\d+\.\d$", line), line
