@@ -129,8 +129,8 @@ class CpuSampler:
 
 def host_line() -> str:
     """One line naming the host a benchmark ran on: its CPU model (``/proc/cpuinfo``'s first ``model name``), the
-    CPUs this process may use, and the load average (1, 5, 15 min) at the start. Hosts of one GPU model differ by
-    up to a third in the loop's host-side parts (docs/loop.md, issue #40's figures on a slower H100 host)."""
+    CPUs this process may use, and the load average (1, 5, 15 min) at the start. Hosts of one GPU model differed
+    by up to 60% in a close's host-side parts (docs/loop.md, issue #40's figures on a slower H100 host)."""
     model = "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
