@@ -191,17 +191,19 @@ def hold_contents(holds: list[dict], requests: list[dict]) -> list[str]:
     outside any request (the pytest process's own work: NVML readings, result files, the check of the timed
     output between its requests), apart from the holds with no request in them (an ncu profile's: in a close of 32
     branches at 1024^3 the champion's, 5.2 s, was most of the 9.3 s once read as time between requests, H100,
-    2026-12-06)."""
+    2026-12-06), told apart by the function that took each (``caller``): its count, sum and longest."""
     if not holds or not requests:
         return []
     per: dict[str, list[float]] = {}
     outside = 0.0
     empty: list[float] = []
+    callers: dict[str, list[float]] = {}
     for h in holds:
         inside = [r for r in requests if r["pid"] == h["pid"] and r["sent"] >= h["held"] - 1e-3
                   and r["returned"] <= h["released"] + 1e-3]
         if not inside:
             empty.append(h["released"] - h["held"])
+            callers.setdefault(h.get("caller") or "caller not recorded", []).append(h["released"] - h["held"])
             continue
         seen = set()
         for r in inside:
@@ -218,6 +220,8 @@ def hold_contents(holds: list[dict], requests: list[dict]) -> list[str]:
     if empty:
         out.append(f"  {'':<31}{'(holds with no request)':<22} {len(empty):>5} {sum(empty):>7.2f} "
                    f"{sorted(empty)[len(empty) // 2]:>8.3f}")
+        for caller, v in sorted(callers.items(), key=lambda kv: -sum(kv[1])):
+            out.append(f"  {'':<33}{caller:<20} {len(v):>5} {sum(v):>7.2f} {max(v):>8.3f} (most)")
     return out
 
 
@@ -289,7 +293,7 @@ def one_run(work: Path, n: int, branches: int, dims: str, flags: tuple[str, ...]
             "verdicts": verdicts, "champion": loop.get("champion"), "message": loop.get("message"),
             "timeline": timeline_table(work / "close.timeline.jsonl") + cpu.table(),
             "phases": cupti_backends(it) + plan_phases(run_dir, "baseline/plan.json", "set-up plan phase")
-            + plan_phases(it) + measure_phases(it) + warmup_clocks(it) + seed_phases(it)}
+            + plan_phases(it) + ncu_phases(run_dir) + measure_phases(it) + warmup_clocks(it) + seed_phases(it)}
 
 
 def warmup_clocks(it: Path) -> list[str]:
@@ -340,6 +344,29 @@ def plan_phases(folder: Path, pattern: str = "branches/*/plan.json", label: str 
             if isinstance(v, (int, float)) and not k.endswith(("_age", "_end")):  # a process's age is no phase
                 per.setdefault(k, []).append(float(v))
     return _spread(label, dict(sorted(per.items())))
+
+
+def ncu_phases(run_dir: Path) -> list[str]:
+    """Where each ncu profile of the run went (``*ncu_top.json`` ``attempts``: its set, how long before its go it was
+    started ahead, and ``phase_s``: the lock's wait, what the process still needed after its go, the context and
+    inputs, the warm-up, the profiled range with ncu's replays, the process's end and the report's writing, the
+    report read back; s), one line per profile, the set-up's and the close's champion's."""
+    out = []
+    for f in sorted(run_dir.glob("**/*ncu_top.json")):
+        try:
+            attempts = json.loads(f.read_text()).get("attempts") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        for a in attempts if isinstance(attempts, list) else []:
+            if not isinstance(a, dict):
+                continue
+            phases = " ".join(f"{k} {v:.2f}" for k, v in (a.get("phase_s") or {}).items()
+                              if isinstance(v, (int, float)))
+            ahead = a.get("started_ahead_s")
+            out.append(f"  ncu profile {str(f.relative_to(run_dir)):<44} set {a.get('set')} "
+                       f"{'ok' if a.get('ok') else 'failed'}; started ahead "
+                       f"{'no' if ahead is None else f'{ahead:.1f} s before its go'} ({a.get('ahead')}); {phases}")
+    return out
 
 
 def measure_phases(it: Path) -> list[str]:

@@ -1,17 +1,18 @@
 """A pytest plugin for benchmarks: one JSON line per test phase (node id, phase, worker, start and stop in Unix
 seconds, outcome) appended to the file named by ``KOPT_TIMELINE``; with xdist, the controller writes the lines of
 every worker. Each process that loads it (the controller and every worker) also appends one line per hold of the
-per-GPU lock (``lock``: shared or exclusive; ``asked``, ``held``, ``released``: Unix seconds), by wrapping
-:class:`pytest_kopt.proc.gpulock.GpuLock`, and one line per request to a warm harness process (``request``: its mode,
-``round``: a timing round's sample count or ``final``, ``sent``, ``returned``: Unix seconds), by wrapping
-:meth:`pytest_kopt.proc.pool.HarnessPool.run` (with ``context``: when the process made its CUDA context while idle
-before its first request). Load it with ``-p timeline_plugin`` and this folder on ``PYTHONPATH``
-(benchmarks/throughput.py does)."""
+per-GPU lock (``lock``: shared or exclusive; ``asked``, ``held``, ``released``: Unix seconds; ``caller``: the
+function that took it), by wrapping :class:`pytest_kopt.proc.gpulock.GpuLock`, and one line per request to a warm
+harness process (``request``: its mode, ``round``: a timing round's sample count or ``final``, ``sent``,
+``returned``: Unix seconds), by wrapping :meth:`pytest_kopt.proc.pool.HarnessPool.run` (with ``context``: when the
+process made its CUDA context while idle before its first request). Load it with ``-p timeline_plugin`` and this
+folder on ``PYTHONPATH`` (benchmarks/throughput.py does)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 
@@ -66,6 +67,18 @@ def _wrap_requests(path: str) -> None:
     HarnessPool._timeline = True
 
 
+def _caller() -> str:
+    """Where the lock is taken: the nearest function outside the lock's own module, ``module.function`` (the
+    holds with no request in them are told apart by it: an ncu profile, the device's peaks, a sanitizer run)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.endswith(("gpulock.py", "contextlib.py"))
+                                 or frame.f_code.co_name.startswith("logged_")):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_globals.get('__name__', '?').rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
+
+
 def _wrap_gpu_lock(path: str) -> None:
     """Log each hold of the per-GPU lock taken in this process (one ``O_APPEND`` write a line)."""
     from pytest_kopt.proc.gpulock import GpuLock
@@ -75,6 +88,7 @@ def _wrap_gpu_lock(path: str) -> None:
     enter, exit_ = GpuLock.__enter__, GpuLock.__exit__
 
     def logged_enter(self):
+        self._caller = _caller()
         self._asked = time.time()
         out = enter(self)
         self._held = time.time()
@@ -83,7 +97,7 @@ def _wrap_gpu_lock(path: str) -> None:
     def logged_exit(self, *exc):
         out = exit_(self, *exc)
         _append(path, {"lock": "shared" if self.shared else "exclusive", "asked": self._asked, "held": self._held,
-                       "released": time.time(), "pid": os.getpid()})
+                       "released": time.time(), "pid": os.getpid(), "caller": self._caller})
         return out
 
     GpuLock.__enter__, GpuLock.__exit__ = logged_enter, logged_exit

@@ -59,3 +59,52 @@ def test_the_benchmarks_name_their_host_by_cpu_model_cpus_and_load():
               if ln.startswith("model name")] if Path("/proc/cpuinfo").is_file() else []
     assert line.startswith(f"host: {models[0] if models else 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs, ")
     assert re.search(r"load average \d+\.\d/\d+\.\d/\d+\.\d$", line), line
+
+
+def test_a_hold_with_no_request_is_named_by_the_function_that_took_it(tmp_path, monkeypatch):
+    """The timeline plugin records who took each hold of the GPU lock; throughput.py sums the empty holds per
+    caller, so an ncu profile's hold and the peaks' are told apart."""
+    import timeline_plugin
+    from pytest_kopt.proc.gpulock import GpuLock
+
+    path = tmp_path / "timeline.jsonl"
+    monkeypatch.setattr(GpuLock, "__enter__", GpuLock.__enter__)
+    monkeypatch.setattr(GpuLock, "__exit__", GpuLock.__exit__)
+    monkeypatch.delattr(GpuLock, "_timeline", raising=False)
+    timeline_plugin._wrap_gpu_lock(str(path))
+
+    def profile_the_champion():
+        with GpuLock(str(tmp_path / "gpu.lock")):
+            pass
+
+    profile_the_champion()
+    row = [__import__("json").loads(ln) for ln in path.read_text().splitlines()][-1]
+    assert row["lock"] == "exclusive"
+    assert row["caller"] == "test_throughput_problems.profile_the_champion"
+    holds = [{"pid": 1, "held": 0.0, "released": 9.5, "caller": "ncu.gate_ncu"},
+             {"pid": 1, "held": 10.0, "released": 11.0, "caller": "measure.device_peaks"},
+             {"pid": 1, "held": 12.0, "released": 13.0, "caller": "measure.device_peaks"},
+             {"pid": 1, "held": 20.0, "released": 20.5}]
+    requests = [{"pid": 1, "sent": 20.1, "returned": 20.4, "request": "time", "round": None}]
+    lines = throughput.hold_contents(holds, requests)
+    assert any(ln.split()[:5] == ["(holds", "with", "no", "request)", "3"] and ln.split()[5] == "11.50"
+               for ln in lines), lines
+    named = {ln.split()[0]: ln.split()[1:4] for ln in lines if ln.endswith("(most)")}
+    assert named == {"ncu.gate_ncu": ["1", "9.50", "9.500"], "measure.device_peaks": ["2", "2.00", "1.000"]}
+
+
+def test_each_ncu_profile_of_the_run_prints_its_phases(tmp_path):
+    import json
+
+    top = tmp_path / "iterv1" / "branches" / "b2" / "kernel_ncu_top.json"
+    top.parent.mkdir(parents=True)
+    top.write_text(json.dumps({"attempts": [{"set": "full", "ok": True, "started_ahead_s": 12.25, "ahead": "taken",
+                                             "phase_s": {"lock": 0.01, "start": 2.4, "range": 3.5, "read": 0.3}}]}))
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline" / "ncu_top.json").write_text(json.dumps({"attempts": [
+        {"set": "full", "ok": False, "started_ahead_s": None, "ahead": "none started"}, "not an attempt"]}))
+    lines = throughput.ncu_phases(tmp_path)
+    assert len(lines) == 2
+    assert "baseline/ncu_top.json" in lines[0] and "failed; started ahead no (none started)" in lines[0]
+    assert lines[1].endswith("set full ok; started ahead 12.2 s before its go (taken); "
+                             "lock 0.01 start 2.40 range 3.50 read 0.30")
