@@ -278,7 +278,7 @@ PY
       grep -E "^gpumode \| (exit|timing)" "$OUT/honest.log" | cut -c1-200 | tee -a "$OUT/issue40.log"
       timeout 170 python3 benchmarks/loop_gemm.py --out /tmp/kl -n 4 --iterations 1 > "$OUT/loop.log" 2>&1
       echo "loop rc=$?" | tee -a "$OUT/issue40.log"; grep -E -A3 "^host: |^phase " "$OUT/loop.log" | tee -a "$OUT/issue40.log"
-      pick="^host: |^-n |^problem|first exclusive|inside|check_timed|outside any|holds with no|passed;|exclusive  |of the items|last item|warm-up SM|contexts made|verdicts"
+      pick="^host: |^-n |^problem|first exclusive|inside|check_timed|outside any|holds with no|passed;|exclusive  |of the items|last item|warm-up SM|contexts made|verdicts|after the items|ncu profile|\(most\)"
       timeout 270 python3 benchmarks/throughput.py --n 8 --compare 8 --compare-flags=--kopt-no-fork-server --out /tmp/ktp \
         > "$OUT/throughput.log" 2>&1
       echo "throughput rc=$?" | tee -a "$OUT/issue40.log"; grep -E "$pick" "$OUT/throughput.log" | tee -a "$OUT/issue40.log"

@@ -12,12 +12,6 @@ from .gates.table import GateTable
 #: A kernel's verdict when items of it passed and none failed, but no correctness item passed: its output was never
 #: compared with the reference (exit 0 all the same: nothing failed).
 NOT_CHECKED = "NOT_CHECKED"
-#: What a NOT_CHECKED kernel's verdict says where the step itself ran none of its gates but the hardware's (a
-#: ``--kopt-init`` on a machine that does not allow generation): "passed, output not checked" would read as if the
-#: kernel had been looked at.
-NOT_JUDGED = "not judged: the loop stopped before its gates ran"
-
-
 @dataclass(frozen=True, slots=True)
 class GateRecord:
     """One item: ``kernel`` (its resolved path), ``gate``, ``case`` (``seed=7``, a tool, or None), ``outcome``

@@ -10,11 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from pytest_kopt.errors import HardwareError
 from pytest_kopt.gates import hardware
-from pytest_kopt.gates.builtin import default_table
-from pytest_kopt.plugin import summary_md, terminal
 from pytest_kopt.plugin.loop import hardware_only, keep_hardware_only
-from pytest_kopt.records import GateRecord
 
 REDTEAM = Path(__file__).parent / "redteam"
 
@@ -41,46 +39,40 @@ def test_only_an_init_step_without_generation_keeps_its_hardware_items_only(mode
     assert sorted(i.name for i in seen) == sorted({"hardware", "plan", "correctness", "timing"} - set(kept))
 
 
-class _Lines:
-    """pytest's terminal reporter as terminal.summary uses it: the lines written, in order."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def section(self, title: str) -> None:
-        self.lines.append(f"== {title}")
-
-    def write_line(self, line: str, **_: object) -> None:
-        self.lines.append(line)
+NO_GPU = {"generation_allowed": False, "reason": "no NVIDIA driver (libcuda.so.1 not found); missing tools: ncu",
+          "gpu": None, "gpu_error": "no NVIDIA driver (libcuda.so.1 not found)", "gpus": [], "sm_arch": None,
+          "tools": {"nvcc": {"path": "/usr/bin/nvcc", "version": "13.0"}, "ncu": {"path": None, "version": None}},
+          "packages": {"torch": "2.13.0+cpu", "triton": "3.9.0"}}
 
 
-@pytest.mark.parametrize(("unjudged", "expected", "quiet_line"), [
-    (True, "k.cu: NOT_CHECKED: not judged: the loop stopped before its gates ran (kopt loop below)",
-     "k.cu  NOT_CHECKED (not judged: the loop stopped before its gates ran)"),
-    # a stopped step whose gates the user's -k deselected (the step did not): the line with why, as outside a loop
-    (False, "k.cu: NOT_CHECKED: passed, output not checked (no correctness item ran)",
-     "k.cu  NOT_CHECKED (passed, output not checked)"),
-])
-def test_a_stopped_init_says_its_kernel_was_not_judged(unjudged: bool, expected: str, quiet_line: str) -> None:
-    """The kernel's verdict line of an init stopped at step 0 said "passed, output not checked" beside exit 3, as
-    if its output had been looked at; it says the kernel was not judged, and points at the loop's line, where the
-    step itself deselected the gates (SessionOutcome.unjudged), in the terminal (and with -q), the Markdown summary
-    and the GitHub annotation alike."""
-    rec = GateRecord("k.cu::hardware", "/x/k.cu", "hardware", None, "passed", "PASSED", summary="no GPU")
-    loop = {"phase": "stopped", "message": "run stopped at hardware: generation not allowed on this machine"}
-    tr = _Lines()
-    terminal.summary(tr, 0, [rec], [], loop, [], 3, default_table(), unjudged)
-    assert [line for line in tr.lines if line.startswith("k.cu: ")] == [expected]
-    assert f"kopt loop: {loop['message']}" in tr.lines
-    quiet = _Lines()  # -q: one line per kernel
-    terminal.summary(quiet, -1, [rec], [], loop, [], 3, default_table(), unjudged)
-    assert [line for line in quiet.lines if line.startswith("k.cu")] == [quiet_line]
-    md = summary_md.render([rec], default_table(), [], loop, 3, {"gpu_available": False}, unjudged)
-    row = next(line for line in md.splitlines() if line.startswith("| `k.cu`"))
-    assert row.split(" | ")[1] == "⚠️ NOT_CHECKED (" + quiet_line.split("(", 1)[1]
-    [warning] = summary_md.annotations([rec], default_table(), [], Path("/x"), unjudged)
-    assert warning.endswith("::k.cu: not judged: the loop stopped before its gates ran" if unjudged else
-                            "::k.cu passed, but its output was never compared with the reference"), warning
+def _hardware_ctx(tmp_path: Path, mode: str | None, env: dict) -> SimpleNamespace:
+    return SimpleNamespace(env=env, settings=SimpleNamespace(outdir=tmp_path, loop_mode=mode), arch="sm_90a",
+                           display="k.cu", kind=SimpleNamespace(check_tools=lambda ctx: None))
+
+
+def test_the_hardware_item_of_a_set_up_that_cannot_generate_fails_with_the_step(tmp_path: Path) -> None:
+    """An init stopped at step 0 (exit 3) read "hardware PASSED" and "1 passed", its kernel "NOT_CHECKED": the
+    hardware item now fails with the step's reason and the fix, its figures kept, so pytest's own line and the
+    kernel's verdict agree with the exit code."""
+    with pytest.raises(HardwareError) as err:
+        hardware.gate_hardware(_hardware_ctx(tmp_path, "init", NO_GPU))
+    exc = err.value
+    assert (exc.gate, exc.exit_code, exc.status) == ("hardware", 3, "HARDWARE_UNAVAILABLE")
+    assert exc.message == ("the run's set-up needs a machine that allows generation (SKILL.md step 0): no NVIDIA "
+                           "driver (libcuda.so.1 not found); missing tools: ncu")
+    assert "loop.next.requires" in exc.fix
+    assert exc.figures == {"gpu": "none", "sm_arch": None, "build_arch": "sm_90a", "gpu_count": 0,
+                           "generation_allowed": False}
+    assert json.loads((tmp_path / "env.json").read_text())["generation_allowed"] is False
+
+
+@pytest.mark.parametrize("mode", [None, "run"])
+def test_outside_a_set_up_no_gpu_is_not_the_hardware_items_failure(tmp_path: Path, mode: str | None) -> None:
+    """Outside a loop the GPU gates skip with the reason; a --kopt-run there reports its branches' other items
+    (and a finish needs no GPU), so the hardware item passes and says what it found."""
+    out = hardware.gate_hardware(_hardware_ctx(tmp_path, mode, NO_GPU))
+    assert out.figures["generation_allowed"] is False and out.figures["gpu_count"] == 0
+    assert "no NVIDIA driver" in out.summary and "ncu missing" in out.summary
 
 
 @pytest.mark.parametrize(("mode", "env", "unjudged"), [
@@ -111,9 +103,10 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
     assert (figures.get("sm_arch"), figures["build_arch"], figures["gpu_count"]) == (None, "sm_90a", 0)
     assert doc["loop"]["message"].startswith("run stopped at hardware: generation not allowed on this machine")
     assert doc["loop"]["next"]["requires"].startswith("a machine with an NVIDIA GPU")
-    assert "| `k.py` | ⚠️ NOT_CHECKED (not judged: the loop stopped before its gates ran) |" in \
-        (pytester.path / "summary.md").read_text()
-    result.stdout.fnmatch_lines(["k.py: NOT_CHECKED: not judged: the loop stopped before its gates ran*",
+    item = doc["items"][0]
+    assert (item["outcome"], item["status"], item["exit_code"]) == ("failed", "HARDWARE_UNAVAILABLE", 3)
+    assert "| `k.py` | ❌ HARDWARE_UNAVAILABLE at hardware |" in (pytester.path / "summary.md").read_text()
+    result.stdout.fnmatch_lines(["k.py: HARDWARE_UNAVAILABLE at hardware",
                                  "kopt loop: run stopped at hardware*",
                                  "kopt loop next: run on a machine with an NVIDIA GPU*",
-                                 "*1 passed, * deselected*"])
+                                 "*1 failed, * deselected*"])

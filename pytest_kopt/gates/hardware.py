@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import Env
+from ..errors import HardwareError
 from .context import Context, Outcome
 from .gpus import arch_of, session_view
 
@@ -385,10 +386,14 @@ def header_line(env: dict[str, Any]) -> str:
 def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     """The hardware gate: report the detected environment and write ``<outdir>/env.json``.
 
-    Fails (HardwareError, exit 3) only when a tool the kernel's kind cannot do without is missing
-    (:meth:`~pytest_kopt.kinds.base.Kind.check_tools`: nvcc for a ``.cu``, triton for a Triton kernel). No GPU is
-    not a failure here: the GPU gates skip with the reason. On a GPU, ``cupti_python`` is the installed cupti-python
-    (None: the kernel-only timing goes through torch's profiler, and the line says what to install)."""
+    Fails (HardwareError, exit 3) when a tool the kernel's kind cannot do without is missing
+    (:meth:`~pytest_kopt.kinds.base.Kind.check_tools`: nvcc for a ``.cu``, triton for a Triton kernel), and in a
+    ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0: a GPU context, nvcc, ncu and
+    cuobjdump; ``env.json`` ``generation_allowed``), where the set-up stops with exit 3 and this is its only item
+    (:func:`pytest_kopt.plugin.loop.keep_hardware_only`): the item fails with the step, its figures kept. Elsewhere
+    no GPU is not a failure here: the GPU gates skip with the reason (a ``--kopt-run`` there reports its branches'
+    other items, and a finish needs no GPU). On a GPU, ``cupti_python`` is the installed cupti-python (None: the
+    kernel-only timing goes through torch's profiler, and the line says what to install)."""
     env = ctx.env
     # the session's document, the same from every xdist worker (each one's own GPU is in this item's figures)
     path = Env.write(ctx.settings.outdir, session_view(env))
@@ -402,6 +407,12 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
         # kernel_time.backend says which client measured (an installed one that cannot start falls back)
         figures["cupti_python"] = (env.get("packages") or {}).get("cupti-python")
     line = header_line(env)
+    if ctx.settings.loop_mode == "init" and not env.get("generation_allowed"):
+        raise HardwareError(f"the run's set-up needs a machine that allows generation (SKILL.md step 0): "
+                            f"{env.get('reason') or 'generation_allowed is false'}", gate="hardware",
+                            path=ctx.display, figures=figures,
+                            fix="run the step where the report's loop.next.requires says: an NVIDIA GPU whose "
+                                "counters ncu can read, with nvcc, ncu and cuobjdump")
     if env.get("pinned"):
         figures.update(gpu_uuid=g.get("uuid"), gpu_index=g.get("index"))
         line += f"; this worker's GPU: {g.get('index')} ({g.get('uuid')})"

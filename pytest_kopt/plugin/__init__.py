@@ -166,8 +166,7 @@ def _register_concerns(config: pytest.Config, state: SessionState) -> None:
     md = summary_md.summary_path(config)
     if md is not None or summary_md.in_actions():  # last: it reads what the loop and the comparisons added
         concerns.append(SummaryMdPlugin(config, state.gates, state.env, md))
-    outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)),
-                             unjudged=loop.hardware_only(state))
+    outcome = SessionOutcome(Ledger(state.gates, tuple(str(k) for k in s.kernels)))
     for c in concerns:
         config.pluginmanager.register(c, f"kopt-{type(c).__name__}")
     config.pluginmanager.register(ReportPlugin(config, state, outcome, concerns), "kopt-report")

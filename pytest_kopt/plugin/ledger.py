@@ -86,12 +86,9 @@ class SessionOutcome:
     ``ledger`` of item records, the loop step's result (``loop``), the PR gate's and saved baselines'
     ``comparisons``, ``errors`` to show (a report that could not be written, say), and ``pytest_status``: the
     status pytest itself reported at the session's end, before kopt mapped it (its "interrupted" 2 and "internal
-    error" 3 share numbers with SKILL.md's codes). ``unjudged``: the step itself ran no item but the hardware's
-    (a ``--kopt-init`` on a machine that does not allow generation, :func:`pytest_kopt.plugin.loop.hardware_only`),
-    so a kernel's NOT_CHECKED reads "not judged", not "passed, output not checked"."""
+    error" 3 share numbers with SKILL.md's codes)."""
 
     ledger: Ledger
-    unjudged: bool = False
     pytest_status: int | None = None
     loop: dict[str, Any] | None = None
     comparisons: list[dict[str, Any]] = field(default_factory=list)

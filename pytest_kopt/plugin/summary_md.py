@@ -14,7 +14,7 @@ import pytest
 
 from ..errors import exit_meaning
 from ..gates.table import GateTable
-from ..records import NOT_CHECKED, NOT_JUDGED, GateRecord, kernel_verdicts
+from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 from .options import raw
 
@@ -59,10 +59,9 @@ def _cell(text: Any) -> str:
 
 
 def render(records: list[GateRecord], table: GateTable, comparisons: list[dict[str, Any]],
-           loop: dict[str, Any] | None, exit_code: int, env: Mapping[str, Any], unjudged: bool = False) -> str:
+           loop: dict[str, Any] | None, exit_code: int, env: Mapping[str, Any]) -> str:
     """The Markdown summary: exit code and GPU, a table of the kernels' verdicts, the PR gate's comparisons (and per
-    shape, when several were timed), the failures with their fixes, the loop's outcome. ``unjudged``: the step ran
-    no item but the hardware's (:attr:`~pytest_kopt.plugin.ledger.SessionOutcome.unjudged`)."""
+    shape, when several were timed), the failures with their fixes, the loop's outcome."""
     gpu = (env.get("gpu") or {}).get("name") if env.get("gpu_available") else None
     where = gpu or "no GPU: the correctness of .cu kernels, timing and ncu skipped"
     lines = ["## pytest-kopt", "", f"**exit code {exit_meaning(exit_code)}** · {where}", ""]
@@ -74,7 +73,7 @@ def render(records: list[GateRecord], table: GateTable, comparisons: list[dict[s
             if v["failed_gate"]:
                 verdict += f" at {v['failed_gate']}"
             elif v["status"] == NOT_CHECKED:
-                verdict += f" ({NOT_JUDGED})" if unjudged else " (passed, output not checked)"
+                verdict += " (passed, output not checked)"
             speed = f"{v['speedup_vs_ref']:.2f}x" if v["speedup_vs_ref"] is not None else ""
             lines.append(f"| `{_cell(v['name'])}` | {verdict} | {_fmt_ms(v['median_ms'])} | {speed} |")
         lines.append("")
@@ -126,10 +125,9 @@ def _file(path: str | None, root: Path) -> str | None:
 
 
 def annotations(records: list[GateRecord], table: GateTable, comparisons: list[dict[str, Any]],
-                root: Path, unjudged: bool = False) -> list[str]:
+                root: Path) -> list[str]:
     """GitHub Actions workflow commands: ``::error`` per failed item (its file and line, else the kernel's), per PR
-    gate comparison that fails; ``::warning`` per kernel whose output was never checked (``unjudged``: the step ran
-    none of its gates, :attr:`~pytest_kopt.plugin.ledger.SessionOutcome.unjudged`)."""
+    gate comparison that fails; ``::warning`` per kernel whose output was never checked."""
     out = []
     for r in records:
         if r.outcome != "failed":
@@ -142,11 +140,9 @@ def annotations(records: list[GateRecord], table: GateTable, comparisons: list[d
         out.append(f"::error {','.join(props)}::{_escape(text)}")
     for v in kernel_verdicts(records, table):
         if v["status"] == NOT_CHECKED:
-            title, text = (("kopt: not judged", f"{v['name']}: {NOT_JUDGED}") if unjudged else
-                           ("kopt: output not checked",
-                            f"{v['name']} passed, but its output was never compared with the reference"))
+            text = f"{v['name']} passed, but its output was never compared with the reference"
             out.append(f"::warning file={_escape(_file(v['kernel'], root) or '', True)},"
-                       f"title={_escape(title, True)}::{_escape(text)}")
+                       f"title={_escape('kopt: output not checked', True)}::{_escape(text)}")
     for c in comparisons:
         if c.get("fails"):
             out.append(f"::error file={_escape(_file(c['candidate'], root) or '', True)},"
@@ -176,11 +172,10 @@ class SummaryMdPlugin:
         records = outcome.ledger.records
         actions = in_actions()
         if actions:
-            self.lines = annotations(records, self.table, outcome.comparisons, self.config.rootpath, outcome.unjudged)
+            self.lines = annotations(records, self.table, outcome.comparisons, self.config.rootpath)
         if self.path is None:
             return
-        text = render(records, self.table, outcome.comparisons, outcome.loop, int(session.exitstatus), self.env,
-                      outcome.unjudged)
+        text = render(records, self.table, outcome.comparisons, outcome.loop, int(session.exitstatus), self.env)
         targets = [self.path] + ([Path(os.environ[STEP_SUMMARY_ENV])] if actions and os.environ.get(STEP_SUMMARY_ENV)
                                  else [])
         for i, target in enumerate(targets):

@@ -10,11 +10,11 @@ import pytest
 
 from ..gates.table import GateTable
 from ..errors import clip, exit_meaning
-from ..records import NOT_CHECKED, NOT_JUDGED, GateRecord, kernel_verdicts
+from ..records import NOT_CHECKED, GateRecord, kernel_verdicts
 from .ledger import SessionOutcome
 
 
-def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: bool) -> None:
+def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
     """``-q``: one line per kernel (:func:`pytest_kopt.records.kernel_verdicts`): its verdict (the first failing
     gate's status, else PASSED or, with every item skipped, SKIPPED, with the number of skipped items), the timing
     median and the speedup over the reference."""
@@ -22,8 +22,7 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: boo
     width = max(len(v["name"]) for v in verdicts)
     for v in verdicts:
         note = "; ".join(x for x in (
-            ", ".join(([NOT_JUDGED] if unjudged and v["status"] == NOT_CHECKED else
-                       [] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
+            ", ".join(([] if v["output_checked"] or v["status"] == "SKIPPED" else ["passed, output not checked"])
                       + ([f"{v['skipped']} skipped"] if v["skipped"] else [])),
             f"{', '.join(v['not_applicable_gates'])} not applicable" if v.get("not_applicable_gates") else "") if x)
         status = f"{v['status']} at {v['failed_gate']}" if v["failed_gate"] else \
@@ -33,12 +32,11 @@ def _per_kernel(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: boo
         tr.write_line(clip(f"{v['name']:<{width}}  {status}{fig}", 200))
 
 
-def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: bool) -> None:
+def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable) -> None:
     """One verdict line per kernel after the item lines (:func:`pytest_kopt.records.kernel_verdicts`), whatever its
     kind: ``NAME: PASSED: ...`` with its timing (or why it was not timed), ``NAME: NOT_CHECKED: passed, output not
     checked (why)`` (the item lines read PASSED and SKIPPED, so exit 0 is not taken for a correct output),
-    ``NAME: NOT_CHECKED: not judged ...`` where the step itself ran no item but the hardware's (``unjudged``:
-    :attr:`~pytest_kopt.plugin.ledger.SessionOutcome.unjudged`), ``NAME: STATUS at GATE`` for a failure,
+    ``NAME: STATUS at GATE`` for a failure,
     ``NAME: SKIPPED: ...`` when every item skipped."""
     def skip_reason(name: str, gate: str) -> str | None:
         return next((r.message for r in rows if r.nodeid.split("::")[0] == name and r.gate == gate
@@ -46,9 +44,7 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: bool)
 
     for v in kernel_verdicts(rows, table):
         name, status = v["name"], v["status"]
-        if status == NOT_CHECKED and unjudged:
-            tr.write_line(f"{name}: {NOT_CHECKED}: {NOT_JUDGED} (kopt loop below)", yellow=True)
-        elif status == NOT_CHECKED:
+        if status == NOT_CHECKED:
             why = skip_reason(name, "correctness") or "no correctness item ran"
             tr.write_line(clip(f"{name}: {NOT_CHECKED}: passed, output not checked ({why})", 400), yellow=True)
         elif v["failed_gate"]:
@@ -71,10 +67,8 @@ def _verdicts(tr: Any, rows: list[GateRecord], table: GateTable, unjudged: bool)
 
 
 def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: list[dict[str, Any]],
-            loop: dict[str, Any] | None, errors: list[str], code: int | None, table: GateTable,
-            unjudged: bool = False) -> None:
-    """Write the ``kopt gates`` section to pytest's terminal reporter ``tr``; ``unjudged``: the step ran no item
-    but the hardware's (:attr:`~pytest_kopt.plugin.ledger.SessionOutcome.unjudged`)."""
+            loop: dict[str, Any] | None, errors: list[str], code: int | None, table: GateTable) -> None:
+    """Write the ``kopt gates`` section to pytest's terminal reporter ``tr``."""
     if not records:
         return
     tr.section("kopt gates")
@@ -82,7 +76,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
     rows = sorted(records, key=lambda r: (r.nodeid.split("::")[0], table.rank(r.gate), order[r.nodeid]))
     several = len({r.nodeid.split("::")[0] for r in rows}) > 1
     if verbosity < 0:
-        _per_kernel(tr, rows, table, unjudged)
+        _per_kernel(tr, rows, table)
         rows = []
 
     def name(r: GateRecord) -> str:
@@ -94,7 +88,7 @@ def summary(tr: Any, verbosity: int, records: list[GateRecord], comparisons: lis
         line = f"{name(r):<{width}} {r.status:<20} {text}"
         tr.write_line(clip(line, 400))
     if rows:
-        _verdicts(tr, rows, table, unjudged)
+        _verdicts(tr, rows, table)
     per_gate: dict[str, list[float]] = {}
     for r in records:
         per_gate.setdefault(r.gate, []).append(r.duration_s)
@@ -136,7 +130,7 @@ class TerminalPlugin:
         was done for the branches' profiles in a loop's close."""
         o = self.outcome
         summary(terminalreporter, self.config.get_verbosity(), o.ledger.records, o.comparisons, o.loop, o.errors,
-                o.exit_code(), self.table, o.unjudged)
+                o.exit_code(), self.table)
         if self.ahead_log and self.config.get_verbosity() > 0:
             for line in self.ahead_log:
                 terminalreporter.write_line(f"kopt champion profile ahead: {line}")
