@@ -208,3 +208,103 @@ def test_a_stopped_server_is_given_up_at_once(tmp_path: Path) -> None:
         if pool.forks is not None:
             os.kill(pool.forks.proc.pid, signal.SIGCONT)
         pool.shutdown()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_xdist_workers_are_served_by_copies_of_the_sessions_one_server(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under xdist each worker imported torch in a fork server of its own, 8 at once in a close's busiest seconds;
+    now the controller's server is the session's: a worker attaches with the session's token, and a copy of the
+    server forked for it serves it (its processes forked there, a copy's parent the shared server). Once the
+    expected workers have attached, nothing else can; a connection without the token is not served; the socket's
+    private folder goes with the session."""
+    controller = HarnessPool()
+    workers = [HarnessPool(), HarnessPool()]
+    try:
+        shared = controller.share_fork_server(tmp_path, 2)
+        assert shared is not None and controller.forks is not None
+        folder = Path(shared["path"]).parent
+        assert (folder.stat().st_mode & 0o777) == 0o700
+        judge = ready(controller, "judge:/r.py", tmp_path)  # the controller's own processes: forked as before
+        assert srv_of(controller, "judge:/r.py").proc.forked and judge["harness_s"]["imported"] < 5.0
+        # a process that does not know the token connects first: it is not served, and counts for nothing
+        stranger = ForkServer.attach({**shared, "token": "0" * 32})
+        assert stranger is not None
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")  # what xdist sets in a worker: not read at import
+        monkeypatch.setenv("COLUMNS", "80")
+        for pool in workers:
+            assert pool.attach_fork_server(shared)
+        for i, pool in enumerate(workers):
+            result = ready(pool, f"candidate:/k{i}.cu", tmp_path)
+            proc = srv_of(pool, f"candidate:/k{i}.cu").proc
+            assert isinstance(proc, ForkedProcess) and proc.forked and result["harness_s"]["imported"] < 5.0
+            assert pool.forks is not None and _parent(proc.pid) == pool.forks.proc.pid
+            assert _parent(pool.forks.proc.pid) == controller.forks.proc.pid
+            assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "kopt-timing"
+        assert workers[0].forks.proc.pid != workers[1].forks.proc.pid
+        assert stranger.answer(1, timeout_s=5.0) == {"error": "the fork server ended"}
+        stranger.close()
+        assert not HarnessPool().attach_fork_server(shared)  # both workers attached: the server stops listening
+        # a worker whose harness environment was not the server's at its import starts its own
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert ForkServer.attach(shared) is None
+    finally:
+        for pool in (*workers, controller):
+            pool.shutdown()
+    assert not folder.exists()
+    assert workers[0].forks is None and controller.forks is None
+
+
+def test_local_workers_counts_this_pythons_popen_workers() -> None:
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin.xdist import local_workers
+
+    def config(**option):
+        return SimpleNamespace(option=SimpleNamespace(**option))
+
+    assert local_workers(config(dist="no", numprocesses=None, tx=[])) == 0
+    assert local_workers(config()) == 0  # xdist not loaded
+    assert local_workers(config(dist="load", numprocesses=3, tx=["popen"] * 3)) == 3
+    assert local_workers(config(dist="load", numprocesses=None,
+                                tx=["2*popen", "ssh=gpu-host//python=python3", "popen//python=python3.12"])) == 2
+
+
+def test_a_session_under_xdist_imports_torch_once(pytester: pytest.Pytester) -> None:
+    """Two workers judging two pure-Python kernels: each worker's processes come from a copy of the controller's
+    server (the conftest below records, in each worker, its fork server's parent and its processes')."""
+    redteam = Path(__file__).parent / "redteam"
+    for src, dst in (("ref_softmax.py", "ref.py"), ("honest_python.py", "k.py"), ("honest_python.py", "k2.py")):
+        (pytester.path / dst).write_text((redteam / src).read_text())
+    pytester.makeconftest("""
+import json, os
+from pathlib import Path
+from pytest_kopt.plugin.stash import STATE
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):
+        return
+    pool = session.config.stash[STATE].pool
+    procs = [s.proc for s in pool.live.values()]
+    parent = lambda pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    row = {"server": pool.forks.proc.pid, "server_parent": parent(pool.forks.proc.pid),
+           "forked": [getattr(p, "forked", False) for p in procs],
+           "parents": [parent(p.pid) for p in procs if p.poll() is None], "controller": os.getppid()}
+    with open("workers.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\\n")
+""")
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-candidate", "k2.py", "--kopt-ref",
+                                           "ref.py", "--kopt-dims", "M=64,N=64", "-n", "2", "-p", "no:randomly",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    import json
+
+    rows = [json.loads(line) for line in (pytester.path / "workers.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[0]["server"] != rows[1]["server"]
+    assert rows[0]["server_parent"] == rows[1]["server_parent"]  # one shared server, the controller's child
+    for row in rows:
+        assert row["forked"] and all(row["forked"])
+        assert row["parents"] and set(row["parents"]) == {row["server"]}

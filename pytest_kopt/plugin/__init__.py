@@ -33,10 +33,11 @@ from .nodes import GPU_MARKER, KoptFile, KoptItem, node_path, pytest_collect_fil
 from .options import SEED_CACHE_KEY, read_settings, usage_error
 from .progress import ProgressPlugin, terminal_out
 from .report import ReportPlugin
-from .stash import STATE, SessionState
+from .stash import STATE, SessionState, cache_dir
 from .summary_md import SummaryMdPlugin
 from .terminal import TerminalPlugin
-from .xdist import XdistControllerPlugin, prestart_next_planned, prestart_planned, worker_env, worker_trust
+from .xdist import (XdistControllerPlugin, local_workers, prestart_next_planned, prestart_planned, worker_env,
+                    worker_trust)
 
 __all__ = ["KoptFile", "KoptItem", "pytest_addhooks", "pytest_addoption", "pytest_collect_file",
            "pytest_collection_modifyitems", "pytest_configure", "pytest_kopt_gates", "pytest_kopt_kinds",
@@ -129,8 +130,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if "kopt_env" in handed:  # an xdist worker
         state.env = worker_env(handed)
         state.trust = worker_trust(handed)
+        state.pool.attach_fork_server(handed.get("kopt_fork_server"))  # the controller's: torch imported once
         prestart_planned(config, state, handed)
     else:
+        # one fork server for the session, its torch import beside the probe and the workers' start
+        state.shared_forks = state.pool.share_fork_server(cache_dir(config) / "work", local_workers(config))
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)

@@ -20,6 +20,12 @@ from ..scheduler import Scheduler
 from ..settings import Settings
 
 
+def cache_dir(config: pytest.Config) -> Path:
+    """kopt's folder in pytest's cache (``.pytest_cache/d/kopt`` under ``-p no:cacheprovider``)."""
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    return Path(cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt")
+
+
 @dataclass
 class SessionState:
     """The settings (parsed once), the session's kernel kinds and gate table (kopt's own and what plugins added
@@ -52,6 +58,9 @@ class SessionState:
     started_ahead: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
+    #: an xdist controller's: what its local workers need to attach to its fork server
+    #: (:meth:`~pytest_kopt.proc.pool.HarnessPool.share_fork_server`), None where they start their own
+    shared_forks: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.pool.fork_server = self.settings.fork_server
@@ -72,10 +81,8 @@ class SessionState:
         Raises ConfigError when no kind claims the file."""
         assert self.settings.ref is not None
         path = Path(kernel).resolve()
-        cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-        cache_dir = cache.mkdir("kopt") if cache is not None else config.rootpath / ".pytest_cache" / "d" / "kopt"
         return Context(settings=self.settings, env=self.env if env is None else env, kernel=path,
-                       ref=self.settings.ref, display=display, cache_dir=Path(cache_dir), pool=self.pool,
+                       ref=self.settings.ref, display=display, cache_dir=cache_dir(config), pool=self.pool,
                        blocks=self.blocks, trust=self.trust, kind=self.kind_of(path), gates=self.gates,
                        ahead=self.ahead, pins=self.pins,
                        collected=self.collected.get(path, frozenset()) if collected is None else collected)

@@ -116,11 +116,15 @@ class XdistControllerPlugin:
     def pytest_configure_node(self, node: Any) -> None:
         """Give each worker the detected environment, its GPU when the session pins (the one with the fewest live
         workers), the session seed, the run folder and the MAC key of cached results, so workers never probe CUDA
-        themselves, collect the same items and trust each other's reference outputs and correctness records. A
+        themselves, collect the same items and trust each other's reference outputs and correctness records; and
+        a worker of this Python on this machine, the session's fork server to attach to (``kopt_fork_server``). A
         worker on another host (a gateway that is not ``popen``) detects its own GPUs."""
         env = self.state.env
         node.workerinput["kopt_env"] = env
-        if not getattr(getattr(node.gateway, "spec", None), "popen", True):
+        spec = getattr(node.gateway, "spec", None)
+        if getattr(spec, "popen", True) and not getattr(spec, "python", None) and self.state.shared_forks:
+            node.workerinput["kopt_fork_server"] = self.state.shared_forks  # this Python's: attached at configure
+        if not getattr(spec, "popen", True):
             node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
         elif env.get("pinned"):
             gpu = gpus.least_loaded(env["gpus"], {u: len(ids) for u, ids in self.gpu_workers.items()})
@@ -142,6 +146,19 @@ class XdistControllerPlugin:
         # the artifacts go where the report says they are: the controller's --kopt-outdir, also on another host
         # (which then needs a filesystem shared with this one; a worker that cannot see it says so)
         node.workerinput["kopt_outdir"] = str(settings.outdir)
+
+
+def local_workers(config: pytest.Config) -> int:
+    """How many xdist workers this session starts as processes of this Python on this machine (``-n N``, ``--tx
+    popen``, ``--tx 3*popen``; not ``popen//python=...``, ``ssh=...`` or ``socket=...``); 0 without xdist."""
+    if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
+        return 0
+    count = 0
+    for spec in getattr(config.option, "tx", None) or []:
+        times, _, rest = str(spec).rpartition("*")
+        if rest == "popen":
+            count += int(times) if times.isdigit() else 1
+    return count
 
 
 def worker_env(handed: dict[str, Any]) -> dict[str, Any]:

@@ -7,13 +7,20 @@ processes are :class:`ForkedProcess` objects with the part of :class:`subprocess
 prestart does not wait for the server's own torch import; where the server cannot fork a process (it died, it is
 gone, or the process's environment differs in a variable read at import) the process is started the ordinary way,
 with the same descriptors.
+
+Under pytest-xdist the controller's server is the session's (``ForkServer(workdir, workers=N)``): each local worker
+attaches to it (:meth:`ForkServer.attach`, with what :attr:`ForkServer.shared` hands it through ``workerinput``) and
+is served by a copy of it forked for that worker, so torch is imported once for the session, not once per worker.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..child.forkserver import MAX_MESSAGE, refused
+from ..child.forkserver import AFTER_FORK_ENV, MAX_MESSAGE, WORKER_ENV, refused
 from ..child.tree import state
 from .runner import child_env, python_command
 
@@ -36,9 +43,9 @@ ANSWER_TIMEOUT_S = 180.0
 ANSWERED_TIMEOUT_S = 30.0
 
 
-def _stopped(pid: int) -> bool:
+def _stopped(pid: int | None) -> bool:
     """True when ``pid`` is stopped (SIGSTOP, or a tracer's stop): it answers nothing until someone resumes it."""
-    return state(pid) in (b"T", b"t")
+    return pid is not None and state(pid) in (b"T", b"t")
 
 
 def supported() -> bool:
@@ -73,23 +80,49 @@ def popen(argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin
 
 class ForkServer:
     """The fork server process of one pool, started now (its torch import runs while the pytest process goes on);
-    its output goes to ``fork-server-*.log`` in ``workdir``."""
+    its output goes to ``fork-server-*.log`` in ``workdir``. With ``workers`` (an xdist controller's pool: its local
+    workers), it also listens, in a private folder, for that many workers to attach (:attr:`shared`)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, workers: int = 0) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         env = child_env({})
+        pythonpath = env.get("PYTHONPATH", "")
+        command = python_command(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd, self.log = tempfile.mkstemp(prefix="fork-server-", suffix=".log", dir=workdir)
+        args, fds = ["--fork-server", str(theirs.fileno())], [theirs.fileno()]
+        listener = None
+        #: what a worker needs to attach (:meth:`attach`; JSON, handed through ``workerinput``), None when this
+        #: server listens for none
+        self.shared: dict[str, Any] | None = None
+        if workers > 0:
+            # the socket lives in a folder only this user can enter; a connection must also show the token
+            folder = tempfile.mkdtemp(prefix="kopt-fork-")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            listener.bind(os.path.join(folder, "s"))
+            listener.listen(max(workers, 8))
+            token = secrets.token_hex(16)
+            args += ["--listen", str(listener.fileno()), "--token-sha", hashlib.sha256(token.encode()).hexdigest(),
+                     "--workers", str(workers)]
+            fds.append(listener.fileno())
+            self.shared = {"path": os.path.join(folder, "s"), "token": token, "env": env, "pythonpath": pythonpath,
+                           "log": self.log}
         try:
-            self.proc = subprocess.Popen([*python_command(env), "--fork-server", str(theirs.fileno())],
-                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env,
-                                         pass_fds=(theirs.fileno(),), start_new_session=True)
+            self.proc: Any = subprocess.Popen([*command, *args], stdin=subprocess.DEVNULL, stdout=fd,
+                                              stderr=subprocess.STDOUT, env=env, pass_fds=tuple(fds),
+                                              start_new_session=True)
         finally:
             os.close(fd)
             theirs.close()
+            if listener is not None:
+                listener.close()
+        self._setup(env, ours, owns_log=True)
+
+    def _setup(self, env: dict[str, str], sock: socket.socket, owns_log: bool) -> None:
         #: the environment the server imported with (its children's may differ only after the fork)
         self.env = env
-        self.sock = ours
+        self.sock = sock
+        self.owns_log = owns_log
         self.lock = threading.Lock()
         self.replies: dict[int, dict[str, Any]] = {}
         self.next_id = 0
@@ -97,6 +130,35 @@ class ForkServer:
         self.broken: str | None = None
         #: whether it has answered a request (its imports are done: a fork takes milliseconds)
         self.answered = False
+
+    @classmethod
+    def attach(cls, shared: dict[str, Any] | None) -> "ForkServer | None":
+        """An xdist worker's server: a copy of the session's shared server (``shared``: its :attr:`shared`, as the
+        controller handed it), forked for this process when it reads the request sent now (after its own torch
+        import: this call does not wait for it). None where this process's harness environment is not the one the
+        shared server imported with (beyond what is set after a fork and pytest-xdist's own variables), or its
+        socket cannot be reached (a worker started after the others attached, another host): the pool then starts
+        a server of its own."""
+        if not shared:
+            return None
+        env = child_env({})
+        pythonpath = env.get("PYTHONPATH", "")
+        python_command(env)
+        if pythonpath != shared.get("pythonpath") or refused(env, shared.get("env") or {},
+                                                              AFTER_FORK_ENV + WORKER_ENV):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(str(shared["path"]))
+            sock.send(json.dumps({"op": "attach", "token": shared["token"], "env": env}).encode())
+        except (OSError, KeyError):
+            sock.close()
+            return None
+        self = cls.__new__(cls)
+        self.log, self.shared = str(shared.get("log") or ""), None
+        self._setup(env, sock, owns_log=False)
+        self.proc = _Attached(self)
+        return self
 
     def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
               ctl: int) -> "ForkedProcess | subprocess.Popen":
@@ -171,7 +233,7 @@ class ForkServer:
 
     def close(self) -> None:
         """End the server (closing its socket ends its loop; what it forked and still runs dies with it) and
-        remove its log."""
+        remove its log (a worker's leaves the shared server's) and its listening socket's folder."""
         self.broken = self.broken or "closed"
         self.sock.close()
         if _stopped(self.proc.pid):  # it cannot see its socket close
@@ -181,7 +243,10 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        Path(self.log).unlink(missing_ok=True)
+        if self.owns_log:
+            Path(self.log).unlink(missing_ok=True)
+        if self.shared is not None:
+            shutil.rmtree(os.path.dirname(self.shared["path"]), ignore_errors=True)
 
     def output(self) -> str:
         """The server's own output (its import's errors), at most the last 4 KB."""
@@ -189,6 +254,60 @@ class ForkServer:
             return Path(self.log).read_bytes()[-4096:].decode(errors="replace").strip()
         except OSError:
             return ""
+
+
+class _Attached:
+    """A worker's server as :class:`ForkServer` sees its process (``pid``, ``poll``, ``wait``, ``kill``,
+    ``returncode``): a process of the shared server, not this one's child, known by the pid of its first message
+    (None before it), watched through a pidfd. How it ended is its parent's to read: ``poll`` and ``wait`` give 0
+    once it ended, ``returncode`` stays None."""
+
+    def __init__(self, server: ForkServer) -> None:
+        self.server = server
+        self.returncode: int | None = None
+        self.ended = False
+        self._pidfd: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        pid = self.server.replies.get(0, {}).get("pid")
+        return int(pid) if isinstance(pid, int) else None
+
+    def _fd(self) -> int | None:
+        if self.ended or self.pid is None:
+            return None
+        if self._pidfd is None:
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:  # gone already
+                self._end()
+        return self._pidfd
+
+    def _end(self) -> None:
+        self.ended = True
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        return self.wait(0.0, raising=False)
+
+    def wait(self, timeout: float | None = None, raising: bool = True) -> int | None:
+        fd = self._fd()
+        if fd is not None:
+            if not select.select([fd], [], [], timeout)[0]:
+                if raising:
+                    raise subprocess.TimeoutExpired("kopt-forkserver", timeout or 0.0)
+                return None
+            self._end()
+        return 0 if self.ended else None
+
+    def kill(self) -> None:
+        if self.pid is not None and not self.ended:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 class ForkedProcess:

@@ -353,8 +353,9 @@ class HarnessPool:
         server = self.forks.proc if self.forks is not None and isinstance(srv.proc, ForkedProcess) else None
         if server is None or not srv.proc.forked or server.poll() is None:
             return None
-        return (f"the fork server it came from ended first (exit {server.returncode}): killed by another process "
-                "or by the out-of-memory killer")
+        how = f"exit {server.returncode}" if server.returncode is not None else "its exit code is its parent's"
+        return (f"the fork server it came from ended first ({how}): killed by another process or by the "
+                "out-of-memory killer")
 
     def _fork_server(self, workdir: Path) -> ForkServer | None:
         """This pool's fork server, started on first use (its torch import then overlaps the pytest process's
@@ -362,6 +363,24 @@ class HarnessPool:
         if self.forks is None and self.fork_server and forks_supported():
             self.forks = ForkServer(workdir)
         return self.forks
+
+    def share_fork_server(self, workdir: Path, workers: int) -> dict[str, Any] | None:
+        """An xdist controller's pool, at its configure: start its fork server now, listening for ``workers``
+        local workers to attach (:class:`~pytest_kopt.proc.forkserver.ForkServer`), and return what each needs
+        (JSON, for ``workerinput``); None where the pool starts no fork server, or it has one already."""
+        if workers <= 0 or self.forks is not None or not self.fork_server or not forks_supported():
+            return None
+        self.forks = ForkServer(workdir, workers=workers)
+        return self.forks.shared
+
+    def attach_fork_server(self, shared: dict[str, Any] | None) -> bool:
+        """An xdist worker's pool, at its configure: its fork server is the controller's, attached to now
+        (:meth:`~pytest_kopt.proc.forkserver.ForkServer.attach`); False where it cannot be (the pool then starts its
+        own on first use)."""
+        if self.forks is not None or not self.fork_server or not forks_supported():
+            return False
+        self.forks = ForkServer.attach(shared)
+        return self.forks is not None
 
     def _register_atexit(self) -> None:
         if not self._atexit:
