@@ -352,11 +352,17 @@ def ncu_phases(run_dir: Path) -> list[str]:
     inputs, the warm-up, the profiled range with ncu's replays, the process's end and the report's writing, the
     report read back; s), one line per profile, the set-up's and the close's champion's."""
     out = []
+    seen: dict[str, int] = {}  # a profile's copies (the champion's as iterv1/kernel_ncu_top.json): named once
     for f in sorted(run_dir.glob("**/*ncu_top.json")):
         try:
             attempts = json.loads(f.read_text()).get("attempts") or []
         except (OSError, ValueError, AttributeError):
             continue
+        key = json.dumps(attempts, sort_keys=True)
+        if key in seen:
+            out[seen[key]] += f" (also {f.relative_to(run_dir)})"
+            continue
+        seen[key] = len(out)
         for a in attempts if isinstance(attempts, list) else []:
             if not isinstance(a, dict):
                 continue

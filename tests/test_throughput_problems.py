@@ -103,8 +103,9 @@ def test_each_ncu_profile_of_the_run_prints_its_phases(tmp_path):
     (tmp_path / "baseline").mkdir()
     (tmp_path / "baseline" / "ncu_top.json").write_text(json.dumps({"attempts": [
         {"set": "full", "ok": False, "started_ahead_s": None, "ahead": "none started"}, "not an attempt"]}))
+    (tmp_path / "iterv1" / "kernel_ncu_top.json").write_text(top.read_text())  # the champion's, copied
     lines = throughput.ncu_phases(tmp_path)
     assert len(lines) == 2
     assert "baseline/ncu_top.json" in lines[0] and "failed; started ahead no (none started)" in lines[0]
     assert lines[1].endswith("set full ok; started ahead 12.2 s before its go (taken); "
-                             "lock 0.01 start 2.40 range 3.50 read 0.30")
+                             "lock 0.01 start 2.40 range 3.50 read 0.30 (also iterv1/kernel_ncu_top.json)")
