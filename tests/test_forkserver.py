@@ -308,3 +308,52 @@ def pytest_sessionfinish(session):
     for row in rows:
         assert row["forked"] and all(row["forked"])
         assert row["parents"] and set(row["parents"]) == {row["server"]}
+
+
+def test_what_a_connection_without_the_token_sends_neither_ends_nor_holds_up_the_server(tmp_path: Path) -> None:
+    """A kernel's code can find the listening socket (a folder of this user's): before, JSON nested past the
+    recursion limit ended the shared server (and the controller's processes with it), and a connection that sent
+    nothing held the server for 5 s each while a worker's connect waited with no limit. Now nothing a connection
+    sends ends it, idle connections wait beside the others, and a worker that cannot connect in 2 s starts its
+    own server; once the workers are ready the socket's folder is removed."""
+    import socket
+    import time
+
+    controller = HarnessPool()
+    idle = []
+    try:
+        shared = controller.share_fork_server(tmp_path, 1)
+        assert shared is not None and controller.forks is not None
+        for payload in (b"[" * 100000, b"\xff\xfe", b"{}", b'{"op": "attach", "token": 7, "env": []}'):
+            bad = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            bad.connect(shared["path"])
+            bad.send(payload)
+            bad.close()
+        for _ in range(20):  # connections that never send
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(shared["path"])
+            idle.append(conn)
+        ready(controller, "judge:/r.py", tmp_path)  # answered once the server's imports are done
+        started = time.monotonic()
+        ready(controller, "check:/k.py", tmp_path)
+        assert time.monotonic() - started < 3.0  # not 5 s per idle connection
+        assert controller.forks.proc.poll() is None
+        worker = HarnessPool()
+        env = dict(os.environ)
+        try:
+            os.environ["PYTEST_XDIST_WORKER"] = "gw0"
+            assert worker.attach_fork_server(shared)
+            result = ready(worker, "candidate:/k.cu", tmp_path)
+            assert srv_of(worker, "candidate:/k.cu").proc.forked and result["ok"]
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
+            worker.shutdown()
+        controller.forks.stop_listening()
+        assert not Path(shared["path"]).parent.exists()
+        assert ForkServer.attach(shared) is None  # nothing can connect any more
+        assert srv_of(controller, "judge:/r.py").proc.poll() is None  # the controller's processes live on
+    finally:
+        for conn in idle:
+            conn.close()
+        controller.shutdown()

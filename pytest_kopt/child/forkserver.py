@@ -57,6 +57,8 @@ MAX_MESSAGE = 1 << 20
 WORKER_ENV = ("PYTEST_XDIST_", "COLUMNS", "LINES")
 #: Seconds an attaching connection may take to send its request (a worker sends it with its connect).
 ATTACH_TIMEOUT_S = 5.0
+#: Connections waiting for their attach request at most (a worker's comes at once: more are no worker's).
+MAX_PENDING = 64
 
 
 def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", workers: int = 0) -> int:
@@ -85,24 +87,44 @@ def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", worke
 
 def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], listener: socket.socket | None = None,
           token_sha: str = "", workers: int = 0) -> int:
-    """Answer the requests on ``sock`` until it closes; attach workers on ``listener`` meanwhile (:func:`serve`)."""
+    """Answer the requests on ``sock`` until it closes; attach workers on ``listener`` meanwhile (:func:`serve`).
+    A connection on ``listener`` waits among the others until its request has come (at most
+    :data:`ATTACH_TIMEOUT_S`, :data:`MAX_PENDING` at once, the oldest closed first): one that sends nothing holds up
+    no one."""
     attached: set[int] = set()  # the workers' servers forked here: reaped once they end
+    pending: dict[socket.socket, float] = {}  # connections accepted, their request not read yet: when accepted
     while True:
-        if listener is not None:
-            ready, _, _ = select.select([sock, listener], [], [])
-            if listener in ready:
-                pid = _attach(listener, (sock, listener), base, after, token_sha)
+        if listener is not None or pending or attached:
+            now = time.monotonic()
+            for conn in [c for c, t in pending.items() if now - t > ATTACH_TIMEOUT_S]:
+                pending.pop(conn).close()
+            waiting = [sock, *pending] + ([listener] if listener is not None else [])
+            ready, _, _ = select.select(waiting, [], [], 1.0 if pending or attached else None)
+            for pid in list(attached):
+                if _reap(pid) is not None:
+                    attached.discard(pid)
+            if listener is not None and listener in ready:
+                try:
+                    conn, _ = listener.accept()
+                    conn.setblocking(False)
+                    pending[conn] = time.monotonic()
+                except OSError:
+                    pass
+                while len(pending) > MAX_PENDING:
+                    oldest = min(pending, key=pending.__getitem__)
+                    pending.pop(oldest).close()
+            for conn in [c for c in ready if c in pending]:
+                del pending[conn]
+                closing = (sock, *pending, *([listener] if listener is not None else []))
+                pid = _attach(conn, closing, base, after, token_sha)
                 if pid is not None:
                     attached.add(pid)
                     workers -= 1
-                if workers <= 0:  # every worker has its server: nothing else may attach
+                if workers <= 0 and listener is not None:  # every worker has its server: none else may attach
                     listener.close()
                     listener = None
-                if sock not in ready:
-                    continue
-        for pid in list(attached):
-            if _reap(pid) is not None:
-                attached.discard(pid)
+            if sock not in ready:
+                continue
         try:
             msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
         except (ConnectionError, OSError):
@@ -112,7 +134,7 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
         req: dict[str, Any] = json.loads(msg)
         try:
             if req["op"] == "spawn":
-                reply = _spawn(sock, req, fds, base, after, listener)
+                reply = _spawn(sock, req, fds, base, after, (*pending, *([listener] if listener is not None else [])))
             else:
                 reply = {"status": _reap(int(req["pid"]))}
         except Exception as exc:  # a bad request answers an error; the server goes on
@@ -123,19 +145,15 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
         sock.send(json.dumps({"id": req.get("id"), **reply}).encode())
 
 
-def _attach(listener: socket.socket, ours: tuple[socket.socket, ...], base: dict[str, str],
-            after: tuple[str, ...], token_sha: str) -> int | None:
-    """Accept one connection on ``listener`` and, when its first message is an attach request with the session's
-    token and an environment that differs from ``base`` only after the fork (or in pytest-xdist's variables), fork
-    the server that serves it: a copy of this process, in a session of its own, its environment the worker's,
-    ``ours`` (this server's sockets) closed. Returns that server's pid; None for a connection not served (closed,
-    or answered ``{"id": 0, "error": "refused", "variables"}``)."""
+def _attach(conn: socket.socket, ours: tuple[socket.socket, ...], base: dict[str, str], after: tuple[str, ...],
+            token_sha: str) -> int | None:
+    """Serve the connection ``conn`` (its request has come) when its request is an attach request with the
+    session's token and an environment that differs from ``base`` only after the fork (or in pytest-xdist's
+    variables): fork the server that serves it, a copy of this process in a session of its own, its environment
+    the worker's, ``ours`` (this server's other sockets) closed. Returns that server's pid; None for a connection
+    not served (closed; answered ``{"id": 0, "error": "refused", "variables"}`` where only the environment is
+    wrong). Nothing a connection sends ends this server."""
     try:
-        conn, _ = listener.accept()
-    except OSError:
-        return None
-    try:
-        conn.settimeout(ATTACH_TIMEOUT_S)
         req = json.loads(conn.recv(MAX_MESSAGE) or b"{}")
         token = str(req.get("token", "")).encode()
         if req.get("op") != "attach" or not token_sha or \
@@ -144,17 +162,17 @@ def _attach(listener: socket.socket, ours: tuple[socket.socket, ...], base: dict
             return None
         env = {str(k): str(v) for k, v in req["env"].items()}
         wrong = refused(env, base, after + WORKER_ENV)
+        conn.setblocking(True)
         if wrong:
             conn.send(json.dumps({"id": 0, "error": "refused", "variables": wrong}).encode())
             conn.close()
             return None
-        conn.settimeout(None)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    except Exception:  # noqa: BLE001  (malformed, nested past the recursion limit, the process limit reached)
         conn.close()
         return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
     if pid:
         conn.close()
         return pid
@@ -186,7 +204,7 @@ def refused(env: dict[str, str], base: dict[str, str], after: tuple[str, ...] = 
 
 
 def _spawn(sock: socket.socket, req: dict[str, Any], fds: list[int], base: dict[str, str],
-           after: tuple[str, ...], listener: socket.socket | None = None) -> dict[str, Any]:
+           after: tuple[str, ...], others: tuple[socket.socket, ...] = ()) -> dict[str, Any]:
     env = {str(k): str(v) for k, v in req["env"].items()}
     wrong = refused(env, base, after)
     if wrong:
@@ -208,8 +226,8 @@ def _spawn(sock: socket.socket, req: dict[str, Any], fds: list[int], base: dict[
     code = 1
     try:  # the child: never returns into this loop
         os.close(settled_r)
-        if listener is not None:  # a kernel's process never accepts the workers' connections
-            listener.close()
+        for other in others:  # a kernel's process holds none of the workers' connections, nor the listener
+            other.close()
         _become(sock, env, fds, targets, [str(a) for a in req["argv"]])
         os.close(settled_w)
         code = _run([str(a) for a in req["argv"]])

@@ -82,6 +82,8 @@ class XdistControllerPlugin:
     def __init__(self, config: pytest.Config, state: SessionState) -> None:
         self.config = config
         self.state = state
+        #: workers handed the session's fork server that are ready (:meth:`pytest_testnodeready`)
+        self.ready_attached = 0
         #: GPU UUID -> ids of the live xdist workers pinned to it
         self.gpu_workers: dict[str, set[str]] = {}
 
@@ -104,6 +106,16 @@ class XdistControllerPlugin:
         if config.getvalue("dist") == "load":
             return _load_scope()(config, log, self.plan)
         return None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodeready(self, node: Any) -> None:
+        """A worker is ready (it attached to the session's fork server at its configure, or could not): once every
+        worker handed the server is, nothing else may connect to it."""
+        if getattr(node, "workerinput", {}).get("kopt_fork_server"):
+            self.ready_attached += 1
+            forks = self.state.pool.forks
+            if self.ready_attached >= local_workers(self.config) and forks is not None:
+                forks.stop_listening()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

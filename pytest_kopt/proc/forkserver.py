@@ -41,6 +41,9 @@ CTL_FD = 3
 ANSWER_TIMEOUT_S = 180.0
 #: Seconds it may take once it has answered one (a fork: milliseconds).
 ANSWERED_TIMEOUT_S = 30.0
+#: Seconds a worker may take to connect to the session's server and send its attach request (a queue of
+#: connections that are no worker's: it starts a server of its own instead).
+ATTACH_CONNECT_S = 2.0
 
 
 def _stopped(pid: int | None) -> bool:
@@ -149,8 +152,10 @@ class ForkServer:
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            sock.settimeout(ATTACH_CONNECT_S)
             sock.connect(str(shared["path"]))
             sock.send(json.dumps({"op": "attach", "token": shared["token"], "env": env}).encode())
+            sock.settimeout(None)
         except (OSError, KeyError):
             sock.close()
             return None
@@ -231,6 +236,12 @@ class ForkServer:
             return -signal.SIGKILL
         return reply.get("status")
 
+    def stop_listening(self) -> None:
+        """No more workers will attach (the session's have, or will not): remove the listening socket's folder, so
+        no process can connect to it any more (connections already made are still served)."""
+        if self.shared is not None:
+            shutil.rmtree(os.path.dirname(self.shared["path"]), ignore_errors=True)
+
     def close(self) -> None:
         """End the server (closing its socket ends its loop; what it forked and still runs dies with it) and
         remove its log (a worker's leaves the shared server's) and its listening socket's folder."""
@@ -245,8 +256,7 @@ class ForkServer:
             self.proc.wait()
         if self.owns_log:
             Path(self.log).unlink(missing_ok=True)
-        if self.shared is not None:
-            shutil.rmtree(os.path.dirname(self.shared["path"]), ignore_errors=True)
+        self.stop_listening()
 
     def output(self) -> str:
         """The server's own output (its import's errors), at most the last 4 KB."""
