@@ -42,7 +42,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 #: Environment variables a child may have other than this process's: read after the fork (CUDA's at the first CUDA
 #: call, Triton's at its first use, kopt's by the harness), never by what this process imported. Any other
@@ -176,23 +176,17 @@ def _attach(conn: socket.socket, ours: tuple[socket.socket, ...], base: dict[str
     if pid:
         conn.close()
         return pid
-    code = 1
-    try:  # the worker's server: never returns into the caller's loop
+
+    def serve_worker() -> int:  # the worker's server
         for s in ours:
             s.close()
         os.setsid()
         os.environ.clear()
         os.environ.update(env)
         conn.send(json.dumps({"id": 0, "pid": os.getpid()}).encode())
-        code = _loop(conn, env, after)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        return _loop(conn, env, after)
+
+    _child(serve_worker)
 
 
 def refused(env: dict[str, str], base: dict[str, str], after: tuple[str, ...] = AFTER_FORK_ENV) -> list[str]:
@@ -223,14 +217,24 @@ def _spawn(sock: socket.socket, req: dict[str, Any], fds: list[int], base: dict[
         os.read(settled_r, 1)
         os.close(settled_r)
         return {"pid": pid}
-    code = 1
-    try:  # the child: never returns into this loop
+
+    def harness() -> int:
         os.close(settled_r)
         for other in others:  # a kernel's process holds none of the workers' connections, nor the listener
             other.close()
         _become(sock, env, fds, targets, [str(a) for a in req["argv"]])
         os.close(settled_w)
-        code = _run([str(a) for a in req["argv"]])
+        return _run([str(a) for a in req["argv"]])
+
+    _child(harness)
+
+
+def _child(body: Callable[[], int]) -> NoReturn:
+    """In a fresh fork: run ``body`` and end the process with its exit code (a ``SystemExit``'s; 1 after any other
+    error, printed), never returning into the server's loop."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
