@@ -350,19 +350,20 @@ def ncu_phases(run_dir: Path) -> list[str]:
     """Where each ncu profile of the run went (``*ncu_top.json`` ``attempts``: its set, how long before its go it was
     started ahead, and ``phase_s``: the lock's wait, what the process still needed after its go, the context and
     inputs, the warm-up, the profiled range with ncu's replays, the process's end and the report's writing, the
-    report read back; s), one line per profile, the set-up's and the close's champion's."""
+    report read back; s), one line per attempt of each profile, the set-up's and the close's champion's; a file
+    that is a copy of one already read (the champion's as ``iterv1/kernel_ncu_top.json``) is named on its line."""
     out = []
-    seen: dict[str, int] = {}  # a profile's copies (the champion's as iterv1/kernel_ncu_top.json): named once
+    seen: dict[bytes, int] = {}  # a file's content -> the index of its first line
     for f in sorted(run_dir.glob("**/*ncu_top.json")):
         try:
-            attempts = json.loads(f.read_text()).get("attempts") or []
+            raw = f.read_bytes()
+            attempts = json.loads(raw).get("attempts") or []
         except (OSError, ValueError, AttributeError):
             continue
-        key = json.dumps(attempts, sort_keys=True)
-        if key in seen:
-            out[seen[key]] += f" (also {f.relative_to(run_dir)})"
+        if raw in seen:
+            out[seen[raw]] += f" (also {f.relative_to(run_dir)})"
             continue
-        seen[key] = len(out)
+        first = len(out)
         for a in attempts if isinstance(attempts, list) else []:
             if not isinstance(a, dict):
                 continue
@@ -372,6 +373,8 @@ def ncu_phases(run_dir: Path) -> list[str]:
             out.append(f"  ncu profile {str(f.relative_to(run_dir)):<44} set {a.get('set')} "
                        f"{'ok' if a.get('ok') else 'failed'}; started ahead "
                        f"{'no' if ahead is None else f'{ahead:.1f} s before its go'} ({a.get('ahead')}); {phases}")
+        if len(out) > first:
+            seen[raw] = first
     return out
 
 

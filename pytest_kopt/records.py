@@ -12,6 +12,8 @@ from .gates.table import GateTable
 #: A kernel's verdict when items of it passed and none failed, but no correctness item passed: its output was never
 #: compared with the reference (exit 0 all the same: nothing failed).
 NOT_CHECKED = "NOT_CHECKED"
+
+
 @dataclass(frozen=True, slots=True)
 class GateRecord:
     """One item: ``kernel`` (its resolved path), ``gate``, ``case`` (``seed=7``, a tool, or None), ``outcome``

@@ -216,11 +216,10 @@ def _parent(pid: int) -> int:
 
 def test_xdist_workers_are_served_by_copies_of_the_sessions_one_server(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under xdist each worker imported torch in a fork server of its own, 8 at once in a close's busiest seconds;
-    now the controller's server is the session's: a worker attaches with the session's token, and a copy of the
-    server forked for it serves it (its processes forked there, a copy's parent the shared server). Once the
-    expected workers have attached, nothing else can; a connection without the token is not served; the socket's
-    private folder goes with the session."""
+    """The controller's server is the session's, so torch is imported once, not once per worker: a worker attaches
+    with the session's token, and a copy of the server forked for it serves it (its processes forked there, a
+    copy's parent the shared server). Once the expected workers have attached, nothing else can; a connection
+    without the token is not served; the socket's private folder goes with the session."""
     controller = HarnessPool()
     workers = [HarnessPool(), HarnessPool()]
     try:
@@ -247,7 +246,9 @@ def test_xdist_workers_are_served_by_copies_of_the_sessions_one_server(tmp_path:
         assert workers[0].forks.proc.pid != workers[1].forks.proc.pid
         assert stranger.answer(1, timeout_s=5.0) == {"error": "the fork server ended"}
         stranger.close()
-        assert not HarnessPool().attach_fork_server(shared)  # both workers attached: the server stops listening
+        late = HarnessPool()
+        assert not late.attach_fork_server(shared)  # both workers attached: the server stops listening
+        late.shutdown()
         # a worker whose harness environment was not the server's at its import starts its own
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         assert ForkServer.attach(shared) is None
@@ -270,7 +271,9 @@ def test_local_workers_counts_this_pythons_popen_workers() -> None:
     assert local_workers(config()) == 0  # xdist not loaded
     assert local_workers(config(dist="load", numprocesses=3, tx=["popen"] * 3)) == 3
     assert local_workers(config(dist="load", numprocesses=None,
-                                tx=["2*popen", "ssh=gpu-host//python=python3", "popen//python=python3.12"])) == 2
+                                tx=["2*popen", "ssh=gpu-host//python=python3", "popen//python=python3.12",
+                                    "popen//chdir=/elsewhere", "popen//env:OMP_NUM_THREADS=1",
+                                    "popen//id=gw9"])) == 3
 
 
 def test_a_session_under_xdist_imports_torch_once(pytester: pytest.Pytester) -> None:
@@ -291,6 +294,7 @@ def pytest_sessionfinish(session):
     procs = [s.proc for s in pool.live.values()]
     parent = lambda pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     row = {"server": pool.forks.proc.pid, "server_parent": parent(pool.forks.proc.pid),
+           "shared_parent": parent(parent(pool.forks.proc.pid)),
            "forked": [getattr(p, "forked", False) for p in procs],
            "parents": [parent(p.pid) for p in procs if p.poll() is None], "controller": os.getppid()}
     with open("workers.jsonl", "a") as f:
@@ -304,18 +308,18 @@ def pytest_sessionfinish(session):
 
     rows = [json.loads(line) for line in (pytester.path / "workers.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[0]["server"] != rows[1]["server"]
-    assert rows[0]["server_parent"] == rows[1]["server_parent"]  # one shared server, the controller's child
+    assert rows[0]["server_parent"] == rows[1]["server_parent"]  # one shared server
+    assert rows[0]["shared_parent"] == rows[0]["controller"] == rows[1]["controller"]  # started by the controller
     for row in rows:
         assert row["forked"] and all(row["forked"])
         assert row["parents"] and set(row["parents"]) == {row["server"]}
 
 
 def test_what_a_connection_without_the_token_sends_neither_ends_nor_holds_up_the_server(tmp_path: Path) -> None:
-    """A kernel's code can find the listening socket (a folder of this user's): before, JSON nested past the
-    recursion limit ended the shared server (and the controller's processes with it), and a connection that sent
-    nothing held the server for 5 s each while a worker's connect waited with no limit. Now nothing a connection
-    sends ends it, idle connections wait beside the others, and a worker that cannot connect in 2 s starts its
-    own server; once the workers are ready the socket's folder is removed."""
+    """A kernel's code can find the listening socket (a folder of this user's): nothing a connection without the
+    token sends ends the server (JSON nested past the recursion limit, bytes that are no JSON), connections that
+    send nothing wait beside its other work instead of holding it up, and once the workers are ready the socket's
+    folder is removed, so nothing more can connect."""
     import socket
     import time
 
@@ -356,4 +360,36 @@ def test_what_a_connection_without_the_token_sends_neither_ends_nor_holds_up_the
     finally:
         for conn in idle:
             conn.close()
+        controller.shutdown()
+
+
+def test_a_worker_the_sessions_server_refuses_starts_a_server_of_its_own(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the server's check of a worker's environment disagrees with the worker's own (a variable read at the
+    server's import that the worker was not told of), the worker's first process starts as a new Python, the
+    refusal is named, and its next processes come from a fork server of its own, not as new Pythons for the
+    whole session."""
+    from pytest_kopt.proc.runner import child_env, python_command
+
+    controller = HarnessPool()
+    worker = HarnessPool()
+    try:
+        shared = controller.share_fork_server(tmp_path, 1)
+        assert shared is not None
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read by torch at import: the server refuses it
+        env = child_env({})
+        python_command(env)
+        assert worker.attach_fork_server({**shared, "env": env})  # the worker was told of another environment
+        attached = worker.forks
+        ready(worker, "check:/k.py", tmp_path)
+        assert not srv_of(worker, "check:/k.py").proc.forked
+        assert attached is not None and attached.given_up
+        assert attached.broken.startswith("the session's fork server ")
+        ready(worker, "candidate:/k.py", tmp_path)
+        own = worker.forks
+        assert own is not None and own is not attached and own.shared is None
+        assert srv_of(worker, "candidate:/k.py").proc.forked
+        assert _parent(own.proc.pid) == os.getpid()  # its own server, started by this process
+    finally:
+        worker.shutdown()
         controller.shutdown()

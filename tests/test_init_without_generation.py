@@ -51,9 +51,8 @@ def _hardware_ctx(tmp_path: Path, mode: str | None, env: dict) -> SimpleNamespac
 
 
 def test_the_hardware_item_of_a_set_up_that_cannot_generate_fails_with_the_step(tmp_path: Path) -> None:
-    """An init stopped at step 0 (exit 3) read "hardware PASSED" and "1 passed", its kernel "NOT_CHECKED": the
-    hardware item now fails with the step's reason and the fix, its figures kept, so pytest's own line and the
-    kernel's verdict agree with the exit code."""
+    """An init stopped at step 0 (exit 3) fails its hardware item with the step's reason and the fix, its figures
+    kept, so pytest's own line ("1 failed") and the kernel's verdict agree with the exit code."""
     with pytest.raises(HardwareError) as err:
         hardware.gate_hardware(_hardware_ctx(tmp_path, "init", NO_GPU))
     exc = err.value

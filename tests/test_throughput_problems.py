@@ -104,6 +104,9 @@ def test_each_ncu_profile_of_the_run_prints_its_phases(tmp_path):
     (tmp_path / "baseline" / "ncu_top.json").write_text(json.dumps({"attempts": [
         {"set": "full", "ok": False, "started_ahead_s": None, "ahead": "none started"}, "not an attempt"]}))
     (tmp_path / "iterv1" / "kernel_ncu_top.json").write_text(top.read_text())  # the champion's, copied
+    for empty in ("iterv1/branches/b3/ncu_top.json", "iterv1/branches/b4/ncu_top.json"):  # no attempt: no line
+        (tmp_path / empty).parent.mkdir(parents=True)
+        (tmp_path / empty).write_text(json.dumps({"attempts": []}))
     lines = throughput.ncu_phases(tmp_path)
     assert len(lines) == 2
     assert "baseline/ncu_top.json" in lines[0] and "failed; started ahead no (none started)" in lines[0]

@@ -134,7 +134,7 @@ class XdistControllerPlugin:
         env = self.state.env
         node.workerinput["kopt_env"] = env
         spec = getattr(node.gateway, "spec", None)
-        if getattr(spec, "popen", True) and not getattr(spec, "python", None) and self.state.shared_forks:
+        if self.state.shared_forks and spec is not None and plain_local(spec):
             node.workerinput["kopt_fork_server"] = self.state.shared_forks  # this Python's: attached at configure
         if not getattr(spec, "popen", True):
             node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
@@ -160,15 +160,25 @@ class XdistControllerPlugin:
         node.workerinput["kopt_outdir"] = str(settings.outdir)
 
 
+def plain_local(spec: Any) -> bool:
+    """Whether an xdist gateway spec (an ``execnet.XSpec``) starts a worker as a process of this Python on this
+    machine, in this folder, with this environment: ``popen`` without ``python=``, ``chdir=``, ``via=`` or
+    ``env:``. Only such a worker can attach to the session's fork server."""
+    return bool(getattr(spec, "popen", None)) and not any(getattr(spec, k, None) for k in ("python", "chdir", "via",
+                                                                                            "env"))
+
+
 def local_workers(config: pytest.Config) -> int:
-    """How many xdist workers this session starts as processes of this Python on this machine (``-n N``, ``--tx
-    popen``, ``--tx 3*popen``; not ``popen//python=...``, ``ssh=...`` or ``socket=...``); 0 without xdist."""
+    """How many xdist workers this session starts as :func:`plain_local` processes (``-n N``, ``--tx popen``,
+    ``--tx 3*popen``); 0 without xdist."""
     if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
         return 0
+    import execnet  # pytest-xdist's own dependency: present wherever workers are
+
     count = 0
     for spec in getattr(config.option, "tx", None) or []:
         times, _, rest = str(spec).rpartition("*")
-        if rest == "popen":
+        if plain_local(execnet.XSpec(rest)):
             count += int(times) if times.isdigit() else 1
     return count
 

@@ -102,13 +102,19 @@ class ForkServer:
             # the socket lives in a folder only this user can enter; a connection must also show the token
             folder = tempfile.mkdtemp(prefix="kopt-fork-")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            listener.bind(os.path.join(folder, "s"))
-            listener.listen(max(workers, 8))
+            try:
+                listener.bind(os.path.join(folder, "s"))  # OSError: a path too long for AF_UNIX (a long TMPDIR)
+                listener.listen(max(workers, 8))
+            except OSError:  # the workers start their own servers
+                listener.close()
+                shutil.rmtree(folder, ignore_errors=True)
+                listener = None
+        if listener is not None:
             token = secrets.token_hex(16)
             args += ["--listen", str(listener.fileno()), "--token-sha", hashlib.sha256(token.encode()).hexdigest(),
                      "--workers", str(workers)]
             fds.append(listener.fileno())
-            self.shared = {"path": os.path.join(folder, "s"), "token": token, "env": env, "pythonpath": pythonpath,
+            self.shared = {"path": listener.getsockname(), "token": token, "env": env, "pythonpath": pythonpath,
                            "log": self.log}
         try:
             self.proc: Any = subprocess.Popen([*command, *args], stdin=subprocess.DEVNULL, stdout=fd,
@@ -164,6 +170,20 @@ class ForkServer:
         self._setup(env, sock, owns_log=False)
         self.proc = _Attached(self)
         return self
+
+    @property
+    def given_up(self) -> bool:
+        """True for a worker's attachment that no copy of the shared server will serve: the server refused it or
+        closed it before forking one (``broken`` says so, with the variables where their refusal was read before
+        the connection's reset). Its pool starts a server of its own."""
+        if not isinstance(self.proc, _Attached) or not self.broken or self.proc.pid is not None:
+            return False
+        if not self.broken.startswith("the session's"):
+            first = self.replies.get(0) or {}
+            self.broken = ("the session's fork server refused this worker's environment: " +
+                           ", ".join(map(str, first.get("variables") or [])) if first.get("error") == "refused" else
+                           f"the session's fork server served this worker no copy of itself ({self.broken})")
+        return True
 
     def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
               ctl: int) -> "ForkedProcess | subprocess.Popen":
@@ -243,8 +263,9 @@ class ForkServer:
             shutil.rmtree(os.path.dirname(self.shared["path"]), ignore_errors=True)
 
     def close(self) -> None:
-        """End the server (closing its socket ends its loop; what it forked and still runs dies with it) and
-        remove its log (a worker's leaves the shared server's) and its listening socket's folder."""
+        """End the server (closing its socket ends its loop; the harness processes it forked and that still run
+        die with it; the copies it forked for workers live on until their own worker's socket closes) and remove
+        its log (a worker's leaves the shared server's) and its listening socket's folder."""
         self.broken = self.broken or "closed"
         self.sock.close()
         if _stopped(self.proc.pid):  # it cannot see its socket close
@@ -281,14 +302,18 @@ class _Attached:
     @property
     def pid(self) -> int | None:
         pid = self.server.replies.get(0, {}).get("pid")
-        return int(pid) if isinstance(pid, int) else None
+        if not isinstance(pid, int):
+            return None
+        self._fd()  # held from now on: a signal through it never reaches another process that reused the pid
+        return int(pid)
 
     def _fd(self) -> int | None:
-        if self.ended or self.pid is None:
+        pid = self.server.replies.get(0, {}).get("pid")
+        if self.ended or not isinstance(pid, int):
             return None
         if self._pidfd is None:
             try:
-                self._pidfd = os.pidfd_open(self.pid)
+                self._pidfd = os.pidfd_open(pid)
             except OSError:  # gone already
                 self._end()
         return self._pidfd
@@ -313,9 +338,10 @@ class _Attached:
         return 0 if self.ended else None
 
     def kill(self) -> None:
-        if self.pid is not None and not self.ended:
+        fd = self._fd()
+        if fd is not None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
             except OSError:
                 pass
 

@@ -360,6 +360,9 @@ class HarnessPool:
     def _fork_server(self, workdir: Path) -> ForkServer | None:
         """This pool's fork server, started on first use (its torch import then overlaps the pytest process's
         work); None where it is turned off or the platform lacks what it needs."""
+        if self.forks is not None and self.forks.given_up:  # the session's refused this worker: its own instead
+            self.forks.close()
+            self.forks = None
         if self.forks is None and self.fork_server and forks_supported():
             self.forks = ForkServer(workdir)
         return self.forks
@@ -371,7 +374,7 @@ class HarnessPool:
         if workers <= 0 or self.forks is not None or not self.fork_server or not forks_supported():
             return None
         self.forks = ForkServer(workdir, workers=workers)
-        return self.forks.shared
+        return self.forks.shared  # None where its socket could not be made
 
     def attach_fork_server(self, shared: dict[str, Any] | None) -> bool:
         """An xdist worker's pool, at its configure: its fork server is the controller's, attached to now
