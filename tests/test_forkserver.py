@@ -393,3 +393,22 @@ def test_a_worker_the_sessions_server_refuses_starts_a_server_of_its_own(tmp_pat
     finally:
         worker.shutdown()
         controller.shutdown()
+
+
+def test_a_socket_path_too_long_for_af_unix_leaves_each_worker_its_own_server(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary directory whose path is longer than a Unix socket's 108 bytes: the controller's configure goes
+    on, its server listens for no one (no folder left behind), and workers start their own servers."""
+    import tempfile
+
+    long = tmp_path / ("d" * 60) / ("e" * 60)
+    long.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    controller = HarnessPool()
+    try:
+        assert controller.share_fork_server(tmp_path, 2) is None
+        assert controller.forks is not None and controller.forks.shared is None
+        assert not any(p.name.startswith("kopt-fork-") for p in long.iterdir())
+        assert ready(controller, "judge:/r.py", tmp_path)["ok"] and srv_of(controller, "judge:/r.py").proc.forked
+    finally:
+        controller.shutdown()
