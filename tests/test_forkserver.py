@@ -412,3 +412,24 @@ def test_a_socket_path_too_long_for_af_unix_leaves_each_worker_its_own_server(tm
         assert ready(controller, "judge:/r.py", tmp_path)["ok"] and srv_of(controller, "judge:/r.py").proc.forked
     finally:
         controller.shutdown()
+
+
+def test_the_socket_goes_once_every_worker_handed_it_is_ready() -> None:
+    """The controller removes the shared server's socket when the last worker it handed the server to is ready
+    (each attached, or gave up, at its configure), not at the first one's."""
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin.xdist import XdistControllerPlugin
+
+    stopped: list[int] = []
+    forks = SimpleNamespace(stop_listening=lambda: stopped.append(1))
+    state = SimpleNamespace(pool=SimpleNamespace(forks=forks))
+    config = SimpleNamespace(option=SimpleNamespace(dist="load", numprocesses=3, tx=["popen"] * 3))
+    plugin = XdistControllerPlugin(config, state)
+    handed = SimpleNamespace(workerinput={"workerid": "gw0", "kopt_fork_server": {"path": "/x/s"}})
+    plugin.pytest_testnodeready(SimpleNamespace(workerinput={"workerid": "gw9"}))  # not handed the server
+    plugin.pytest_testnodeready(handed)
+    plugin.pytest_testnodeready(handed)
+    assert stopped == []
+    plugin.pytest_testnodeready(handed)
+    assert stopped == [1]
