@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..artifacts import Env
 from ..errors import HardwareError
@@ -383,6 +383,14 @@ def header_line(env: dict[str, Any]) -> str:
     return f"kopt: {gpu}; {tools}; {libs}" + (f"; {hint}" if hint else "")
 
 
+def generation_problem(env: Mapping[str, Any]) -> str | None:
+    """None when the environment allows generation (SKILL.md step 0: a GPU context, nvcc, ncu and cuobjdump), else
+    why not (``env.json``'s ``reason``)."""
+    if env.get("generation_allowed"):
+        return None
+    return str(env.get("reason") or "env.json's generation_allowed is false")
+
+
 def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
     """The hardware gate: report the detected environment and write ``<outdir>/env.json``.
 
@@ -407,9 +415,10 @@ def gate_hardware(ctx: Context, case: Any = None) -> Outcome:
         # kernel_time.backend says which client measured (an installed one that cannot start falls back)
         figures["cupti_python"] = (env.get("packages") or {}).get("cupti-python")
     line = header_line(env)
-    if ctx.settings.loop_mode == "init" and not env.get("generation_allowed"):
-        raise HardwareError(f"the run's set-up needs a machine that allows generation (SKILL.md step 0): "
-                            f"{env.get('reason') or 'generation_allowed is false'}", gate="hardware",
+    problem = generation_problem(env) if ctx.settings.loop_mode == "init" else None
+    if problem is not None:
+        raise HardwareError(f"the run's set-up needs a machine that allows generation (SKILL.md step 0): {problem}",
+                            gate="hardware",
                             path=ctx.display, figures=figures,
                             fix="run the step where the report's loop.next.requires says: an NVIDIA GPU whose "
                                 "counters ncu can read, with nvcc, ncu and cuobjdump")

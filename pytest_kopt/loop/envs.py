@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifacts import write_json
+from ..gates.hardware import generation_problem  # noqa: F401  (the loop's SKILL.md step 0 asks it)
 from .layout import RunLayout
 from .runstate import State
 
@@ -58,14 +59,6 @@ def step_record(env: Mapping[str, Any], step: str) -> dict[str, Any]:
     return {"step": step, "host": platform.node(), "gpu": gpu.get("name"), "gpu_uuid": gpu.get("uuid"),
             "sm_arch": env.get("sm_arch"), "driver_version": env.get("driver_version"),
             "generation_allowed": bool(env.get("generation_allowed"))}
-
-
-def generation_problem(env: Mapping[str, Any]) -> str | None:
-    """None when the environment allows generation (SKILL.md step 0: a GPU context, nvcc, ncu and cuobjdump), else
-    why not (``env.json``'s ``reason``)."""
-    if env.get("generation_allowed"):
-        return None
-    return str(env.get("reason") or "env.json's generation_allowed is false")
 
 
 def step_arch(env: Mapping[str, Any], arch: str | None) -> str | None:

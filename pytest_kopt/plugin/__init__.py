@@ -26,7 +26,7 @@ from ..kinds.builtin import builtin_kinds
 from ..proc.runner import SESSION_PID_ENV
 from . import compare, hookspec, loop, options, report, summary_md, tidy
 from .compare import PrGatePlugin, SavedBaselinesPlugin
-from .early import prestart_harness_early, start_builds_early
+from .early import prestart_harness_early, runs_no_items, start_builds_early
 from .ledger import Ledger, SessionOutcome
 from .loop import LoopPlugin, init_run
 from .nodes import GPU_MARKER, KoptFile, KoptItem, node_path, pytest_collect_file, pytest_pycollect_makemodule
@@ -134,7 +134,8 @@ def pytest_configure(config: pytest.Config) -> None:
         prestart_planned(config, state, handed)
     else:
         # one fork server for the session, its torch import beside the probe and the workers' start
-        state.shared_forks = state.pool.share_fork_server(cache_dir(config) / "work", local_workers(config))
+        if not runs_no_items(config):
+            state.shared_forks = state.pool.share_fork_server(cache_dir(config) / "work", local_workers(config))
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)

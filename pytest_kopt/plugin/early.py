@@ -31,6 +31,11 @@ _NO_ITEMS = ("help", "version", "markers", "showfixtures", "show_fixtures_per_te
              "collectonly", "cacheshow")
 
 
+def runs_no_items(config: pytest.Config) -> bool:
+    """True under an option with which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...)."""
+    return any(getattr(config.option, name, False) for name in _NO_ITEMS)
+
+
 def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, gate: str = "compile") -> bool:
     """True when ``kernel``'s item of ``gate`` (one without parameters: ``compile``, ``plan``) surely runs: no
     option under which no item runs (``--help``, ``--collect-only``, ``--setup-plan``...), no ``--lf``, ``--sw``,
@@ -41,7 +46,7 @@ def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, ga
     unsure: an expression pytest cannot parse here, or one with call parameters. pytest has no public API that
     evaluates ``-k``/``-m`` before collection; its own parser is used, and its absence reads as unsure."""
     opt = config.option
-    if (any(getattr(opt, name, False) for name in _NO_ITEMS) or getattr(opt, "lf", False)
+    if (runs_no_items(config) or getattr(opt, "lf", False)
             or getattr(opt, "stepwise", False) or getattr(opt, "deselect", None)
             or any("::" in str(a) or not Path(config.invocation_params.dir, str(a)).exists() for a in config.args)):
         return False
