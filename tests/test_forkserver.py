@@ -433,3 +433,51 @@ def test_the_socket_goes_once_every_worker_handed_it_is_ready() -> None:
     assert stopped == []
     plugin.pytest_testnodeready(handed)
     assert stopped == [1]
+
+
+def test_connections_that_never_send_are_closed_oldest_first_and_after_the_attach_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's loop keeps at most MAX_PENDING connections waiting for their attach request, closing the oldest
+    when more come, and closes each after ATTACH_TIMEOUT_S; it answers its own socket all the while and ends when
+    that socket closes."""
+    import socket
+    import threading
+    import time
+
+    from pytest_kopt.child import forkserver as child
+
+    monkeypatch.setattr(child, "MAX_PENDING", 3)
+    monkeypatch.setattr(child, "ATTACH_TIMEOUT_S", 1.5)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(16)
+    ended: list[int] = []
+    loop = threading.Thread(target=lambda: ended.append(child._loop(theirs, {}, (), listener, "0" * 64, 1)))
+    loop.start()
+    conns = []
+    try:
+        for _ in range(5):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(str(tmp_path / "s"))
+            conns.append(conn)
+            time.sleep(0.1)  # accepted one by one: their order is the order of their connects
+
+        def closed(conn: socket.socket, within_s: float) -> bool:
+            conn.settimeout(within_s)
+            try:
+                return conn.recv(16) == b""
+            except TimeoutError:
+                return False
+
+        assert [closed(c, 0.3) for c in conns] == [True, True, False, False, False]
+        ours.send(b'{"op": "wait", "pid": 999999999}')  # answered while three connections wait: no such child
+        assert b"ChildProcessError" in ours.recv(4096)
+        assert [closed(c, 3.0) for c in conns[2:]] == [True, True, True]  # expired after 1.5 s (checked each 1 s)
+    finally:
+        ours.close()
+        loop.join(5)
+        for conn in conns:
+            conn.close()
+        listener.close()
+    assert not loop.is_alive() and ended == [0]

@@ -97,7 +97,8 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
         if listener is not None or pending or attached:
             now = time.monotonic()
             for conn in [c for c, t in pending.items() if now - t > ATTACH_TIMEOUT_S]:
-                pending.pop(conn).close()
+                del pending[conn]
+                conn.close()
             waiting = [sock, *pending] + ([listener] if listener is not None else [])
             ready, _, _ = select.select(waiting, [], [], 1.0 if pending or attached else None)
             for pid in list(attached):
@@ -112,7 +113,8 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
                     pass
                 while len(pending) > MAX_PENDING:
                     oldest = min(pending, key=pending.__getitem__)
-                    pending.pop(oldest).close()
+                    del pending[oldest]
+                    oldest.close()
             for conn in [c for c in ready if c in pending]:
                 del pending[conn]
                 closing = (sock, *pending, *([listener] if listener is not None else []))
