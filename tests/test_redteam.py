@@ -253,11 +253,17 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     assert status["honest.cu"] == "PASSED" and status["phase.cu"] == "INCORRECT_NUMERICAL", result.stdout.str()[-3000:]
     # one block on a side stream: its late writes race the harness's correctness calls, which fail it (H200,
     # 2026-12-03: NONDETERMINISTIC, 768 of 16 M elements stale on the second call; the set-B checks can read it as
-    # another correctness status), else the events miss the work the spans see (SUSPECT)
+    # another correctness status), else the events miss the work the spans see (SUSPECT), or the timed output's
+    # check reads the side writes unfinished (H100, 2026-12-07: 1888 elements NaN where the reference is finite,
+    # "a timed call's output is wrong")
+    def timed_output_caught(item: dict) -> bool:
+        return item["status"] not in ("PASSED", "SKIPPED") and \
+            "a timed call's output is wrong" in (item.get("message") or "") + (item.get("summary") or "")
+
     one_block = [i["status"] for i in doc["items"] if i["gate"] == "correctness"
                  and i["nodeid"].startswith("side_one_block")]
-    assert status["side_one_block.cu"] == "SUSPECT" or (status["side_one_block.cu"] == "SKIPPED" and one_block
-                                                         and one_block[0] not in ("PASSED", "SKIPPED")), \
+    assert status["side_one_block.cu"] == "SUSPECT" or timed_output_caught(timing["side_one_block.cu"]) or \
+        (status["side_one_block.cu"] == "SKIPPED" and one_block and one_block[0] not in ("PASSED", "SKIPPED")), \
         result.stdout.str()[-3000:]
     honest_ms = timing["honest.cu"]["figures"]["median_ms"]
     side = timing["side_stream.cu"]
@@ -269,9 +275,7 @@ def test_redteam_timing_attacks_gpu(pytester: pytest.Pytester) -> None:
     # against the honest 53 µs), or the timed output's check finds the race in a timed call's output (H100,
     # 2026-12-07, the seeds and the timing in one process: correctness PASSED, timing INCORRECT_NUMERICAL "a timed
     # call's output is wrong")
-    timed_output_caught = side["status"] not in ("PASSED", "SKIPPED") and \
-        "a timed call's output is wrong" in (side.get("message") or "") + (side.get("summary") or "")
-    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or timed_output_caught or \
+    assert side["status"] in ("SUSPECT", "UNSTABLE_TIMING") or timed_output_caught(side) or \
         corr[0] not in ("PASSED", "SKIPPED") or \
         (side["status"] == "PASSED" and side["figures"]["median_ms"] > 10 * honest_ms), result.stdout.str()[-3000:]
 
