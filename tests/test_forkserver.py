@@ -384,7 +384,7 @@ def test_a_worker_the_sessions_server_refuses_starts_a_server_of_its_own(tmp_pat
         ready(worker, "check:/k.py", tmp_path)
         assert not srv_of(worker, "check:/k.py").proc.forked
         assert attached is not None and attached.given_up
-        assert attached.broken.startswith("the session's fork server ")
+        assert attached.refusal.startswith("the session's fork server ")  # its variables where read before the reset
         ready(worker, "candidate:/k.py", tmp_path)
         own = worker.forks
         assert own is not None and own is not attached and own.shared is None

@@ -174,16 +174,20 @@ class ForkServer:
     @property
     def given_up(self) -> bool:
         """True for a worker's attachment that no copy of the shared server will serve: the server refused it or
-        closed it before forking one (``broken`` says so, with the variables where their refusal was read before
-        the connection's reset). Its pool starts a server of its own."""
-        if not isinstance(self.proc, _Attached) or not self.broken or self.proc.pid is not None:
-            return False
-        if not self.broken.startswith("the session's"):
-            first = self.replies.get(0) or {}
-            self.broken = ("the session's fork server refused this worker's environment: " +
-                           ", ".join(map(str, first.get("variables") or [])) if first.get("error") == "refused" else
-                           f"the session's fork server served this worker no copy of itself ({self.broken})")
-        return True
+        closed it before forking one (:attr:`refusal` says why). Its pool starts a server of its own."""
+        return isinstance(self.proc, _Attached) and bool(self.broken) and self.proc.pid is None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the session's server serves this worker no copy of itself (the variables it refused where its answer
+        was read before the connection's reset), or None while it may."""
+        if not self.given_up:
+            return None
+        first = self.replies.get(0) or {}
+        if first.get("error") == "refused":
+            return "the session's fork server refused this worker's environment: " + \
+                ", ".join(map(str, first.get("variables") or []))
+        return f"the session's fork server served this worker no copy of itself ({self.broken})"
 
     def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
               ctl: int) -> "ForkedProcess | subprocess.Popen":
