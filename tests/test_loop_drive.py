@@ -36,18 +36,17 @@ def _plan() -> Any:
     return module
 
 
-def _run(pytester: pytest.Pytester, command: list[str], workers: int = 0) -> tuple[int, dict[str, Any]]:
+def _run(pytester: pytest.Pytester, command: list[str], report: str, workers: int = 0) -> tuple[int, dict[str, Any]]:
     """Run a report's command as given, but for ``-n`` (the test's speed: none, or ``workers``), with the
-    stand-ins and the peek plugin; returns its exit code and its report."""
+    stand-ins and the peek plugin; returns its exit code and its report, read from ``report`` (``next.report``)."""
     cmd = list(command)
     if "-n" in cmd:
         at = cmd.index("-n")
         del cmd[at:at + 2]
     if workers:
         cmd += ["-n", str(workers)]
-    report = Path(next(a for a in cmd if a.startswith("--kopt-json=")).split("=", 1)[1])
     result = pytester.run(*cmd, "-p", "kopt_standin", "-p", "kopt_peek", "-p", "no:cacheprovider", timeout=600)
-    return result.ret, json.loads(report.read_text())
+    return result.ret, json.loads(Path(report).read_text())
 
 
 def test_an_agent_drives_a_run_from_the_report_alone(pytester: pytest.Pytester,
@@ -61,7 +60,8 @@ def test_an_agent_drives_a_run_from_the_report_alone(pytester: pytest.Pytester,
     s = plan.SETUP
     rc, doc = _run(pytester, [sys.executable, "-m", "pytest", "--kopt-init", f"--kopt-baseline={s['baseline']}",
                               f"--kopt-ref={s['ref']}", "--kopt-dims=M=4,N=16", "--kopt-iterations=3",
-                              "--kopt-branches=2", "--kopt-seeds=1", f"--kopt-json={pytester.path / 'init.json'}"])
+                              "--kopt-branches=2", "--kopt-seeds=1", f"--kopt-json={pytester.path / 'init.json'}"],
+                   str(pytester.path / "init.json"))
     peek = json.loads((pytester.path / "peek.json").read_text())
     assert (peek["status"], peek["exit_code"], peek["loop"]["stage"]) == ("running", None, "running")
     jsonschema.validate(peek, schema)
@@ -85,7 +85,7 @@ def test_an_agent_drives_a_run_from_the_report_alone(pytester: pytest.Pytester,
                 Path(nxt["ablation_pattern"]["kernel"].replace("{method}", m)).write_text(source)
                 Path(nxt["ablation_pattern"]["base"].replace("{method}", m)).write_text(base)
         finishing = "finish" in want and not want.get("methods")
-        rc, doc = _run(pytester, nxt["command"], workers=2 if finishing else 0)  # xdist's path for the finish
+        rc, doc = _run(pytester, nxt["command"], nxt["report"], workers=2 if finishing else 0)  # xdist's for the finish
         stages.append((rc, doc["loop"]["stage"], doc["loop"]["next"]["action"]))
         reports.append(doc)
     assert stages == [(0, "branch_explore", "write_ablations"), (0, "conclude", "write_and_close"),

@@ -28,7 +28,7 @@ from .overrides import check_methods, finishes_now, load_open_run, run_overrides
 from .result import StepResult
 from .runstate import State
 from .summary import render_summary
-from .view import PYTEST, next_step, option
+from .view import PYTEST, next_step, option, report_of
 
 __all__ = ["BestSoFar", "RUN_FIXED", "ablation_request", "ablation_results", "best_name", "branch_results",
            "finish_init", "finish_run", "finishing", "fixed_option_problems", "run_overrides", "same_gpu_decision",
@@ -199,5 +199,5 @@ def _next_or_fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
     if step.get("action") in ("write_and_close", "write_ablations"):
         return {**step, "action": "fix_and_rerun", "write": [exc.path] if exc.path else step.get("write", [])}
     return {"action": "fix_and_rerun", "read": [str(layout.state)], "write": [exc.path] if exc.path else [],
-            "command": command, "reason": exc.message} if not step else step
+            "command": command, "report": report_of(command), "reason": exc.message} if not step else step
 

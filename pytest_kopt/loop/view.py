@@ -60,9 +60,18 @@ def init_command(state: State, layout: RunLayout | None = None) -> list[str]:
             option("--kopt-ncu-num", state.ncu_num), option("--kopt-json", layout.root.parent / "kopt-init.json")]
 
 
+def report_of(command: list[str] | None) -> str | None:
+    """Where ``command`` (argv) writes its JSON report: its ``--kopt-json`` value, None where it has none."""
+    for arg in command or []:
+        if arg.startswith("--kopt-json="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def next_step(run_dir: Path) -> dict[str, Any]:
     """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
-    ``read`` (the evidence) and to ``write``, and the ``command`` to run (argv). Paths are absolute. Actions:
+    ``read`` (the evidence) and to ``write``, the ``command`` to run (argv) and the ``report`` it writes (its
+    ``--kopt-json`` path; None without a command). Paths are absolute. Actions:
 
     - ``write_and_close`` while an iteration is open: ``methods.json``, one kernel per branch, optionally an
       ablation per selected method (``ablations/<method>/kernel.*`` with a ``base`` file naming its branch); with
@@ -80,6 +89,12 @@ def next_step(run_dir: Path) -> dict[str, Any]:
     pattern, ``ablation_pattern``; ``finish`` says how to end the run instead.
 
     Raises the loop's ConfigError when the run's state is bad."""
+    step = _next_step(run_dir)
+    step["report"] = report_of(step.get("command"))
+    return step
+
+
+def _next_step(run_dir: Path) -> dict[str, Any]:
     layout = RunLayout.of(run_dir)
     state = State.load(run_dir)
     if state.run_status == "completed":

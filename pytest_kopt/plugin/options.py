@@ -165,13 +165,14 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
     if run_dir not in (None, ""):
         run_dir = Path(str(run_dir)).resolve()
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": ["python3", "-m", "pytest", f"--kopt-run={run_dir}"]}
+                               "command": ["python3", "-m", "pytest", f"--kopt-run={run_dir}"], "report": None}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             from ..loop import state as st
 
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
                 if st.load_state(Path(run_dir)).get("open_iter") else step
+            nxt["report"] = st.report_of(nxt.get("command"))
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         try:
