@@ -334,9 +334,7 @@ class _Attached:
     def wait(self, timeout: float | None = None, raising: bool = True) -> int | None:
         fd = self._fd()
         if fd is not None:
-            if not select.select([fd], [], [], timeout)[0]:
-                if raising:
-                    raise subprocess.TimeoutExpired("kopt-forkserver", timeout or 0.0)
+            if not _ended(fd, timeout, raising, "kopt-forkserver"):
                 return None
             self._end()
         return 0 if self.ended else None
@@ -415,10 +413,7 @@ class ForkedProcess:
         if self.returncode is not None:
             return self.returncode
         assert self._pidfd is not None and self._pid is not None
-        ready, _, _ = select.select([self._pidfd], [], [], timeout)
-        if not ready:
-            if raising:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        if not _ended(self._pidfd, timeout, raising, self.args):
             return None
         code = self.server.reap(self._pid)
         for _ in range(100):  # the pidfd says it ended: the server's waitpid sees it at once
@@ -429,6 +424,16 @@ class ForkedProcess:
         self.returncode = -signal.SIGKILL if code is None else code
         os.close(self._pidfd)
         return self.returncode
+
+
+def _ended(pidfd: int, timeout: float | None, raising: bool, name: str | list[str]) -> bool:
+    """Whether the process of ``pidfd`` ended within ``timeout`` seconds (None: however long it takes); when it did
+    not, raises :class:`subprocess.TimeoutExpired` naming ``name`` with ``raising``, else returns False."""
+    if select.select([pidfd], [], [], timeout)[0]:
+        return True
+    if raising:
+        raise subprocess.TimeoutExpired(name, timeout or 0.0)
+    return False
 
 
 def _close_all(fds: dict[int, int]) -> None:
