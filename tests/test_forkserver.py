@@ -423,16 +423,65 @@ def test_the_socket_goes_once_every_worker_handed_it_is_ready() -> None:
 
     stopped: list[int] = []
     forks = SimpleNamespace(stop_listening=lambda: stopped.append(1))
-    state = SimpleNamespace(pool=SimpleNamespace(forks=forks))
+    state = SimpleNamespace(pool=SimpleNamespace(forks=forks), shared_forks={"path": "/x/s"})
     config = SimpleNamespace(option=SimpleNamespace(dist="load", numprocesses=3, tx=["popen"] * 3))
     plugin = XdistControllerPlugin(config, state)
     handed = SimpleNamespace(workerinput={"workerid": "gw0", "kopt_fork_server": {"path": "/x/s"}})
     plugin.pytest_testnodeready(SimpleNamespace(workerinput={"workerid": "gw9"}))  # not handed the server
     plugin.pytest_testnodeready(handed)
     plugin.pytest_testnodeready(handed)
-    assert stopped == []
+    assert stopped == [] and state.shared_forks is not None
     plugin.pytest_testnodeready(handed)
     assert stopped == [1]
+    assert state.shared_forks is None  # a worker started later (a crashed one's replacement) is handed none
+
+
+def test_a_worker_never_sends_the_token_to_a_socket_put_in_the_servers_place(tmp_path: Path) -> None:
+    """Another process of this user can remove the socket's folder and listen at the same path before a worker
+    attaches: the worker checks the peer of its connection (SO_PEERCRED) against the controller that handed it the
+    server, sends the token to no one else and starts a server of its own."""
+    import shutil
+    import sys
+    import textwrap
+
+    controller = HarnessPool()
+    worker = HarnessPool()
+    got = tmp_path / "got"
+    try:
+        shared = controller.share_fork_server(tmp_path, 1)
+        assert shared is not None and shared["listener_pid"] == os.getpid()
+        folder = Path(shared["path"]).parent
+        shutil.rmtree(folder)
+        folder.mkdir(mode=0o700)
+        impostor = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.bind({shared["path"]!r}); s.listen(4)
+            print("listening", flush=True)
+            conn, _ = s.accept()
+            conn.settimeout(3.0)
+            try:
+                data = conn.recv(1 << 20)
+            except TimeoutError:
+                data = b"nothing"
+            open({str(got)!r}, "wb").write(data)
+            """)], stdout=subprocess.PIPE, text=True)
+        assert impostor.stdout is not None and impostor.stdout.readline().strip() == "listening"
+        env = dict(os.environ)
+        try:
+            os.environ["PYTEST_XDIST_WORKER"] = "gw0"
+            assert not worker.attach_fork_server(shared)  # refused at the peer check: no attachment
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
+        impostor.wait(timeout=10)
+        assert got.read_bytes() in (b"", b"nothing") and shared["token"].encode() not in got.read_bytes()
+        result = ready(worker, "candidate:/k.py", tmp_path)
+        own = worker.forks
+        assert result["ok"] and own is not None and own.shared is None and _parent(own.proc.pid) == os.getpid()
+    finally:
+        worker.shutdown()
+        controller.shutdown()
 
 
 def test_connections_that_never_send_are_closed_oldest_first_and_after_the_attach_timeout(

@@ -110,12 +110,15 @@ class XdistControllerPlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodeready(self, node: Any) -> None:
         """A worker is ready (it attached to the session's fork server at its configure, or could not): once every
-        worker handed the server is, nothing else may connect to it."""
+        worker handed the server is, nothing else may connect to it, and a worker started later (xdist's
+        replacement of a crashed one) is handed none: it starts its own."""
         if getattr(node, "workerinput", {}).get("kopt_fork_server"):
             self.ready_attached += 1
             forks = self.state.pool.forks
-            if self.ready_attached >= local_workers(self.config) and forks is not None:
-                forks.stop_listening()
+            if self.ready_attached >= local_workers(self.config):
+                self.state.shared_forks = None
+                if forks is not None:
+                    forks.stop_listening()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

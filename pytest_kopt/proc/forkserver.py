@@ -23,6 +23,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -114,8 +115,9 @@ class ForkServer:
             args += ["--listen", str(listener.fileno()), "--token-sha", hashlib.sha256(token.encode()).hexdigest(),
                      "--workers", str(workers)]
             fds.append(listener.fileno())
+            # listener_pid: the process that listens (this one), which a worker checks its connection's peer against
             self.shared = {"path": listener.getsockname(), "token": token, "env": env, "pythonpath": pythonpath,
-                           "log": self.log}
+                           "log": self.log, "listener_pid": os.getpid()}
         try:
             self.proc: Any = subprocess.Popen([*command, *args], stdin=subprocess.DEVNULL, stdout=fd,
                                               stderr=subprocess.STDOUT, env=env, pass_fds=tuple(fds),
@@ -145,9 +147,10 @@ class ForkServer:
         """An xdist worker's server: a copy of the session's shared server (``shared``: its :attr:`shared`, as the
         controller handed it), forked for this process when it reads the request sent now (after its own torch
         import: this call does not wait for it). None where this process's harness environment is not the one the
-        shared server imported with (beyond what is set after a fork and pytest-xdist's own variables), or its
-        socket cannot be reached (a worker started after the others attached, another host): the pool then starts
-        a server of its own."""
+        shared server imported with (beyond what is set after a fork and pytest-xdist's own variables), its socket
+        cannot be reached (a worker started after the others attached, another host), or the process listening at
+        its path is not the controller that handed it (another process of this user put a socket in its place:
+        checked before the token is sent): the pool then starts a server of its own."""
         if not shared:
             return None
         env = child_env({})
@@ -160,6 +163,9 @@ class ForkServer:
         try:
             sock.settimeout(ATTACH_CONNECT_S)
             sock.connect(str(shared["path"]))
+            if peer(sock) != (shared["listener_pid"], os.getuid()):  # a socket put in its place: not the token's
+                sock.close()
+                return None
             sock.send(json.dumps({"op": "attach", "token": shared["token"], "env": env}).encode())
             sock.settimeout(None)
         except (OSError, KeyError):
@@ -424,6 +430,13 @@ class ForkedProcess:
         self.returncode = -signal.SIGKILL if code is None else code
         os.close(self._pidfd)
         return self.returncode
+
+
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """The (pid, uid) of the process at the other end of a connected AF_UNIX socket (``SO_PEERCRED``): for a
+    connection to a listening socket, the process that called ``listen`` on it, whoever accepts."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
 
 
 def _ended(pidfd: int, timeout: float | None, raising: bool, name: str | list[str]) -> bool:
