@@ -111,7 +111,10 @@ def test_a_loop_file_error_is_exit_4_with_the_report_not_an_internal_error(pytes
     assert result.ret == 4 and "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
     doc = json.loads((pytester.path / "b.json").read_text())
     assert doc["error"]["problems"] == ["state.json: open_iter: {'i': 1} is not of type 'integer', 'null'"]
-    assert doc["loop"]["next"]["command"] == ["python3", "-m", "pytest", f"--kopt-run={run}"]
+    # the same command again, writing the same report, with this Python (not whatever python3 is on PATH)
+    again = str(pytester.path / "b.json")
+    assert doc["loop"]["next"]["command"] == [sys.executable, "-m", "pytest", f"--kopt-run={run}", f"--kopt-json={again}"]
+    assert doc["loop"]["next"]["report"] == again
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(doc, registry.load("report_schema.json"))
 

@@ -125,7 +125,7 @@ def write_error_report(exc: ConfigError, base: Path, path: Any, run_dir: Any = N
     target = Path(base, str(path))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(config_error_document(exc, run_dir), indent=2) + "\n")
+        target.write_text(json.dumps(config_error_document(exc, run_dir, target.resolve()), indent=2) + "\n")
     except OSError:
         pass  # the usage error itself still says what is wrong
 
@@ -148,10 +148,11 @@ def usage_error(exc: ConfigError, config: pytest.Config | None = None) -> pytest
     return pytest.UsageError(f"pytest-kopt: {exc.message}\n  fix: {exc.fix}")
 
 
-def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, Any]:
-    """The ``--kopt-json`` report of a session stopped before collection: ``exit_code`` 4, no items, ``error``
-    (status, gate, message, fix, path, line, problems); with ``--kopt-run``, a ``loop`` section whose ``stage`` is
-    the gate (``methods`` for a methods.json that breaks a rule) and whose ``next`` says what to do."""
+def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | None = None) -> dict[str, Any]:
+    """The ``--kopt-json`` report (written to ``report``) of a session stopped before collection: ``exit_code`` 4,
+    no items, ``error`` (status, gate, message, fix, path, line, problems); with ``--kopt-run``, a ``loop`` section
+    whose ``stage`` is the gate (``methods`` for a methods.json that breaks a rule) and whose ``next`` says what to
+    do (where the run's state cannot be read: the same command again, writing its report to ``report``)."""
     from .. import __version__
     from .ledger import JSON_SCHEMA_VERSION
 
@@ -164,11 +165,12 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
                            "exit_code": 4, "error": error, "items": [], "comparisons": [], "loop": None}
     if run_dir not in (None, ""):
         run_dir = Path(str(run_dir)).resolve()
-        nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": ["python3", "-m", "pytest", f"--kopt-run={run_dir}"], "report": None}
-        try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
-            from ..loop import state as st
+        from ..loop import state as st
 
+        again = [*st.PYTEST, f"--kopt-run={run_dir}", *([f"--kopt-json={report}"] if report is not None else [])]
+        nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
+                               "command": again, "report": str(report) if report is not None else None}
+        try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
                 if st.load_state(Path(run_dir)).get("open_iter") else step
@@ -176,8 +178,6 @@ def config_error_document(exc: ConfigError, run_dir: Any = None) -> dict[str, An
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         try:
-            from ..loop import state as st
-
             view = st.run_view(Path(run_dir))
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             view = {}
