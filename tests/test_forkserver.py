@@ -530,3 +530,57 @@ def test_connections_that_never_send_are_closed_oldest_first_and_after_the_attac
             conn.close()
         listener.close()
     assert not loop.is_alive() and ended == [0]
+
+
+
+def test_a_worker_that_meets_a_full_backlog_tries_again_within_its_connect_time(tmp_path: Path) -> None:
+    """Strangers' connections can fill the listening socket's backlog before the server's loop accepts them (a
+    non-blocking AF_UNIX connect then fails at once with EAGAIN): the worker tries again until its connect time
+    (ATTACH_CONNECT_S) is up instead of giving up on the session's server at once; its request then arrives."""
+    import socket
+    import threading
+
+    from pytest_kopt.proc.runner import child_env, python_command
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(0)
+    strangers = []
+    for _ in range(8):  # the backlog full: the next connect is refused at once
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.setblocking(False)
+        try:
+            conn.connect(str(tmp_path / "s"))
+        except BlockingIOError:
+            conn.close()
+            break
+        strangers.append(conn)
+    else:
+        pytest.fail("the backlog never filled")
+    env = child_env({})
+    pythonpath = env.get("PYTHONPATH", "")
+    python_command(env)
+    shared = {"path": str(tmp_path / "s"), "token": "t0k", "env": env, "pythonpath": pythonpath, "log": "",
+              "listener_pid": os.getpid()}
+    received: list[bytes] = []
+
+    def server_loop_catches_up() -> None:  # the server's loop accepts the waiting connections 0.5 s later
+        threading.Event().wait(0.5)
+        conns = [listener.accept()[0] for _ in range(len(strangers) + 1)]
+        received.append(conns[-1].recv(1 << 20))
+        for conn in conns:
+            conn.close()
+
+    catch_up = threading.Thread(target=server_loop_catches_up)
+    catch_up.start()
+    attached = ForkServer.attach(shared)
+    catch_up.join(5)
+    try:
+        assert attached is not None  # before: None at once, and the worker started its own server
+        assert received and b'"token": "t0k"' in received[0]
+    finally:
+        if attached is not None:
+            attached.sock.close()
+        for conn in strangers:
+            conn.close()
+        listener.close()

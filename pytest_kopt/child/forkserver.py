@@ -93,6 +93,8 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
     no one."""
     attached: set[int] = set()  # the workers' servers forked here: reaped once they end
     pending: dict[socket.socket, float] = {}  # connections accepted, their request not read yet: when accepted
+    if listener is not None:
+        listener.setblocking(False)  # accepted until none is left (below)
     while True:
         if listener is not None or pending or attached:
             now = time.monotonic()
@@ -105,12 +107,13 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
                 if _reap(pid) is not None:
                     attached.discard(pid)
             if listener is not None and listener in ready:
-                try:
-                    conn, _ = listener.accept()
+                while True:  # every connection waiting: a burst of strangers' fills no backlog a worker then meets
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:  # none left (BlockingIOError), or one that went meanwhile
+                        break
                     conn.setblocking(False)
                     pending[conn] = time.monotonic()
-                except OSError:
-                    pass
                 while len(pending) > MAX_PENDING:
                     oldest = min(pending, key=pending.__getitem__)
                     del pending[oldest]

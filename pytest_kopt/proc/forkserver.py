@@ -162,7 +162,15 @@ class ForkServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.settimeout(ATTACH_CONNECT_S)
-            sock.connect(str(shared["path"]))
+            deadline = time.monotonic() + ATTACH_CONNECT_S
+            while True:  # a backlog full of strangers' connections refuses at once (EAGAIN): tried again meanwhile
+                try:
+                    sock.connect(str(shared["path"]))
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
             if peer(sock) != (shared["listener_pid"], os.getuid()):  # a socket put in its place: not the token's
                 sock.close()
                 return None
