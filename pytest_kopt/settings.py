@@ -393,7 +393,13 @@ def _path(text: str, source: str, base: Path, suffixes: tuple[str, ...]) -> Path
     if suffixes and path.suffix not in suffixes:
         raise ConfigError(f"{source}: {text!r} must end in {' or '.join(suffixes)}",
                           fix="give a CUDA/CUTLASS .cu file or a Triton .py file" if ".cu" in suffixes else "give a .py file")
-    return path.resolve()
+    path = path.resolve()
+    control = sorted({c for c in str(path) if ord(c) < 0x20 or ord(c) == 0x7f})
+    if control:  # the run's records (state.json's path patterns) and the tools' command lines take none
+        raise ConfigError(f"{source}: the path {str(path)!r} has a control character ({', '.join(map(repr, control))})",
+                          fix="move or rename the file (or its folder) to a path without newlines, tabs or other "
+                              "control characters")
+    return path
 
 
 def _count(text: str, source: str, example: int) -> int:
