@@ -139,7 +139,7 @@ def drive(loop: dict[str, Any], plan: Any, workdir: Path, extra: list[str], firs
         nxt = loop.get("next") or {}
         if not act(loop, plan, workdir):
             break
-        report = Path(next(a for a in nxt["command"] if a.startswith("--kopt-json=")).split("=", 1)[1])
+        report = Path(nxt["report"])  # where the command writes its report
         label = report.parent.name + ("b" if report.name == "report_ablations.json" else "")
         loop = run_step(workdir, f"{n:02d}_{label}", nxt["command"], report, extra)
     return 0
