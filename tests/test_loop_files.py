@@ -329,3 +329,23 @@ def test_an_iteration_folder_planted_as_a_link_is_not_opened(tmp_path: Path, mon
     assert out["exit_code"] == 4 and out["error"]["problems"] == [
         f"{r.run / 'iterv2'} leads outside the run directory {r.run} (to {outside.resolve()})"]
     assert list(outside.iterdir()) == []
+
+
+def test_a_step_that_cannot_read_its_state_asks_for_a_rerun_that_writes_the_sessions_report(tmp_path: Path) -> None:
+    """state.json made unreadable while a step ran: no step's report path is known, so the step's next is the same
+    --kopt-run with this Python, and the plugin adds the session's own --kopt-json path (rerun_writing); a next
+    that already writes a report keeps it."""
+    from pytest_kopt.errors import ConfigError
+    from pytest_kopt.loop import session, state as st
+
+    run, _ = cpu_run(tmp_path)
+    (run / "state.json").write_text("{")
+    nxt = session._next_or_fix(run, ConfigError("state.json: not JSON", path=str(run / "state.json")))
+    assert nxt["action"] == "fix_and_rerun" and nxt["report"] is None
+    assert nxt["command"] == [sys.executable, "-m", "pytest", f"--kopt-run={run}"]
+    mine = tmp_path / "step.json"
+    again = st.rerun_writing(nxt, mine)
+    assert again["command"] == [*nxt["command"], f"--kopt-json={mine}"] and again["report"] == str(mine)
+    assert st.rerun_writing(again, tmp_path / "other.json") == again  # its report already named
+    closing = {"action": "write_and_close", "command": ["x"], "report": None}
+    assert st.rerun_writing(closing, mine) is closing  # only a rerun is made to write the session's report

@@ -89,12 +89,10 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
           token_sha: str = "", workers: int = 0) -> int:
     """Answer the requests on ``sock`` until it closes; attach workers on ``listener`` meanwhile (:func:`serve`).
     A connection on ``listener`` waits among the others until its request has come (at most
-    :data:`ATTACH_TIMEOUT_S`, :data:`MAX_PENDING` at once, the oldest closed first): one that sends nothing holds up
-    no one."""
+    :data:`ATTACH_TIMEOUT_S`, :data:`MAX_PENDING` at once, the oldest of those that sent nothing closed first): one
+    that sends nothing holds up no one."""
     attached: set[int] = set()  # the workers' servers forked here: reaped once they end
     pending: dict[socket.socket, float] = {}  # connections accepted, their request not read yet: when accepted
-    if listener is not None:
-        listener.setblocking(False)  # accepted until none is left (below)
     while True:
         if listener is not None or pending or attached:
             now = time.monotonic()
@@ -107,17 +105,19 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
                 if _reap(pid) is not None:
                     attached.discard(pid)
             if listener is not None and listener in ready:
-                while True:  # every connection waiting: a burst of strangers' fills no backlog a worker then meets
-                    try:
-                        conn, _ = listener.accept()
-                    except OSError:  # none left (BlockingIOError), or one that went meanwhile
-                        break
+                try:
+                    conn, _ = listener.accept()
                     conn.setblocking(False)
                     pending[conn] = time.monotonic()
-                while len(pending) > MAX_PENDING:
-                    oldest = min(pending, key=pending.__getitem__)
-                    del pending[oldest]
-                    oldest.close()
+                except OSError:  # one that went meanwhile
+                    pass
+                if len(pending) > MAX_PENDING:  # the oldest closed first, but none whose request has come
+                    sent = select.select(list(pending), [], [], 0)[0]
+                    ready = [*ready, *(c for c in sent if c not in ready)]
+                    silent = sorted((c for c in pending if c not in sent), key=pending.__getitem__)
+                    for conn in silent[:len(pending) - MAX_PENDING]:
+                        del pending[conn]
+                        conn.close()
             for conn in [c for c in ready if c in pending]:
                 del pending[conn]
                 closing = (sock, *pending, *([listener] if listener is not None else []))

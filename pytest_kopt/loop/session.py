@@ -195,8 +195,8 @@ def _next_or_fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
     except ConfigError:
         step = {}
     layout = RunLayout.of(run_dir)
-    command = step.get("command") or [*PYTEST, option("--kopt-run", layout.root),
-                                      option("--kopt-json", layout.root / "report.json")]
+    # without a readable state no step's report path is known: the plugin adds the session's own (rerun_writing)
+    command = step.get("command") or [*PYTEST, option("--kopt-run", layout.root)]
     if step.get("action") in ("write_and_close", "write_ablations"):
         return {**step, "action": "fix_and_rerun", "write": [exc.path] if exc.path else step.get("write", [])}
     return {"action": "fix_and_rerun", "read": [str(layout.state)], "write": [exc.path] if exc.path else [],

@@ -68,6 +68,15 @@ def report_of(command: list[str] | None) -> str | None:
     return None
 
 
+def rerun_writing(nxt: dict[str, Any], report: Path | None) -> dict[str, Any]:
+    """``nxt`` (a ``loop.next``) whose ``fix_and_rerun`` command writes no report (the run's state could not be
+    read, so no step's report path is known) made to write ``report`` (the session's own ``--kopt-json`` path,
+    absolute) and to say so in ``report``; any other ``nxt`` as it is."""
+    if nxt.get("action") != "fix_and_rerun" or report is None or report_of(nxt.get("command")) is not None:
+        return nxt
+    return {**nxt, "command": [*(nxt.get("command") or []), f"--kopt-json={report}"], "report": str(report)}
+
+
 def next_step(run_dir: Path) -> dict[str, Any]:
     """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
     ``read`` (the evidence) and to ``write``, the ``command`` to run (argv) and the ``report`` it writes (its

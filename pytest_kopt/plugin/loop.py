@@ -139,6 +139,10 @@ class LoopPlugin:
         code = ledger.exit_code()
         self.state.ahead.wait_plotting()  # the close's charts: never two threads importing matplotlib
         result = self._step(ledger.records)
+        report = raw(self.config, "json")
+        if result.get("next") and report not in (None, "", "-"):  # a rerun that writes this session's report
+            result["next"] = loop_state.rerun_writing(result["next"],
+                                                      Path(self.config.invocation_params.dir, str(report)).resolve())
         if self.finishing or (session.exitstatus in (0, code) and not ledger.other_failures()):
             session.exitstatus = int(result["exit_code"])
         outcome.loop = {**loop_state.run_view(settings.run_dir), **result, "run_dir": str(settings.run_dir),

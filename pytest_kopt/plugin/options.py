@@ -167,9 +167,8 @@ def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | 
         run_dir = Path(str(run_dir)).resolve()
         from ..loop import state as st
 
-        again = [*st.PYTEST, f"--kopt-run={run_dir}", *([f"--kopt-json={report}"] if report is not None else [])]
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": again, "report": str(report) if report is not None else None}
+                               "command": [*st.PYTEST, f"--kopt-run={run_dir}"], "report": None}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
@@ -177,6 +176,7 @@ def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | 
             nxt["report"] = st.report_of(nxt.get("command"))
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
+        nxt = st.rerun_writing(nxt, report)
         try:
             view = st.run_view(Path(run_dir))
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so

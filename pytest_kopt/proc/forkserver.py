@@ -188,20 +188,8 @@ class ForkServer:
     @property
     def given_up(self) -> bool:
         """True for a worker's attachment that no copy of the shared server will serve: the server refused it or
-        closed it before forking one (:attr:`refusal` says why). Its pool starts a server of its own."""
+        closed it before forking one (:attr:`broken` says how it ended). Its pool starts a server of its own."""
         return isinstance(self.proc, _Attached) and bool(self.broken) and self.proc.pid is None
-
-    @property
-    def refusal(self) -> str | None:
-        """Why the session's server serves this worker no copy of itself (the variables it refused where its answer
-        was read before the connection's reset), or None while it may."""
-        if not self.given_up:
-            return None
-        first = self.replies.get(0) or {}
-        if first.get("error") == "refused":
-            return "the session's fork server refused this worker's environment: " + \
-                ", ".join(map(str, first.get("variables") or []))
-        return f"the session's fork server served this worker no copy of itself ({self.broken})"
 
     def spawn(self, argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
               ctl: int) -> "ForkedProcess | subprocess.Popen":
@@ -441,9 +429,10 @@ class ForkedProcess:
 
 
 def peer(sock: socket.socket) -> tuple[int, int]:
-    """The (pid, uid) of the process at the other end of a connected AF_UNIX socket (``SO_PEERCRED``): for a
-    connection to a listening socket, the process that called ``listen`` on it, whoever accepts."""
-    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    """The (pid, uid) of the process at the other end of a connected AF_UNIX socket (``SO_PEERCRED``, Linux's
+    ``struct ucred``): for a connection to a listening socket, the process that called ``listen`` on it, whoever
+    accepts. Raises OSError for a socket that is not a connected AF_UNIX one."""
+    pid, uid, _gid = struct.unpack("iII", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
     return pid, uid
 
 
