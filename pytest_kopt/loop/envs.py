@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifacts import write_json
-from ..gates.hardware import generation_problem  # noqa: F401  (the loop's SKILL.md step 0 asks it)
 from .layout import RunLayout
 from .runstate import State
 

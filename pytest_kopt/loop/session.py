@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from ..artifacts import Bench, NcuTop, Roofline, write_text
 from .. import defaults
 from ..errors import EXIT_HARDWARE, EXIT_KERNEL, EXIT_OK, ConfigError
+from ..gates.hardware import generation_problem
 from ..records import GateRecord, blocker, for_kernel, stage
 from . import envs, gates, state as st
 from .ablation_step import ablation_step
@@ -48,7 +49,7 @@ def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> StepR
 
 def _finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> StepResult:
     state = State.load(run_dir)
-    no_generation = envs.generation_problem(state.env)
+    no_generation = generation_problem(state.env)
     if no_generation is not None:
         reason = f"generation not allowed on this machine (SKILL.md step 0): {no_generation}"
         st.stop_run(run_dir, reason, "hardware", EXIT_HARDWARE)
@@ -119,7 +120,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         if env is not None:
             state = envs.refresh(run_dir, env, state.open_iter, step)
             steps = [envs.step_record(env, step)]
-            if (no_generation := envs.generation_problem(env)) is not None:
+            if (no_generation := generation_problem(env)) is not None:
                 return _no_generation(run_dir, state, found, records, ctx_for, no_generation)
         if pending is not None:
             return ablation_step(run_dir, state, pending, found, records, ctx_for, finalize, finish, steps)

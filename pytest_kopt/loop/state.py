@@ -26,7 +26,8 @@ from .view import PYTEST, next_step, report_of, rerun_writing, run_view
 from .written import scan
 
 __all__ = ["PYTEST", "analysis_template", "run_home", "close_iteration", "init_state", "iteration_kernels", "load_state",
-           "new_run_dir", "next_step", "open_iteration", "report_of", "rerun_writing", "run_view", "save_state", "stop_run"]
+           "new_run_dir", "next_step", "open_iteration", "report_of", "rerun_writing", "run_view", "save_state",
+           "stop_run"]
 
 
 def load_state(run_dir: Path) -> dict[str, Any]:

@@ -69,12 +69,13 @@ def report_of(command: list[str] | None) -> str | None:
 
 
 def rerun_writing(nxt: dict[str, Any], report: Path | None) -> dict[str, Any]:
-    """``nxt`` (a ``loop.next``) whose ``fix_and_rerun`` command writes no report (the run's state could not be
-    read, so no step's report path is known) made to write ``report`` (the session's own ``--kopt-json`` path,
-    absolute) and to say so in ``report``; any other ``nxt`` as it is."""
-    if nxt.get("action") != "fix_and_rerun" or report is None or report_of(nxt.get("command")) is not None:
-        return nxt
-    return {**nxt, "command": [*(nxt.get("command") or []), f"--kopt-json={report}"], "report": str(report)}
+    """``nxt`` (a ``loop.next``) with its ``report`` read from its command; a ``fix_and_rerun`` command that writes
+    no report (the run's state could not be read, so no step's report path is known) made to write ``report`` (the
+    session's own ``--kopt-json`` path, absolute)."""
+    command = nxt.get("command")
+    if nxt.get("action") == "fix_and_rerun" and report is not None and report_of(command) is None:
+        command = [*(command or []), f"--kopt-json={report}"]
+    return {**nxt, "command": command, "report": report_of(command)}
 
 
 def next_step(run_dir: Path) -> dict[str, Any]:

@@ -81,12 +81,25 @@ def selection_keeps(config: pytest.Config, state: SessionState, kernel: Path, ga
     return True
 
 
+def xdist_specs(config: pytest.Config) -> list[tuple[int, Any]] | None:
+    """The session's xdist workers as (how many, ``execnet.XSpec``) per ``--tx`` entry (``-n N`` is N ``popen``;
+    ``--tx 3*popen``), or None where the session runs without xdist."""
+    if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
+        return None
+    import execnet  # pytest-xdist's own dependency: present wherever workers are
+
+    specs = []
+    for spec in getattr(config.option, "tx", None) or []:
+        times, _, rest = str(spec).rpartition("*")
+        specs.append((int(times) if times.isdigit() else 1, execnet.XSpec(rest)))
+    return specs
+
+
 def local_items(config: pytest.Config) -> bool:
     """True when this machine runs the session's items: no xdist, or every xdist worker a local process (``-n N``
     makes ``popen`` workers; ``--tx ssh=...`` or ``socket=...`` runs them elsewhere, with their own build cache)."""
-    if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
-        return True
-    return all(str(spec).split("*")[-1].split("//")[0] == "popen" for spec in getattr(config.option, "tx", None) or [])
+    specs = xdist_specs(config)
+    return specs is None or all(spec.popen for _, spec in specs)
 
 
 def start_builds_early(config: pytest.Config, state: SessionState) -> dict[str, Any] | None:
@@ -130,8 +143,7 @@ def prestart_harness_early(config: pytest.Config, state: SessionState) -> bool:
     collection's and the plan gate's starts find them running; a probe that then finds no usable GPU leaves them
     unused, and the session's end stops them. Returns whether it started them."""
     s = state.settings
-    xdist = getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no"
-    if xdist or s.gpus or not s.kernels or s.ref is None:
+    if xdist_specs(config) is not None or s.gpus or not s.kernels or s.ref is None:
         return False
     kernel = s.kernels[0]
     if not selection_keeps(config, state, kernel, "plan"):

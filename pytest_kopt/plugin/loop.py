@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from .. import defaults
-from ..loop import envs
+from ..gates.hardware import generation_problem
 from ..loop import session as loop_session
 from ..loop import state as loop_state
 from ..loop.layout import is_branch_kernel
@@ -54,7 +54,7 @@ def hardware_only(state: SessionState) -> bool:
     """True for a ``--kopt-init`` on a machine that does not allow generation (SKILL.md step 0: the run stops at
     once, whatever the gates say): the session runs its hardware items only (:func:`keep_hardware_only`), and its
     kernels are not judged. The same answer in every process (the xdist workers read the controller's probe)."""
-    return state.settings.loop_mode == "init" and envs.generation_problem(state.env) is not None
+    return state.settings.loop_mode == "init" and generation_problem(state.env) is not None
 
 
 def keep_hardware_only(state: SessionState, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -139,10 +139,8 @@ class LoopPlugin:
         code = ledger.exit_code()
         self.state.ahead.wait_plotting()  # the close's charts: never two threads importing matplotlib
         result = self._step(ledger.records)
-        report = raw(self.config, "json")
-        if result.get("next") and report not in (None, "", "-"):  # a rerun that writes this session's report
-            result["next"] = loop_state.rerun_writing(result["next"],
-                                                      Path(self.config.invocation_params.dir, str(report)).resolve())
+        if result.get("next") and settings.json_path not in (None, "-"):  # a rerun that writes this session's report
+            result["next"] = loop_state.rerun_writing(result["next"], Path(settings.json_path))
         if self.finishing or (session.exitstatus in (0, code) and not ledger.other_failures()):
             session.exitstatus = int(result["exit_code"])
         outcome.loop = {**loop_state.run_view(settings.run_dir), **result, "run_dir": str(settings.run_dir),

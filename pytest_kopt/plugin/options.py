@@ -168,12 +168,11 @@ def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | 
         from ..loop import state as st
 
         nxt: dict[str, Any] = {"action": "fix_and_rerun", "write": [exc.path] if exc.path else [],
-                               "command": [*st.PYTEST, f"--kopt-run={run_dir}"], "report": None}
+                               "command": [*st.PYTEST, f"--kopt-run={run_dir}"]}
         try:  # an open run: the step's own next, to fix and rerun; else what its state says (start over, done)
             step = st.next_step(Path(run_dir))
             nxt = {**step, **nxt, "command": step.get("command") or nxt["command"]} \
                 if st.load_state(Path(run_dir)).get("open_iter") else step
-            nxt["report"] = st.report_of(nxt.get("command"))
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         nxt = st.rerun_writing(nxt, report)

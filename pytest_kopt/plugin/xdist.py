@@ -15,7 +15,7 @@ import pytest
 
 from ..gates import gpus, hardware
 from ..gates.trust import Trust
-from .early import selection_keeps
+from .early import selection_keeps, xdist_specs
 from .nodes import node_path
 from .stash import SessionState
 
@@ -82,8 +82,10 @@ class XdistControllerPlugin:
     def __init__(self, config: pytest.Config, state: SessionState) -> None:
         self.config = config
         self.state = state
-        #: workers handed the session's fork server that are ready (:meth:`pytest_testnodeready`)
+        #: workers handed the session's fork server that are ready (:meth:`pytest_testnodeready`), and how many
+        #: were handed it (counted at the first one's readiness)
         self.ready_attached = 0
+        self.handed: int | None = None
         #: GPU UUID -> ids of the live xdist workers pinned to it
         self.gpu_workers: dict[str, set[str]] = {}
 
@@ -115,7 +117,9 @@ class XdistControllerPlugin:
         if getattr(node, "workerinput", {}).get("kopt_fork_server"):
             self.ready_attached += 1
             forks = self.state.pool.forks
-            if self.ready_attached >= local_workers(self.config):
+            if self.handed is None:
+                self.handed = local_workers(self.config)
+            if self.ready_attached >= self.handed:
                 self.state.shared_forks = None
                 if forks is not None:
                     forks.stop_listening()
@@ -174,16 +178,7 @@ def plain_local(spec: Any) -> bool:
 def local_workers(config: pytest.Config) -> int:
     """How many xdist workers this session starts as :func:`plain_local` processes (``-n N``, ``--tx popen``,
     ``--tx 3*popen``); 0 without xdist."""
-    if getattr(config.option, "dist", "no") == "no" and not getattr(config.option, "numprocesses", None):
-        return 0
-    import execnet  # pytest-xdist's own dependency: present wherever workers are
-
-    count = 0
-    for spec in getattr(config.option, "tx", None) or []:
-        times, _, rest = str(spec).rpartition("*")
-        if plain_local(execnet.XSpec(rest)):
-            count += int(times) if times.isdigit() else 1
-    return count
+    return sum(n for n, spec in xdist_specs(config) or [] if plain_local(spec))
 
 
 def worker_env(handed: dict[str, Any]) -> dict[str, Any]:

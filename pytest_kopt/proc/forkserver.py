@@ -242,6 +242,9 @@ class ForkServer:
                     self.broken = self.broken or "the fork server ended"
                     continue
                 msg = json.loads(data)
+                if not msg.get("id") and msg.get("error") == "refused":  # an attachment's answer: no copy comes
+                    self.broken = "the session's fork server refused this worker's environment: " + \
+                        ", ".join(map(str, msg.get("variables") or []))
                 self.replies[int(msg.get("id") or 0)] = msg
                 self.answered = True
             return self.replies.pop(rid)
@@ -432,7 +435,8 @@ def peer(sock: socket.socket) -> tuple[int, int]:
     """The (pid, uid) of the process at the other end of a connected AF_UNIX socket (``SO_PEERCRED``, Linux's
     ``struct ucred``): for a connection to a listening socket, the process that called ``listen`` on it, whoever
     accepts. Raises OSError for a socket that is not a connected AF_UNIX one."""
-    pid, uid, _gid = struct.unpack("iII", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII")))
+    ucred = "iII"  # pid_t, uid_t, gid_t
+    pid, uid, _gid = struct.unpack(ucred, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(ucred)))
     return pid, uid
 
 
