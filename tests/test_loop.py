@@ -389,8 +389,27 @@ def test_next_step_of_a_stopped_run_is_a_command_that_runs(tmp_path: Path) -> No
     # a stop for want of a GPU: the same command here would stop the same way; next says where it can succeed
     assert nxt["requires"].startswith("a machine with an NVIDIA GPU")
     assert "stopped at hardware (no GPU)" in nxt["requires"]
-    assert cmd_json(nxt) == str(base.parent / "kopt-init.json")
+    assert cmd_json(nxt) == str(base.parent / f"kopt-init-{run.name}.json")
     cmd = nxt["command"]
     assert cmd_opt(cmd, "--kopt-dims") == '{"M": 256, "N": 256}'
     assert [cmd_opt(cmd, o) for o in ("--kopt-iterations", "--kopt-branches", "--kopt-noise",
                                       "--kopt-numerics-mode")] == ["2", "3", "1.5", "strict"]
+
+
+def test_two_stopped_runs_start_over_into_two_reports(tmp_path: Path) -> None:
+    """Two stopped runs of one folder, started over at once, write two reports: each start_over command's
+    --kopt-json is named after its run (before: both wrote <folder>/kopt-init.json, the second over the first)."""
+    base = tmp_path / "k.cu"
+    base.write_text("")
+    (tmp_path / "ref.py").write_text(REF)
+    runs = []
+    for _ in range(2):
+        run = loop.new_run_dir(base)
+        loop.init_state(run, base, tmp_path / "ref.py", {"M": 256}, iterations=1, branches=1, ncu_num=5,
+                        noise_pct=1.5, numerics_mode="reference", seeds=[3], env={"sm_arch": "sm_90a"})
+        loop.stop_run(run, "no GPU", "hardware", 3)
+        runs.append(run)
+    reports = [loop.next_step(run)["report"] for run in runs]
+    assert runs[0] != runs[1] and reports[0] != reports[1]
+    assert [Path(r).parent for r in reports] == [tmp_path, tmp_path]
+    assert [Path(r).name for r in reports] == [f"kopt-init-{run.name}.json" for run in runs]

@@ -118,8 +118,9 @@ def test_start_over_seeds_from_the_best_kernel_beside_the_stopped_run(tmp_path: 
     best = r.run / "iterv1" / "kernel.cu"
     assert nxt["action"] == "start_over" and nxt["seeds_from"] == str(best)
     assert f"--kopt-baseline={best}" in nxt["command"] and "--kopt-ncu-num=5" in nxt["command"]
-    assert nxt["command"][-1] == f"--kopt-json={tmp_path / 'kopt-init.json'}"
-    assert nxt["report"] == str(tmp_path / "kopt-init.json")  # where the agent reads the command's outcome
+    report = tmp_path / f"kopt-init-{r.run.name}.json"  # beside the run, named after it
+    assert nxt["command"][-1] == f"--kopt-json={report}"
+    assert nxt["report"] == str(report)  # where the agent reads the command's outcome
     assert set(nxt["reuse"]) == {str(it2 / "methods.json"), str(it2 / "branches" / "b1" / "kernel.cu")}
     new = st.new_run_dir(best)
     assert new.parent == tmp_path and new != r.run

@@ -51,13 +51,19 @@ def init_command(state: State, layout: RunLayout | None = None) -> list[str]:
     """The ``--kopt-init`` command that seeds a new run from this one's best kernel (:func:`seed_of`) with
     everything else this one was seeded with (the reference as given, dims, iterations, branches, noise, numerics
     mode, ncu_num); the new run is made beside this one (:func:`pytest_kopt.loop.state.run_home`), its report
-    there as ``kopt-init.json``."""
+    there as :func:`start_over_report`."""
     layout = layout or RunLayout.of(state.run_dir)
     return [*PYTEST, "--kopt-init", option("--kopt-baseline", seed_of(state, layout)),
             option("--kopt-ref", state.ref_source), option("--kopt-dims", json.dumps(state.dims)),
             option("--kopt-iterations", state.iterations_total), option("--kopt-branches", state.branches),
             option("--kopt-noise", state.noise_threshold_pct), option("--kopt-numerics-mode", state.numerics_mode),
-            option("--kopt-ncu-num", state.ncu_num), option("--kopt-json", layout.root.parent / "kopt-init.json")]
+            option("--kopt-ncu-num", state.ncu_num), option("--kopt-json", start_over_report(layout))]
+
+
+def start_over_report(layout: RunLayout) -> Path:
+    """Where the ``start_over`` command of the run at ``layout`` writes its report: beside the run, named after it
+    (``kopt-init-<run>.json``), so two stopped runs of one folder started over at once write two reports."""
+    return layout.root.parent / f"kopt-init-{layout.root.name}.json"
 
 
 def report_of(command: list[str] | None) -> str | None:
@@ -90,7 +96,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
       ``kernel`` and ``base`` paths to write (``base`` holds the champion's name); the same command concludes;
     - ``done`` once completed (finished by the agent too: ``finish`` holds its reason), ``start_over`` once
       stopped: the ``--kopt-init`` command that seeds a new run from the best kernel so far (``seeds_from``), its
-      report beside this run as ``kopt-init.json``, and in ``reuse`` the files the agent wrote into the iteration
+      report beside this run (:func:`start_over_report`), and in ``reuse`` the files the agent wrote into the iteration
       the stop left (to write again into the new run's iteration 1 once it opens); a stop for want of a GPU or tool
       (exit 3) says in ``requires`` where the command can succeed: here it would stop the same way.
 
