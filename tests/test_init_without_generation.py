@@ -102,6 +102,7 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
     assert (figures.get("sm_arch"), figures["build_arch"], figures["gpu_count"]) == (None, "sm_90a", 0)
     assert doc["loop"]["message"].startswith("run stopped at hardware: generation not allowed on this machine")
     assert doc["loop"]["next"]["requires"].startswith("a machine with an NVIDIA GPU")
+    assert doc["loop"]["next"]["runs_here"] is False  # the same command here stops the same way
     item = doc["items"][0]
     assert (item["outcome"], item["status"], item["exit_code"]) == ("failed", "HARDWARE_UNAVAILABLE", 3)
     assert "| `k.py` | ❌ HARDWARE_UNAVAILABLE at hardware |" in (pytester.path / "summary.md").read_text()

@@ -321,6 +321,7 @@ def test_run_session_on_cpu_stops_the_run_for_want_of_generation_and_keeps_what_
                                                                           "INCORRECT_NUMERICAL")
     nxt = doc["loop"]["next"]
     assert nxt["action"] == "start_over" and nxt["requires"].startswith("a machine with an NVIDIA GPU")
+    assert nxt["runs_here"] is False
     assert nxt["command"][:4] == [sys.executable, "-m", "pytest", "--kopt-init"]
     assert nxt["seeds_from"] == str(pytester.path / "k.py")  # nothing improved on the baseline yet
     assert set(nxt["reuse"]) == {str(it / "methods.json"), str(it / "branches" / "b1" / "kernel.py"),

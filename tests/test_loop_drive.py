@@ -90,6 +90,8 @@ def test_an_agent_drives_a_run_from_the_report_alone(pytester: pytest.Pytester,
         reports.append(doc)
     assert stages == [(0, "branch_explore", "write_ablations"), (0, "conclude", "write_and_close"),
                       (0, "conclude", "write_and_close"), (0, "finish", "done")]
+    # every command runs on this machine (the stand-in gates need no GPU); the last step has none
+    assert [d["loop"]["next"]["runs_here"] for d in reports] == [True, True, True, True, None]
     for d in reports:
         assert d["status"] == "complete" and d["loop"]["status"] == "complete" and d["loop"]["stage"]
         jsonschema.validate(d, schema)

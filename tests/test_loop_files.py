@@ -346,6 +346,7 @@ def test_a_step_that_cannot_read_its_state_asks_for_a_rerun_that_writes_the_sess
     mine = tmp_path / "step.json"
     again = st.rerun_writing(nxt, mine)
     assert again["command"] == [*nxt["command"], f"--kopt-json={mine}"] and again["report"] == str(mine)
+    assert again["runs_here"] is True  # the file fixed, the same command here
     assert st.rerun_writing(again, tmp_path / "other.json") == again  # its report already named
     closing = {"action": "write_and_close", "command": ["x"], "report": None}
-    assert st.rerun_writing(closing, mine) == closing  # only a rerun is made to write the session's report
+    assert st.rerun_writing(closing, mine) == {**closing, "runs_here": True}  # only a rerun is made to write the session's report

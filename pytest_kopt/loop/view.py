@@ -81,13 +81,23 @@ def rerun_writing(nxt: dict[str, Any], report: Path | None) -> dict[str, Any]:
     command = nxt.get("command")
     if nxt.get("action") == "fix_and_rerun" and report is not None and report_of(command) is None:
         command = [*(command or []), f"--kopt-json={report}"]
-    return {**nxt, "command": command, "report": report_of(command)}
+    return derived({**nxt, "command": command})
+
+
+def derived(nxt: dict[str, Any]) -> dict[str, Any]:
+    """``nxt`` with the fields read off its others: ``report`` (its command's ``--kopt-json``) and ``runs_here``
+    (None without a command; False where ``requires`` names another machine, as the command would stop here the
+    same way; else True)."""
+    command = nxt.get("command")
+    return {**nxt, "report": report_of(command),
+            "runs_here": None if not command else not nxt.get("requires")}
 
 
 def next_step(run_dir: Path) -> dict[str, Any]:
     """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
-    ``read`` (the evidence) and to ``write``, the ``command`` to run (argv) and the ``report`` it writes (its
-    ``--kopt-json`` path; None without a command). Paths are absolute. Actions:
+    ``read`` (the evidence) and to ``write``, the ``command`` to run (argv), the ``report`` it writes (its
+    ``--kopt-json`` path; None without a command) and ``runs_here`` (:func:`derived`). Paths are absolute.
+    Actions:
 
     - ``write_and_close`` while an iteration is open: ``methods.json``, one kernel per branch, optionally an
       ablation per selected method (``ablations/<method>/kernel.*`` with a ``base`` file naming its branch); with
@@ -105,9 +115,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
     pattern, ``ablation_pattern``; ``finish`` says how to end the run instead.
 
     Raises the loop's ConfigError when the run's state is bad."""
-    step = _next_step(run_dir)
-    step["report"] = report_of(step.get("command"))
-    return step
+    return derived(_next_step(run_dir))
 
 
 def _next_step(run_dir: Path) -> dict[str, Any]:
