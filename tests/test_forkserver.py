@@ -369,7 +369,7 @@ def test_a_worker_the_sessions_server_refuses_starts_a_server_of_its_own(tmp_pat
     server's import that the worker was not told of), the worker's first process starts as a new Python, the
     attachment is given up, and its next processes come from a fork server of its own, not as new Pythons for the
     whole session."""
-    from pytest_kopt.proc.runner import child_env, python_command
+    from pytest_kopt.proc.runner import harness_start
 
     controller = HarnessPool()
     worker = HarnessPool()
@@ -377,8 +377,7 @@ def test_a_worker_the_sessions_server_refuses_starts_a_server_of_its_own(tmp_pat
         shared = controller.share_fork_server(tmp_path, 1)
         assert shared is not None
         monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read by torch at import: the server refuses it
-        env = child_env({})
-        python_command(env)
+        env, _, _ = harness_start({})
         assert worker.attach_fork_server({**shared, "env": env})  # the worker was told of another environment
         attached = worker.forks
         ready(worker, "check:/k.py", tmp_path)
@@ -539,7 +538,7 @@ def test_a_worker_that_meets_a_full_backlog_tries_again_within_its_connect_time(
     import socket
     import threading
 
-    from pytest_kopt.proc.runner import child_env, python_command
+    from pytest_kopt.proc.runner import harness_start
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(str(tmp_path / "s"))
@@ -556,9 +555,7 @@ def test_a_worker_that_meets_a_full_backlog_tries_again_within_its_connect_time(
         strangers.append(conn)
     else:
         pytest.fail("the backlog never filled")
-    env = child_env({})
-    pythonpath = env.get("PYTHONPATH", "")
-    python_command(env)
+    env, pythonpath, _ = harness_start({})
     shared = {"path": str(tmp_path / "s"), "token": "t0k", "env": env, "pythonpath": pythonpath, "log": "",
               "listener_pid": os.getpid()}
     received: list[bytes] = []

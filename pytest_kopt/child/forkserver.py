@@ -85,49 +85,88 @@ def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", worke
     return _loop(sock, base, after, listener, token_sha, workers)
 
 
+class _Door:
+    """Where workers attach to a shared server: its ``listener`` (None once every one of the ``workers`` it waits for
+    has attached, or for a server that listens for none), the connections accepted on it whose request has not come
+    (``pending``: when each was accepted) and the servers forked for those attached (``attached``: reaped once they
+    end)."""
+
+    def __init__(self, listener: socket.socket | None, token_sha: str, workers: int) -> None:
+        self.listener, self.token_sha, self.workers = listener, token_sha, workers
+        self.pending: dict[socket.socket, float] = {}
+        self.attached: set[int] = set()
+
+    def busy(self) -> bool:
+        """Whether the loop must watch more than its own socket."""
+        return self.listener is not None or bool(self.pending) or bool(self.attached)
+
+    def sockets(self) -> list[socket.socket]:
+        """The door's sockets: the pending connections and the listener (a forked process closes them all)."""
+        return [*self.pending, *([self.listener] if self.listener is not None else [])]
+
+    def wait_s(self) -> float | None:
+        """How long a select may wait: a second while a connection or a forked server is to be looked at again."""
+        return 1.0 if self.pending or self.attached else None
+
+    def tidy(self) -> None:
+        """Close the connections that waited over :data:`ATTACH_TIMEOUT_S`; reap the forked servers that ended."""
+        now = time.monotonic()
+        for conn in [c for c, t in self.pending.items() if now - t > ATTACH_TIMEOUT_S]:
+            del self.pending[conn]
+            conn.close()
+        for pid in list(self.attached):
+            if _reap(pid) is not None:
+                self.attached.discard(pid)
+
+    def accept(self, ready: list[socket.socket]) -> list[socket.socket]:
+        """Accept one connection where the listener is in ``ready``; over :data:`MAX_PENDING` waiting, close the
+        oldest of those that sent nothing, never one whose request has come. Returns ``ready`` with the pending
+        connections whose request has come that the room-making found."""
+        if self.listener is None or self.listener not in ready:
+            return ready
+        try:
+            conn, _ = self.listener.accept()
+            conn.setblocking(False)
+            self.pending[conn] = time.monotonic()
+        except OSError:  # one that went meanwhile
+            pass
+        if len(self.pending) <= MAX_PENDING:
+            return ready
+        sent = select.select(list(self.pending), [], [], 0)[0]
+        silent = sorted((c for c in self.pending if c not in sent), key=self.pending.__getitem__)
+        for conn in silent[:len(self.pending) - MAX_PENDING]:
+            del self.pending[conn]
+            conn.close()
+        return [*ready, *(c for c in sent if c not in ready)]
+
+    def serve(self, ready: list[socket.socket], sock: socket.socket, base: dict[str, str],
+              after: tuple[str, ...]) -> None:
+        """Serve each pending connection in ``ready`` (:func:`_attach`; ``sock``: the server's own socket, closed in
+        what it forks); close the listener once every worker it waited for has attached."""
+        for conn in [c for c in ready if c in self.pending]:
+            del self.pending[conn]
+            pid = _attach(conn, (sock, *self.sockets()), base, after, self.token_sha)
+            if pid is not None:
+                self.attached.add(pid)
+                self.workers -= 1
+            if self.workers <= 0 and self.listener is not None:  # every worker has its server: none else may attach
+                self.listener.close()
+                self.listener = None
+
+
 def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], listener: socket.socket | None = None,
           token_sha: str = "", workers: int = 0) -> int:
     """Answer the requests on ``sock`` until it closes; attach workers on ``listener`` meanwhile (:func:`serve`).
     A connection on ``listener`` waits among the others until its request has come (at most
     :data:`ATTACH_TIMEOUT_S`, :data:`MAX_PENDING` at once, the oldest of those that sent nothing closed first): one
     that sends nothing holds up no one."""
-    attached: set[int] = set()  # the workers' servers forked here: reaped once they end
-    pending: dict[socket.socket, float] = {}  # connections accepted, their request not read yet: when accepted
+    door = _Door(listener, token_sha, workers)
     while True:
-        if listener is not None or pending or attached:
-            now = time.monotonic()
-            for conn in [c for c, t in pending.items() if now - t > ATTACH_TIMEOUT_S]:
-                del pending[conn]
-                conn.close()
-            waiting = [sock, *pending] + ([listener] if listener is not None else [])
-            ready, _, _ = select.select(waiting, [], [], 1.0 if pending or attached else None)
-            for pid in list(attached):
-                if _reap(pid) is not None:
-                    attached.discard(pid)
-            if listener is not None and listener in ready:
-                try:
-                    conn, _ = listener.accept()
-                    conn.setblocking(False)
-                    pending[conn] = time.monotonic()
-                except OSError:  # one that went meanwhile
-                    pass
-                if len(pending) > MAX_PENDING:  # the oldest closed first, but none whose request has come
-                    sent = select.select(list(pending), [], [], 0)[0]
-                    ready = [*ready, *(c for c in sent if c not in ready)]
-                    silent = sorted((c for c in pending if c not in sent), key=pending.__getitem__)
-                    for conn in silent[:len(pending) - MAX_PENDING]:
-                        del pending[conn]
-                        conn.close()
-            for conn in [c for c in ready if c in pending]:
-                del pending[conn]
-                closing = (sock, *pending, *([listener] if listener is not None else []))
-                pid = _attach(conn, closing, base, after, token_sha)
-                if pid is not None:
-                    attached.add(pid)
-                    workers -= 1
-                if workers <= 0 and listener is not None:  # every worker has its server: none else may attach
-                    listener.close()
-                    listener = None
+        if door.busy():
+            door.tidy()
+            ready = select.select([sock, *door.sockets()], [], [], door.wait_s())[0]
+            ready = door.accept(ready)
+            door.serve(ready, sock, base, after)
             if sock not in ready:
                 continue
         try:
@@ -139,7 +178,7 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
         req: dict[str, Any] = json.loads(msg)
         try:
             if req["op"] == "spawn":
-                reply = _spawn(sock, req, fds, base, after, (*pending, *([listener] if listener is not None else [])))
+                reply = _spawn(sock, req, fds, base, after, tuple(door.sockets()))
             else:
                 reply = {"status": _reap(int(req["pid"]))}
         except Exception as exc:  # a bad request answers an error; the server goes on

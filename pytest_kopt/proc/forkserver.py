@@ -34,7 +34,7 @@ from typing import IO, Any, Callable
 
 from ..child.forkserver import AFTER_FORK_ENV, MAX_MESSAGE, WORKER_ENV, refused
 from ..child.tree import state
-from .runner import child_env, python_command
+from .runner import harness_start
 
 #: The descriptor number of a forked harness process's control pipe.
 CTL_FD = 3
@@ -66,7 +66,7 @@ def supported() -> bool:
 def start(server: "ForkServer | None", argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int,
           log: int, ctl: int) -> "ForkedProcess | subprocess.Popen":
     """Start the harness process ``python -m pytest_kopt.child ARGV`` (``argv_for(n)``: its arguments when its
-    control pipe is descriptor ``n``) with ``child_env(extra_env)``, in its own session, its stdin, its stdout and
+    control pipe is descriptor ``n``) with ``harness_start(extra_env)``, in its own session, its stdin, its stdout and
     stderr (``log``) and its control pipe the given descriptors of this process (the caller closes them after this
     call): forked by ``server`` where there is one, else a new Python."""
     if server is not None:
@@ -77,8 +77,8 @@ def start(server: "ForkServer | None", argv_for: Callable[[int], list[str]], ext
 def popen(argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int, log: int,
           ctl: int) -> subprocess.Popen:
     """:func:`start` without a fork server: a new Python process."""
-    env = child_env(dict(extra_env))
-    return subprocess.Popen([*python_command(env), *argv_for(ctl)], stdin=stdin, stdout=log,
+    env, _, command = harness_start(extra_env)
+    return subprocess.Popen([*command, *argv_for(ctl)], stdin=stdin, stdout=log,
                             stderr=subprocess.STDOUT, env=env, pass_fds=(ctl,), start_new_session=True)
 
 
@@ -89,9 +89,7 @@ class ForkServer:
 
     def __init__(self, workdir: Path, workers: int = 0) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        env = child_env({})
-        pythonpath = env.get("PYTHONPATH", "")
-        command = python_command(env)
+        env, pythonpath, command = harness_start({})
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd, self.log = tempfile.mkstemp(prefix="fork-server-", suffix=".log", dir=workdir)
         args, fds = ["--fork-server", str(theirs.fileno())], [theirs.fileno()]
@@ -153,9 +151,7 @@ class ForkServer:
         checked before the token is sent): the pool then starts a server of its own."""
         if not shared:
             return None
-        env = child_env({})
-        pythonpath = env.get("PYTHONPATH", "")
-        python_command(env)
+        env, pythonpath, _ = harness_start({})
         if pythonpath != shared.get("pythonpath") or refused(env, shared.get("env") or {},
                                                               AFTER_FORK_ENV + WORKER_ENV):
             return None
@@ -195,8 +191,7 @@ class ForkServer:
               ctl: int) -> "ForkedProcess | subprocess.Popen":
         """A harness process (:func:`start`), forked by the server where it can, else started the ordinary way
         now (or later, when the server fails to answer)."""
-        env = child_env(dict(extra_env))
-        python_command(env)  # takes PYTHONPATH out, as for the server
+        env, _, _ = harness_start(extra_env)  # PYTHONPATH out, as for the server
         if self.broken or refused(env, self.env):
             return popen(argv_for, extra_env, stdin, log, ctl)
         # ours until the fork is answered: the fallback needs them

@@ -68,6 +68,15 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def harness_start(extra: dict[str, str]) -> tuple[dict[str, str], str, list[str]]:
+    """What a harness process starts with: its environment (:func:`child_env` of ``extra``, PYTHONPATH taken out),
+    the PYTHONPATH that had (its entries go on ``sys.path`` through the command) and its command
+    (:func:`python_command`, before the request's own arguments)."""
+    env = child_env(dict(extra))
+    pythonpath = env.get("PYTHONPATH", "")
+    return env, pythonpath, python_command(env)
+
+
 def run_fresh(req: dict[str, Any], *, gate: str, timeout_s: float, path: str, workdir: Path,
               prefix: list[str] | None = None, lock: Any = None, timeout_hint: str | None = None) -> dict[str, Any]:
     """Run ``req`` in a new harness process and return its result dict (``ok`` is True).
@@ -92,12 +101,12 @@ class FreshProcess:
         self.gate = gate
         name, self.req = write_request(req, gate, workdir)
         self.out = self.req["out"]
-        env = child_env(self.req.get("env") or {})
+        env, _, command = harness_start(self.req.get("env") or {})
         # the attestation pipe; not under a wrapping tool (ncu, compute-sanitizer), which need not pass extra file
         # descriptors on to its target (those runs profile or check a candidate: nothing of theirs is trusted)
         ctl_r, ctl_w = os.pipe()
         self.attested = not prefix
-        cmd = [*(prefix or []), *python_command(env), name]
+        cmd = [*(prefix or []), *command, name]
         cmd += ["--ctl", str(ctl_w)] if self.attested else []
         # its output goes to a file, not a pipe: a daemon the kernel left holding a pipe would keep it open forever
         fd, self.log = tempfile.mkstemp(prefix="fresh-", suffix=".log", dir=workdir)
