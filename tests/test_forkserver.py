@@ -355,6 +355,7 @@ def test_what_a_connection_without_the_token_sends_neither_ends_nor_holds_up_the
             worker.shutdown()
         controller.forks.stop_listening()
         assert not Path(shared["path"]).parent.exists()
+        assert controller.forks.shared is None  # handed to no worker started later (a crashed one's replacement)
         assert ForkServer.attach(shared) is None  # nothing can connect any more
         assert srv_of(controller, "judge:/r.py").proc.poll() is None  # the controller's processes live on
     finally:
@@ -422,17 +423,16 @@ def test_the_socket_goes_once_every_worker_handed_it_is_ready() -> None:
 
     stopped: list[int] = []
     forks = SimpleNamespace(stop_listening=lambda: stopped.append(1))
-    state = SimpleNamespace(pool=SimpleNamespace(forks=forks), shared_forks={"path": "/x/s"})
+    state = SimpleNamespace(pool=SimpleNamespace(forks=forks))
     config = SimpleNamespace(option=SimpleNamespace(dist="load", numprocesses=3, tx=["popen"] * 3))
     plugin = XdistControllerPlugin(config, state)
     handed = SimpleNamespace(workerinput={"workerid": "gw0", "kopt_fork_server": {"path": "/x/s"}})
     plugin.pytest_testnodeready(SimpleNamespace(workerinput={"workerid": "gw9"}))  # not handed the server
     plugin.pytest_testnodeready(handed)
     plugin.pytest_testnodeready(handed)
-    assert stopped == [] and state.shared_forks is not None
+    assert stopped == []
     plugin.pytest_testnodeready(handed)
     assert stopped == [1]
-    assert state.shared_forks is None  # a worker started later (a crashed one's replacement) is handed none
 
 
 def test_a_worker_never_sends_the_token_to_a_socket_put_in_the_servers_place(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         # one fork server for the session, its torch import beside the probe and the workers' start
         if not runs_no_items(config):
-            state.shared_forks = state.pool.share_fork_server(cache_dir(config) / "work", local_workers(config))
+            state.pool.share_fork_server(cache_dir(config) / "work", local_workers(config))
         prestart_harness_early(config, state)  # torch's imports beside the GPU probe, where one GPU is sure
         tools = start_builds_early(config, state)  # nvcc beside the GPU probe, where the arch is known without it
         state.env = _controller_env(config, settings.gpus, attempts=3 if settings.loop_mode else 1, tools=tools)

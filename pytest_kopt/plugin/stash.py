@@ -58,9 +58,6 @@ class SessionState:
     started_ahead: set[Path] = field(default_factory=set)
     #: per kernel (resolved path), the gates whose items this process collected (filled at the first item)
     collected: dict[Path, frozenset[str]] = field(default_factory=dict)
-    #: an xdist controller's: what its local workers need to attach to its fork server
-    #: (:meth:`~pytest_kopt.proc.pool.HarnessPool.share_fork_server`), None where they start their own
-    shared_forks: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.pool.fork_server = self.settings.fork_server

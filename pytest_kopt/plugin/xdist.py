@@ -119,10 +119,8 @@ class XdistControllerPlugin:
             forks = self.state.pool.forks
             if self.handed is None:
                 self.handed = local_workers(self.config)
-            if self.ready_attached >= self.handed:
-                self.state.shared_forks = None
-                if forks is not None:
-                    forks.stop_listening()
+            if self.ready_attached >= self.handed and forks is not None:
+                forks.stop_listening()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -141,8 +139,9 @@ class XdistControllerPlugin:
         env = self.state.env
         node.workerinput["kopt_env"] = env
         spec = getattr(node.gateway, "spec", None)
-        if self.state.shared_forks and spec is not None and plain_local(spec):
-            node.workerinput["kopt_fork_server"] = self.state.shared_forks  # this Python's: attached at configure
+        forks = self.state.pool.forks
+        if forks is not None and forks.shared and spec is not None and plain_local(spec):
+            node.workerinput["kopt_fork_server"] = forks.shared  # this Python's: attached at configure
         if not getattr(spec, "popen", True):
             node.workerinput["kopt_detect_here"] = True  # another host: its GPUs are not the controller's
         elif env.get("pinned"):

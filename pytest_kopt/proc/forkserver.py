@@ -262,9 +262,11 @@ class ForkServer:
 
     def stop_listening(self) -> None:
         """No more workers will attach (the session's have, or will not): remove the listening socket's folder, so
-        no process can connect to it any more (connections already made are still served)."""
+        no process can connect to it any more (connections already made are still served), and hand it to no
+        worker started later (:attr:`shared` becomes None)."""
         if self.shared is not None:
             shutil.rmtree(os.path.dirname(self.shared["path"]), ignore_errors=True)
+            self.shared = None
 
     def close(self) -> None:
         """End the server (closing its socket ends its loop; the harness processes it forked and that still run
