@@ -4,6 +4,7 @@ start."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -520,7 +521,7 @@ def test_connections_that_never_send_are_closed_oldest_first_and_after_the_attac
 
         assert [closed(c, 0.3) for c in conns] == [True, True, False, False, False]
         ours.send(b'{"op": "wait", "pid": 999999999}')  # answered while three connections wait: no such child
-        assert b"ChildProcessError" in ours.recv(4096)
+        assert b"is no harness process of this server's" in ours.recv(4096)
         assert [closed(c, 3.0) for c in conns[2:]] == [True, True, True]  # expired after 1.5 s (checked each 1 s)
     finally:
         ours.close()
@@ -621,3 +622,34 @@ def test_a_worker_whose_request_came_is_never_closed_to_make_room(tmp_path: Path
             conn.close()
         listener.close()
     assert not loop.is_alive()
+
+
+def test_a_bad_message_on_the_servers_own_socket_is_answered_and_the_server_goes_on(tmp_path: Path) -> None:
+    """What the server's own socket carries is answered, never ends the server: a message that is not JSON, JSON that
+    is no object, a request without its fields, and a reap of a process it did not fork (a worker's server, which
+    its loop reaps itself, or none: before, reaping it made the loop's next reap raise and end the server). The
+    server then still serves, and ends when its socket closes."""
+    import socket
+    import threading
+
+    from pytest_kopt.child import forkserver as child
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ended: list[int] = []
+    loop = threading.Thread(target=lambda: ended.append(child._loop(theirs, {}, ())))
+    loop.start()
+    ours.settimeout(5)
+    try:
+        answers = []
+        for msg in (b"not json", b"[1, 2]", b'"op"', b"{}", b'{"id": 7, "op": "reap", "pid": "x"}',
+                    b'{"id": 8, "op": "reap", "pid": %d}' % os.getpid(), b'{"id": 9, "op": "reap", "pid": -1}'):
+            ours.send(msg)
+            answers.append(json.loads(ours.recv(4096)))
+        assert [a["id"] for a in answers] == [None, None, None, None, 7, 8, 9]
+        assert all(a["error"] for a in answers)
+        assert answers[-1]["error"] == "-1 is no harness process of this server's"
+        assert loop.is_alive()
+    finally:
+        ours.close()
+        loop.join(5)
+    assert not loop.is_alive() and ended == [0]

@@ -115,8 +115,12 @@ class _Door:
             del self.pending[conn]
             conn.close()
         for pid in list(self.attached):
-            if _reap(pid) is not None:
-                self.attached.discard(pid)
+            try:
+                if _reap(pid) is None:
+                    continue
+            except ChildProcessError:  # reaped already
+                pass
+            self.attached.discard(pid)
 
     def accept(self, ready: list[socket.socket]) -> list[socket.socket]:
         """Accept one connection where the listener is in ``ready``; over :data:`MAX_PENDING` waiting, close the
@@ -161,6 +165,7 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
     :data:`ATTACH_TIMEOUT_S`, :data:`MAX_PENDING` at once, the oldest of those that sent nothing closed first): one
     that sends nothing holds up no one."""
     door = _Door(listener, token_sha, workers)
+    spawned: set[int] = set()  # the harness processes forked on request, not reaped yet
     while True:
         if door.busy():
             door.tidy()
@@ -175,18 +180,25 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
             return 0
         if not msg:
             return 0
-        req: dict[str, Any] = json.loads(msg)
+        req: Any = None
         try:
+            req = json.loads(msg)
             if req["op"] == "spawn":
                 reply = _spawn(sock, req, fds, base, after, tuple(door.sockets()))
-            else:
+                spawned.add(reply.get("pid", -1))
+            elif int(req["pid"]) in spawned:
                 reply = {"status": _reap(int(req["pid"]))}
+                if reply["status"] is not None:
+                    spawned.discard(int(req["pid"]))
+            else:  # a worker's server (the door reaps those) or no process of this server's
+                reply = {"error": f"{req['pid']} is no harness process of this server's"}
         except Exception as exc:  # a bad request answers an error; the server goes on
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for fd in fds:
                 os.close(fd)
-        sock.send(json.dumps({"id": req.get("id"), **reply}).encode())
+        rid = req.get("id") if isinstance(req, dict) else None
+        sock.send(json.dumps({"id": rid, **reply}).encode())
 
 
 def _attach(conn: socket.socket, ours: tuple[socket.socket, ...], base: dict[str, str], after: tuple[str, ...],
