@@ -414,3 +414,25 @@ def test_two_stopped_runs_start_over_into_two_reports(tmp_path: Path) -> None:
     assert runs[0] != runs[1] and reports[0] != reports[1]
     assert [Path(r).parent for r in reports] == [tmp_path, tmp_path]
     assert [Path(r).name for r in reports] == [f"kopt-init-{run.name}.json" for run in runs]
+
+
+def test_a_stop_for_want_of_a_gpu_is_read_from_state_json_where_stop_json_is_gone(tmp_path: Path) -> None:
+    """stop.json deleted or damaged: state.json's stop stage (hardware) still says the machine stopped the run, so
+    next still says to run elsewhere (before: requires None and runs_here True), and read lists only files that
+    are there."""
+    base = tmp_path / "k.cu"
+    base.write_text("")
+    (tmp_path / "ref.py").write_text(REF)
+    run = loop.new_run_dir(base)
+    loop.init_state(run, base, tmp_path / "ref.py", {"M": 256}, iterations=1, branches=1, ncu_num=5,
+                    noise_pct=1.5, numerics_mode="reference", seeds=[3], env={"sm_arch": "sm_90a"})
+    loop.stop_run(run, "no GPU", "hardware", 3)
+    (run / "stop.json").write_text('{"exit_code": "3"')
+    damaged = loop.next_step(run)
+    (run / "stop.json").unlink()
+    gone = loop.next_step(run)
+    for nxt in (damaged, gone):
+        assert nxt["action"] == "start_over" and nxt["runs_here"] is False
+        assert nxt["requires"].endswith("this one stopped at hardware (no GPU)")
+    assert str(run / "stop.json") in damaged["read"] and str(run / "stop.json") not in gone["read"]
+    assert all(Path(r).is_file() for r in gone["read"])

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_kopt import registry
 from pytest_kopt.errors import ConfigError
+from pytest_kopt.gates import hardware
 from pytest_kopt.loop import session
 from pytest_kopt.loop import state as loop
 
@@ -106,6 +107,7 @@ def test_a_loop_file_error_is_exit_4_with_the_report_not_an_internal_error(pytes
     assert doc["error"]["gate"] == "methods" and doc["loop"]["stage"] == "methods"
     assert doc["error"]["problems"] == ["methods.json: byte 14 is not UTF-8 (b'\\xff')"]
     assert doc["loop"]["next"]["action"] == "fix_and_rerun" and doc["loop"]["exit_code"] == 4
+    assert doc["loop"]["next"]["runs_here"] is None  # not known: the session stopped before it looked at the machine
     edit_state(run, lambda s: s.update(open_iter={"i": 1}))
     result = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "b.json")
     assert result.ret == 4 and "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
@@ -218,6 +220,29 @@ def test_a_loop_file_spoiled_during_the_session_is_exit_4_and_leaves_the_iterati
     assert out["error"]["problems"] == ["methods.json: byte 0 is not UTF-8 (b'\\xff')"]
     state = loop.load_state(r.run)
     assert (state["open_iter"], state["run_status"], state["history"]) == (1, "iterating", [])
+
+
+def test_a_rerun_on_a_machine_without_generation_is_not_to_run_here(pytester: pytest.Pytester) -> None:
+    """A --kopt-run whose methods.json is spoiled while it runs ends with exit 4 at the session's end, fix_and_rerun;
+    on a machine that does not allow generation (this one: no GPU) the fixed command would stop the run (SKILL.md
+    step 0), so next says so: runs_here False, requires naming the machine and why not this one (before:
+    runs_here True, and following it stopped the run)."""
+    if hardware.probe_gpus()["gpus"]:
+        pytest.skip("a GPU is visible here: this test is for a machine that does not allow generation")
+    run, it = cpu_run(pytester.path)
+    pytester.makeconftest(f"""
+import json, pathlib
+def pytest_collection_finish(session):
+    pathlib.Path({str(it / "methods.json")!r}).write_bytes(json.dumps({{"methods": ["x"]}}).encode("utf-16"))
+""")
+    result = pytester.runpytest_subprocess("--kopt-run", str(run), "-p", "no:cacheprovider", "--kopt-json", "r.json")
+    doc = json.loads((pytester.path / "r.json").read_text())
+    assert result.ret == 4 and doc["loop"]["exit_code"] == 4, result.stdout.str()
+    nxt = doc["loop"]["next"]
+    assert nxt["action"] == "fix_and_rerun" and nxt["runs_here"] is False
+    assert nxt["requires"].startswith("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one "
+                                      "does not allow generation (no NVIDIA driver")
+    assert loop.load_state(run)["run_status"] == "iterating"  # the run is left as it was
 
 
 def test_next_command_carries_no_value_that_could_be_read_as_an_option(pytester: pytest.Pytester) -> None:

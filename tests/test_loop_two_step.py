@@ -241,6 +241,26 @@ def test_an_ablation_that_could_not_run_its_gpu_gates_keeps_the_second_step_open
     state = st.load_state(r.run)
     assert out["exit_code"] == 3, (out["exit_code"], out.get("attribution"))
     assert state.get("ablation_step") and state["open_iter"] == 1 and state["history"] == []
+    # the same command, run where the GPU is: not again here (before: runs_here True, requires None)
+    assert out["next"]["action"] == "write_ablations" and out["next"]["runs_here"] is False
+    assert out["next"]["requires"].startswith("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: "
+                                              f"this one could not run the ablation of {METHOD}'s GPU gates")
+
+
+def test_a_branch_step_where_no_branch_could_run_its_gpu_gates_is_run_again_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No branch passed and one could not run its GPU gates here: exit 3, the iteration stays open, and next says
+    the same command runs on a machine with a GPU, not here (runs_here False, requires naming the branch)."""
+    r = Run(tmp_path)
+    r.fake_profile(monkeypatch)
+    k = r.kernel("branches/b1", None)
+    r.records = _records(k, compile=("passed", "PASSED", None), correctness=("passed", "PASSED", None),
+                         timing=("skipped", "SKIPPED", "hardware"))
+    out = r.close()
+    assert out["exit_code"] == 3 and st.load_state(r.run)["open_iter"] == 1
+    assert out["next"]["action"] == "write_and_close" and out["next"]["runs_here"] is False
+    assert "this one could not run b1's GPU gates (timing SKIPPED)" in out["next"]["requires"]
+    assert out["next"]["command"][-1] == f"--kopt-json={r.it / 'report.json'}"  # the step's own command
 
 
 def test_an_ablation_without_a_timing_item_in_this_session_is_not_timed_from_a_stale_bench_json(

@@ -375,3 +375,16 @@ def test_a_missing_or_corrupt_record_loads_as_none(tmp_path: Path, load: Any, wh
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content.encode("latin-1"))
     assert load(where(tmp_path)) is None
+
+
+def test_a_file_whose_name_is_near_the_limit_is_written_atomically(tmp_path: Path) -> None:
+    """A name near the file system's 255-byte limit (a run folder renamed long, its start_over report named after
+    it) is still written: the temporary file beside it is named after a cut of it (before: "File name too long",
+    and no file), and none is left behind."""
+    from pytest_kopt.artifacts import read_dict, write_json, write_text
+
+    long_json, long_md = tmp_path / ("r" * 245 + ".json"), tmp_path / ("é" * 124 + ".md")  # 250 and 251 bytes
+    write_json(long_json, {"exit_code": 3})
+    write_text(long_md, "summary\n")
+    assert read_dict(long_json) == {"exit_code": 3} and long_md.read_text() == "summary\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long_json.name, long_md.name])

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder (descriptor, name), named after ``path`` cut to 64 characters: a
+    name near the file system's 255-byte limit leaves no room for the temporary file's own additions."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".tmp")
+
+
 def write_json(path: Path, data: Any) -> Path:
     """Write ``data`` as indented JSON to ``path`` atomically (temp file in the same folder, then ``os.replace``);
     creates the folder. Values JSON cannot encode are written as their ``str()``. Returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, default=str)
@@ -35,10 +41,14 @@ def write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (summary.md, analysis templates); creates the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    fd, tmp = _temp_beside(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

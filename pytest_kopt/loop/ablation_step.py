@@ -16,7 +16,7 @@ from .gates import Context
 from .layout import RunLayout
 from .result import Closing, StepResult
 from .runstate import AblationStep, State
-from .view import next_step
+from .view import elsewhere, next_step
 from .written import Written
 
 
@@ -40,8 +40,10 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
     if hw is not None:
         return StepResult(EXIT_HARDWARE, f"{it.name}: the ablation of {hw} could not run its GPU gates here "
                                          f"({fresh[hw]['message']}); the ablation step stays open: run the same "
-                                         "command where the GPU is", next_step(run_dir), ablations=fresh,
-                          stage="hardware")
+                                         "command where the GPU is",
+                          elsewhere(next_step(run_dir), f"this one could not run the ablation of {hw}'s GPU gates "
+                                                        f"({fresh[hw]['message']})"),
+                          ablations=fresh, stage="hardware")
     crecs = for_kernel(records, Path(champion["kernel"]))
     table = ctx_for(Path(champion["kernel"])).gates
     block = blocker(crecs, table.branch_strict, table) if crecs else None
@@ -50,7 +52,9 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
         if where == "hardware":
             return StepResult(EXIT_HARDWARE, f"{it.name}: champion {champ} could not run its GPU gates here "
                                              f"({block.message}); run the same command where the GPU is",
-                              next_step(run_dir), stage="hardware")
+                              elsewhere(next_step(run_dir), f"this one could not run champion {champ}'s GPU gates "
+                                                            f"({block.message})"),
+                              stage="hardware")
         st.stop_run(run_dir, f"champion {champ} failed {block.gate} when judged again in the ablation step: "
                     f"{block.message}", where, code)
         return StepResult(code, f"{it.name}: champion {champ} passed its gates in the branch step but failed "

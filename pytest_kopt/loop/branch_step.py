@@ -19,7 +19,7 @@ from .records import BranchResults, Decision
 from .result import Closing, StepResult
 from .runstate import AblationStep, State
 from .pins import file_sha256
-from .view import next_step
+from .view import elsewhere, next_step
 from .written import Written
 
 
@@ -188,8 +188,10 @@ def branch_step(run_dir: Path, state: State, found: Written, methods: list[str],
         hw = next(r for r in results if r["stage"] == "hardware")
         return StepResult(EXIT_HARDWARE, f"{it.name}: {hw['branch']} could not run its GPU gates here "
                                          f"({hw['message']}); the iteration stays open: run --kopt-run again "
-                                         "where the GPU is", next_step(run_dir), branches=results,
-                          not_written=not_written, stage="hardware")
+                                         "where the GPU is",
+                          elsewhere(next_step(run_dir), f"this one could not run {hw['branch']}'s GPU gates "
+                                                        f"({hw['message']})"),
+                          branches=results, not_written=not_written, stage="hardware")
     ab_kernels = {m: Path(a["kernel"]) for m, a in judged.items() if a["passed"]}
     try:
         decision = same_gpu_decision(it.decision, BestSoFar.of(state), results, ab_kernels, ctx_for)

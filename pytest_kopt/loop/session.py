@@ -29,7 +29,7 @@ from .overrides import check_methods, finishes_now, load_open_run, run_overrides
 from .result import StepResult
 from .runstate import State
 from .summary import render_summary
-from .view import PYTEST, next_step, option, report_of
+from .view import PYTEST, derived, next_step, option
 
 __all__ = ["BestSoFar", "RUN_FIXED", "ablation_request", "ablation_results", "best_name", "branch_results",
            "finish_init", "finish_run", "finishing", "fixed_option_problems", "run_overrides", "same_gpu_decision",
@@ -200,6 +200,6 @@ def _next_or_fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
     command = step.get("command") or [*PYTEST, option("--kopt-run", layout.root)]
     if step.get("action") in ("write_and_close", "write_ablations"):
         return {**step, "action": "fix_and_rerun", "write": [exc.path] if exc.path else step.get("write", [])}
-    return {"action": "fix_and_rerun", "read": [str(layout.state)], "write": [exc.path] if exc.path else [],
-            "command": command, "report": report_of(command), "reason": exc.message} if not step else step
+    return derived({"action": "fix_and_rerun", "read": [str(layout.state)], "write": [exc.path] if exc.path else [],
+                    "command": command, "reason": exc.message}) if not step else step
 

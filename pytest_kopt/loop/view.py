@@ -84,13 +84,24 @@ def rerun_writing(nxt: dict[str, Any], report: Path | None) -> dict[str, Any]:
     return derived({**nxt, "command": command})
 
 
+#: What ``requires`` names: a machine where the loop's GPU steps can run (SKILL.md step 0's generation_allowed).
+GPU_MACHINE = "a machine with an NVIDIA GPU, nvcc and ncu that can read its counters"
+
+
+def elsewhere(nxt: dict[str, Any], why: str) -> dict[str, Any]:
+    """``nxt`` to be run on another machine: ``requires`` names it (:data:`GPU_MACHINE`, then ``why``: what this
+    one lacks or where it stopped), ``runs_here`` False."""
+    return {**nxt, "requires": f"{GPU_MACHINE}: {why}", "runs_here": False}
+
+
 def derived(nxt: dict[str, Any]) -> dict[str, Any]:
     """``nxt`` with the fields read off its others: ``report`` (its command's ``--kopt-json``) and ``runs_here``
     (None without a command; False where ``requires`` names another machine, as the command would stop here the
-    same way; else True)."""
+    same way; else as ``nxt`` says, True where it does not: None is "not known", from a session that stopped
+    before it looked at the machine)."""
     command = nxt.get("command")
-    return {**nxt, "report": report_of(command),
-            "runs_here": None if not command else not nxt.get("requires")}
+    here = None if not command else False if nxt.get("requires") else nxt.get("runs_here", True)
+    return {**nxt, "report": report_of(command), "runs_here": here}
 
 
 def next_step(run_dir: Path) -> dict[str, Any]:
@@ -128,15 +139,15 @@ def _next_step(run_dir: Path) -> dict[str, Any]:
     i = state.open_iter
     if state.run_status == "stopped" or not i:
         stop = stop_record(run_dir)
-        where = None
-        if stop is not None and stop.exit_code == EXIT_HARDWARE:
-            # the machine, not the kernel: the same command here stops the same way
-            where = ("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one stopped at "
-                     f"{stop.stop_stage} ({state.stop_reason})")
-        return {"action": "start_over", "reason": state.stop_reason, "requires": where,
+        # the machine, not the kernel (exit 3; state.json's stage where stop.json cannot be read): the same command
+        # here stops the same way
+        machine = stop.exit_code == EXIT_HARDWARE if stop is not None else state.stop_stage == "hardware"
+        stage = stop.stop_stage if stop is not None else state.stop_stage
+        step = {"action": "start_over", "reason": state.stop_reason, "requires": None,
                 "seeds_from": str(seed_of(state, layout)), "reuse": left_behind(layout),
-                "read": [str(layout.state), str(layout.stop), str(layout.summary)], "write": [],
+                "read": [str(p) for p in (layout.state, layout.stop, layout.summary) if p.is_file()], "write": [],
                 "command": init_command(state, layout)}
+        return elsewhere(step, f"this one stopped at {stage} ({state.stop_reason})") if machine else step
     it = layout.iteration(i)
     ext = Path(state.baseline_file).suffix
     pending = state.pending

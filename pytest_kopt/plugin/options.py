@@ -175,6 +175,8 @@ def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | 
                 if st.load_state(Path(run_dir)).get("open_iter") else step
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
+        if not nxt.get("requires"):
+            nxt = {**nxt, "runs_here": None}  # not known: this session stopped before it looked at the machine
         nxt = st.rerun_writing(nxt, report)
         try:
             view = st.run_view(Path(run_dir))
