@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -653,3 +654,28 @@ def test_a_bad_message_on_the_servers_own_socket_is_answered_and_the_server_goes
         ours.close()
         loop.join(5)
     assert not loop.is_alive() and ended == [0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_DUMPABLE is Linux's")
+def test_the_server_is_not_dumpable_and_its_harness_processes_are() -> None:
+    """_dumpable, as the server (off) and each harness process forked from it (on again) call it, sets what
+    PR_GET_DUMPABLE reads back: off, no process of this user without CAP_SYS_PTRACE can attach to the server or take
+    its sockets with pidfd_getfd."""
+    import ctypes
+
+    from pytest_kopt.child import forkserver as child
+
+    def in_a_fork(on: bool) -> int:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            child._dumpable(on)
+            os.write(w, bytes([ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)]))  # PR_GET_DUMPABLE = 3
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        return got[0]
+
+    assert (in_a_fork(False), in_a_fork(True)) == (0, 1)

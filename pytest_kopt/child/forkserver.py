@@ -75,6 +75,7 @@ def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", worke
     import torch  # noqa: F401
 
     _name(b"kopt-forkserver")
+    _dumpable(False)
     gc.collect()
     gc.freeze()  # kept out of the collector's sight in every child (see protocol.serve)
     sock = socket.socket(fileno=sock_fd)
@@ -309,6 +310,7 @@ def _become(sock: socket.socket, env: dict[str, str], fds: list[int], targets: l
     descriptors at their numbers, the environment."""
     os.setsid()
     sock.close()
+    _dumpable(True)  # as a harness process started as a new Python is
     _name(b"kopt-timing" if "--no-profiler" not in argv else b"kopt-harness")
     # move every received descriptor above the targets first, so no dup2 overwrites one not yet placed
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, max(targets) + 1) for fd in fds]
@@ -331,6 +333,19 @@ def _name(name: bytes) -> None:
         import ctypes
 
         ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _dumpable(on: bool) -> None:
+    """Linux ``PR_SET_DUMPABLE``: off in the server (and the copies forked for workers), so another process of this
+    user, a kernel's among them, cannot attach to it or take its sockets (ptrace, ``pidfd_getfd``: both need the
+    target dumpable where the caller lacks CAP_SYS_PTRACE, whatever ``ptrace_scope`` says); on again in each
+    harness process forked from it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, int(on), 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except (OSError, AttributeError):
         pass
 
