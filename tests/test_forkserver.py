@@ -43,20 +43,26 @@ def test_a_forked_process_serves_and_holds_only_its_own_descriptors(tmp_path: Pa
         ready(pool, "candidate:/k.cu", tmp_path)
         assert pool.forks is not None
         check, cand = srv_of(pool, "check:/k.cu").proc, srv_of(pool, "candidate:/k.cu").proc
-        server_fds = {f: os.readlink(f"/proc/{pool.forks.proc.pid}/fd/{f}")
-                      for f in os.listdir(f"/proc/{pool.forks.proc.pid}/fd")}
-        server_fds = {f: link for f, link in server_fds.items() if link.startswith("socket:")}
-        assert server_fds  # the socket it takes requests on
+        server = pool.forks.proc.pid
+        if os.getuid() != 0:  # not dumpable: its /proc files are root's, its descriptors no one else's to read
+            assert os.stat(f"/proc/{server}").st_uid == 0
+            server_fds = {}
+        else:
+            server_fds = {f: os.readlink(f"/proc/{server}/fd/{f}") for f in os.listdir(f"/proc/{server}/fd")}
+            server_fds = {f: link for f, link in server_fds.items() if link.startswith("socket:")}
+            assert server_fds  # the socket it takes requests on
         assert isinstance(check, ForkedProcess) and check.forked and cand.forked and check.pid != cand.pid
         for proc in (check, cand):
             stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            assert int(stat[1]) == pool.forks.proc.pid  # its parent: the server
+            assert int(stat[1]) == server  # its parent: the server
+            assert os.stat(f"/proc/{proc.pid}").st_uid == os.getuid()  # dumpable again, as a new Python is
             assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
             links = {int(f): os.readlink(f"/proc/{proc.pid}/fd/{f}") for f in os.listdir(f"/proc/{proc.pid}/fd")}
             assert {0, 1, 2, 3} <= set(links) and links[3].startswith("pipe:")
             assert links[1] == links[2] and links[1].endswith(".log")
-            # a GPU's device files come with its CUDA context (made while idle); nothing of the server's
+            # a GPU's device files come with its CUDA context (made while idle); nothing of the server's, no socket
             assert not set(links.values()) & set(server_fds.values())
+            assert not any(link.startswith("socket:") for link in links.values())
             if not Path("/dev/nvidiactl").exists():
                 assert sorted(links) == [0, 1, 2, 3]
         assert Path(f"/proc/{check.pid}/comm").read_text().strip() == "kopt-harness"
@@ -627,9 +633,10 @@ def test_a_worker_whose_request_came_is_never_closed_to_make_room(tmp_path: Path
 
 def test_a_bad_message_on_the_servers_own_socket_is_answered_and_the_server_goes_on(tmp_path: Path) -> None:
     """What the server's own socket carries is answered, never ends the server: a message that is not JSON, JSON that
-    is no object, a request without its fields, and a reap of a process it did not fork (a worker's server, which
-    its loop reaps itself, or none: before, reaping it made the loop's next reap raise and end the server). The
-    server then still serves, and ends when its socket closes."""
+    is no object, a request without its fields, a refused spawn, and a reap of a process it did not fork on
+    request (any other child of the server, such as a worker's server, which its loop reaps itself: before, reaping
+    it made the loop's next reap raise and end the server; pid -1, which waitpid reads as any child). The server
+    then still serves, and ends when its socket closes."""
     import socket
     import threading
 
@@ -640,19 +647,27 @@ def test_a_bad_message_on_the_servers_own_socket_is_answered_and_the_server_goes
     loop = threading.Thread(target=lambda: ended.append(child._loop(theirs, {}, ())))
     loop.start()
     ours.settimeout(5)
+    other = os.fork()  # a child of the server's process it did not fork on request
+    if other == 0:
+        os._exit(7)
     try:
         answers = []
         for msg in (b"not json", b"[1, 2]", b'"op"', b"{}", b'{"id": 7, "op": "reap", "pid": "x"}',
-                    b'{"id": 8, "op": "reap", "pid": %d}' % os.getpid(), b'{"id": 9, "op": "reap", "pid": -1}'):
+                    b'{"id": 8, "op": "spawn", "argv": [], "env": {"X": "1"}, "fds": []}',
+                    b'{"id": 9, "op": "reap", "pid": -1}', b'{"id": 10, "op": "reap", "pid": %d}' % other):
             ours.send(msg)
             answers.append(json.loads(ours.recv(4096)))
-        assert [a["id"] for a in answers] == [None, None, None, None, 7, 8, 9]
+        assert [a["id"] for a in answers] == [None, None, None, None, 7, 8, 9, 10]
         assert all(a["error"] for a in answers)
-        assert answers[-1]["error"] == "-1 is no harness process of this server's"
+        assert answers[5] == {"id": 8, "error": "refused", "variables": ["X"]}
+        assert answers[6]["error"] == "-1 is no harness process of this server's"
+        assert answers[7]["error"] == f"{other} is no harness process of this server's"
         assert loop.is_alive()
     finally:
         ours.close()
         loop.join(5)
+        _, status = os.waitpid(other, 0)  # still there to reap: the server took it from no one
+    assert os.waitstatus_to_exitcode(status) == 7
     assert not loop.is_alive() and ended == [0]
 
 

@@ -436,3 +436,10 @@ def test_a_stop_for_want_of_a_gpu_is_read_from_state_json_where_stop_json_is_gon
         assert nxt["requires"].endswith("this one stopped at hardware (no GPU)")
     assert str(run / "stop.json") in damaged["read"] and str(run / "stop.json") not in gone["read"]
     assert all(Path(r).is_file() for r in gone["read"])
+    # a stop at another stage may be the machine's (ncu's counters: exit 3) or the kernel's: without stop.json's
+    # exit code, not known
+    loop.stop_run(run, "counters unreadable", "ncu", 3)
+    assert loop.next_step(run)["runs_here"] is False
+    (run / "stop.json").unlink()
+    unknown = loop.next_step(run)
+    assert (unknown["runs_here"], unknown["requires"]) == (None, None)

@@ -241,7 +241,8 @@ def pytest_collection_finish(session):
     nxt = doc["loop"]["next"]
     assert nxt["action"] == "fix_and_rerun" and nxt["runs_here"] is False
     assert nxt["requires"].startswith("a machine with an NVIDIA GPU, nvcc and ncu that can read its counters: this one "
-                                      "does not allow generation (no NVIDIA driver")
+                                      "does not allow generation (")
+    assert nxt["requires"].endswith("; a finish written into methods.json runs here")
     assert loop.load_state(run)["run_status"] == "iterating"  # the run is left as it was
 
 
@@ -374,4 +375,5 @@ def test_a_step_that_cannot_read_its_state_asks_for_a_rerun_that_writes_the_sess
     assert again["runs_here"] is True  # the file fixed, the same command here
     assert st.rerun_writing(again, tmp_path / "other.json") == again  # its report already named
     closing = {"action": "write_and_close", "command": ["x"], "report": None}
-    assert st.rerun_writing(closing, mine) == {**closing, "runs_here": True}  # only a rerun is made to write the session's report
+    # only a rerun is made to write the session's report
+    assert st.rerun_writing(closing, mine) == {**closing, "runs_here": True}

@@ -359,6 +359,22 @@ def test_a_champion_that_fails_correctness_when_re_judged_in_step_2_is_not_concl
     assert out["exit_code"] != 0 or state["best_file"] != str(r.it / "kernel.cu"), out["message"]
 
 
+def test_a_champion_that_cannot_run_its_gpu_gates_in_step_2_is_judged_again_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The champion, judged again in the second step, is blocked by the hardware gate here: exit 3, the step stays
+    open, and next says to run the same command on a machine with a GPU (runs_here False, requires naming it)."""
+    r = Run(tmp_path)
+    r.fake_profile(monkeypatch)
+    _first_step(r, stale=())
+    b2 = r.it / "branches" / "b2" / "kernel.cu"
+    r.records = _records(b2, compile=("passed", "PASSED", None), correctness=("passed", "PASSED", None),
+                         timing=("skipped", "SKIPPED", "hardware"))
+    out = r.close()
+    assert out["exit_code"] == 3 and st.load_state(r.run).get("ablation_step")
+    assert out["next"]["action"] == "write_ablations" and out["next"]["runs_here"] is False
+    assert "this one could not run champion b2's GPU gates (timing SKIPPED)" in out["next"]["requires"]
+
+
 def test_iteration_bench_json_is_the_timing_that_champion_ms_came_from(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect (low): in the same case (no ablation written) the champion's re-timing in step 2 overwrites the

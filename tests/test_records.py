@@ -383,7 +383,7 @@ def test_a_file_whose_name_is_near_the_limit_is_written_atomically(tmp_path: Pat
     and no file), and none is left behind."""
     from pytest_kopt.artifacts import read_dict, write_json, write_text
 
-    long_json, long_md = tmp_path / ("r" * 245 + ".json"), tmp_path / ("é" * 124 + ".md")  # 250 and 251 bytes
+    long_json, long_md = tmp_path / ("r" * 245 + ".json"), tmp_path / ("\U0001f600" * 61 + ".md")  # 250, 247 bytes
     write_json(long_json, {"exit_code": 3})
     write_text(long_md, "summary\n")
     assert read_dict(long_json) == {"exit_code": 3} and long_md.read_text() == "summary\n"

@@ -15,9 +15,14 @@ from typing import Any
 
 
 def _temp_beside(path: Path) -> tuple[int, str]:
-    """A new temporary file in ``path``'s folder (descriptor, name), named after ``path`` cut to 64 characters: a
-    name near the file system's 255-byte limit leaves no room for the temporary file's own additions."""
-    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".tmp")
+    """A new temporary file in ``path``'s folder (descriptor, name), named after ``path`` cut to 64 bytes: a name
+    near the file system's 255-byte limit leaves no room for the temporary file's own additions."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{cut(path.name)}.", suffix=".tmp")
+
+
+def cut(name: str, limit: int = 64) -> str:
+    """``name`` cut to at most ``limit`` bytes of UTF-8, never inside a character."""
+    return name.encode()[:limit].decode(errors="ignore")
 
 
 def write_json(path: Path, data: Any) -> Path:

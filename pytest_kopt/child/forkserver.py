@@ -15,10 +15,11 @@ interpreter.
 Protocol, over a ``SOCK_SEQPACKET`` socket (one message a datagram, JSON): ``{"id", "op": "spawn", "argv",
 "env", "fds"}`` with the child's file descriptors attached (SCM_RIGHTS; ``fds`` names the number each becomes in
 the child) is answered ``{"id", "pid"}`` or ``{"id", "error"}`` (``refused``: an environment that differs from
-this process's in a variable read at import); ``{"id", "op": "reap", "pid"}`` is answered ``{"id", "status"}``
-(``waitpid`` without waiting: the exit code as :attr:`subprocess.Popen.returncode` gives it, negative for a
-signal, or None while it runs). The server ends when the socket closes; its children die with it
-(``PR_SET_PDEATHSIG``, set by each child's harness).
+this process's in a variable read at import); ``{"id", "op": "reap", "pid"}`` of a process it forked on request
+is answered ``{"id", "status"}`` (``waitpid`` without waiting: the exit code as
+:attr:`subprocess.Popen.returncode` gives it, negative for a signal, or None while it runs), of any other pid
+``{"id", "error"}``, as is a message that is no request. The server ends when the socket closes; its children die
+with it (``PR_SET_PDEATHSIG``, set by each child's harness).
 
 Under pytest-xdist one server serves the whole session: the controller starts it at its configure, with a
 listening socket (``--listen FD``) in a private folder, and each worker, at its own configure, connects there and
@@ -67,6 +68,7 @@ def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", worke
     with the token whose SHA-256 is ``token_sha`` (:func:`_attach`)."""
     import gc
 
+    _dumpable(False)  # before anything: it holds its sockets from its start
     from . import protocol  # the harness's modules, imported once
 
     if sys.platform.startswith("linux"):
@@ -75,7 +77,6 @@ def serve(sock_fd: int, listen_fd: int | None = None, token_sha: str = "", worke
     import torch  # noqa: F401
 
     _name(b"kopt-forkserver")
-    _dumpable(False)
     gc.collect()
     gc.freeze()  # kept out of the collector's sight in every child (see protocol.serve)
     sock = socket.socket(fileno=sock_fd)
@@ -186,8 +187,9 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
             req = json.loads(msg)
             if req["op"] == "spawn":
                 reply = _spawn(sock, req, fds, base, after, tuple(door.sockets()))
-                spawned.add(reply.get("pid", -1))
-            elif int(req["pid"]) in spawned:
+                if "pid" in reply:
+                    spawned.add(reply["pid"])
+            elif int(req["pid"]) in spawned:  # a pid > 0: os.fork's
                 reply = {"status": _reap(int(req["pid"]))}
                 if reply["status"] is not None:
                     spawned.discard(int(req["pid"]))

@@ -29,7 +29,7 @@ from .overrides import check_methods, finishes_now, load_open_run, run_overrides
 from .result import StepResult
 from .runstate import State
 from .summary import render_summary
-from .view import PYTEST, derived, next_step, option
+from .view import PYTEST, elsewhere, next_step, option, with_derived_fields
 
 __all__ = ["BestSoFar", "RUN_FIXED", "ablation_request", "ablation_results", "best_name", "branch_results",
            "finish_init", "finish_run", "finishing", "fixed_option_problems", "run_overrides", "same_gpu_decision",
@@ -130,7 +130,7 @@ def finish_run(run_dir: Path, ctx_for: Callable[[Path], Context], records: list[
         out = branch_step(run_dir, state, found, methods, records, ctx_for, finalize, finish, steps)
         return out if isinstance(out, StepResult) else conclude(out)
     except ConfigError as exc:
-        return StepResult.config_error(exc, _next_or_fix(run_dir, exc))
+        return StepResult.config_error(exc, _next_or_fix(run_dir, exc, env))
 
 
 def finishing(run_dir: Path) -> bool:
@@ -189,8 +189,20 @@ def _no_generation(run_dir: Path, state: State, found: Any, records: list[GateRe
                       stage="hardware", iteration=i, branches=results)
 
 
-def _next_or_fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
-    """The run's ``next`` when its state can be read, else ``fix_and_rerun``: the file to fix and the command."""
+def _next_or_fix(run_dir: Path, exc: ConfigError, env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The run's ``next`` when its state can be read, else ``fix_and_rerun``: the file to fix and the command. On a
+    machine that does not allow generation (``env``: this step's, where it was probed), a command that would run
+    again here is marked to run elsewhere (:func:`~pytest_kopt.loop.view.elsewhere`): fixed, it would stop the run
+    (SKILL.md step 0), unless the fix is a ``finish``."""
+    nxt = _fix(run_dir, exc)
+    problem = generation_problem(env) if env is not None else None
+    if problem is not None and nxt.get("command") and nxt.get("runs_here"):
+        nxt = elsewhere(nxt, f"this one does not allow generation ({problem}); a finish written into methods.json "
+                             "runs here")
+    return nxt
+
+
+def _fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
     try:
         step = next_step(run_dir)
     except ConfigError:
@@ -200,6 +212,8 @@ def _next_or_fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
     command = step.get("command") or [*PYTEST, option("--kopt-run", layout.root)]
     if step.get("action") in ("write_and_close", "write_ablations"):
         return {**step, "action": "fix_and_rerun", "write": [exc.path] if exc.path else step.get("write", [])}
-    return derived({"action": "fix_and_rerun", "read": [str(layout.state)], "write": [exc.path] if exc.path else [],
-                    "command": command, "reason": exc.message}) if not step else step
+    if step:
+        return step
+    return with_derived_fields({"action": "fix_and_rerun", "read": [str(layout.state)],
+                                "write": [exc.path] if exc.path else [], "command": command, "reason": exc.message})
 

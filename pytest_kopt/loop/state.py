@@ -22,12 +22,12 @@ from .records import Attribution, BranchResults, SassCheck, Stop
 from .runstate import State
 from .schema import loop_error
 from .summary import render_summary
-from .view import PYTEST, elsewhere, next_step, report_of, rerun_writing, run_view
+from .view import PYTEST, next_step, report_of, rerun_writing, run_view
 from .written import scan
 
-__all__ = ["PYTEST", "analysis_template", "run_home", "close_iteration", "elsewhere", "init_state", "iteration_kernels",
-           "load_state", "new_run_dir", "next_step", "open_iteration", "report_of", "rerun_writing", "run_view",
-           "save_state", "stop_run"]
+__all__ = ["PYTEST", "analysis_template", "run_home", "close_iteration", "init_state", "iteration_kernels", "load_state",
+           "new_run_dir", "next_step", "open_iteration", "report_of", "rerun_writing", "run_view", "save_state",
+           "stop_run"]
 
 
 def load_state(run_dir: Path) -> dict[str, Any]:

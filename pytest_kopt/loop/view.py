@@ -81,7 +81,7 @@ def rerun_writing(nxt: dict[str, Any], report: Path | None) -> dict[str, Any]:
     command = nxt.get("command")
     if nxt.get("action") == "fix_and_rerun" and report is not None and report_of(command) is None:
         command = [*(command or []), f"--kopt-json={report}"]
-    return derived({**nxt, "command": command})
+    return with_derived_fields({**nxt, "command": command})
 
 
 #: What ``requires`` names: a machine where the loop's GPU steps can run (SKILL.md step 0's generation_allowed).
@@ -94,11 +94,11 @@ def elsewhere(nxt: dict[str, Any], why: str) -> dict[str, Any]:
     return {**nxt, "requires": f"{GPU_MACHINE}: {why}", "runs_here": False}
 
 
-def derived(nxt: dict[str, Any]) -> dict[str, Any]:
+def with_derived_fields(nxt: dict[str, Any]) -> dict[str, Any]:
     """``nxt`` with the fields read off its others: ``report`` (its command's ``--kopt-json``) and ``runs_here``
     (None without a command; False where ``requires`` names another machine, as the command would stop here the
     same way; else as ``nxt`` says, True where it does not: None is "not known", from a session that stopped
-    before it looked at the machine)."""
+    while it was being configured, or a stop whose exit code cannot be read)."""
     command = nxt.get("command")
     here = None if not command else False if nxt.get("requires") else nxt.get("runs_here", True)
     return {**nxt, "report": report_of(command), "runs_here": here}
@@ -107,7 +107,7 @@ def derived(nxt: dict[str, Any]) -> dict[str, Any]:
 def next_step(run_dir: Path) -> dict[str, Any]:
     """What the agent does next, as data (the ``--kopt-json`` report's ``loop.next``): ``action``, the files to
     ``read`` (the evidence) and to ``write``, the ``command`` to run (argv), the ``report`` it writes (its
-    ``--kopt-json`` path; None without a command) and ``runs_here`` (:func:`derived`). Paths are absolute.
+    ``--kopt-json`` path; None without a command) and ``runs_here`` (:func:`with_derived_fields`). Paths are absolute.
     Actions:
 
     - ``write_and_close`` while an iteration is open: ``methods.json``, one kernel per branch, optionally an
@@ -126,7 +126,7 @@ def next_step(run_dir: Path) -> dict[str, Any]:
     pattern, ``ablation_pattern``; ``finish`` says how to end the run instead.
 
     Raises the loop's ConfigError when the run's state is bad."""
-    return derived(_next_step(run_dir))
+    return with_derived_fields(_next_step(run_dir))
 
 
 def _next_step(run_dir: Path) -> dict[str, Any]:
@@ -139,14 +139,16 @@ def _next_step(run_dir: Path) -> dict[str, Any]:
     i = state.open_iter
     if state.run_status == "stopped" or not i:
         stop = stop_record(run_dir)
-        # the machine, not the kernel (exit 3; state.json's stage where stop.json cannot be read): the same command
-        # here stops the same way
-        machine = stop.exit_code == EXIT_HARDWARE if stop is not None else state.stop_stage == "hardware"
+        # the machine, not the kernel (exit 3), stopped it: the same command here stops the same way. Where
+        # stop.json (which holds the exit code) cannot be read, state.json's stage says so for a hardware stop;
+        # for another stage it is not known
+        machine = stop.exit_code == EXIT_HARDWARE if stop is not None else \
+            True if state.stop_stage == "hardware" else None
         stage = stop.stop_stage if stop is not None else state.stop_stage
         step = {"action": "start_over", "reason": state.stop_reason, "requires": None,
                 "seeds_from": str(seed_of(state, layout)), "reuse": left_behind(layout),
                 "read": [str(p) for p in (layout.state, layout.stop, layout.summary) if p.is_file()], "write": [],
-                "command": init_command(state, layout)}
+                "command": init_command(state, layout), **({"runs_here": None} if machine is None else {})}
         return elsewhere(step, f"this one stopped at {stage} ({state.stop_reason})") if machine else step
     it = layout.iteration(i)
     ext = Path(state.baseline_file).suffix

@@ -142,11 +142,7 @@ class LoopPlugin:
         if result.get("next"):
             # a rerun that writes this session's report
             report = Path(settings.json_path) if settings.json_path not in (None, "-") else None
-            nxt = loop_state.rerun_writing(result["next"], report)
-            problem = generation_problem(self.state.env)
-            if problem is not None and nxt.get("command") and nxt.get("runs_here"):
-                nxt = loop_state.elsewhere(nxt, f"this one does not allow generation ({problem})")  # SKILL.md step 0
-            result["next"] = nxt
+            result["next"] = loop_state.rerun_writing(result["next"], report)
         if self.finishing or (session.exitstatus in (0, code) and not ledger.other_failures()):
             session.exitstatus = int(result["exit_code"])
         outcome.loop = {**loop_state.run_view(settings.run_dir), **result, "run_dir": str(settings.run_dir),

@@ -176,7 +176,7 @@ def config_error_document(exc: ConfigError, run_dir: Any = None, report: Path | 
         except (OSError, ValueError, KeyError, KoptError):  # a bad state.json: the error says so
             pass
         if not nxt.get("requires"):
-            nxt = {**nxt, "runs_here": None}  # not known: this session stopped before it looked at the machine
+            nxt = {**nxt, "runs_here": None}  # not known: this session stopped while it was being configured
         nxt = st.rerun_writing(nxt, report)
         try:
             view = st.run_view(Path(run_dir))

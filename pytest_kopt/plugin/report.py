@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from ..artifacts.io import cut
 from .ledger import SessionOutcome
 from .options import FAILED_SEED_CACHE_KEY
 from .stash import SessionState
@@ -131,7 +132,7 @@ class ReportPlugin:
         try:
             path = Path(str(settings.json_path))
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name[:64]}.{os.getpid()}.tmp")  # room within the 255-byte name limit
+            tmp = path.with_name(f".{cut(path.name)}.{os.getpid()}.tmp")  # room within the 255-byte name limit
             tmp.write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
             os.replace(tmp, path)
         except OSError as exc:

@@ -66,9 +66,10 @@ def supported() -> bool:
 def start(server: "ForkServer | None", argv_for: Callable[[int], list[str]], extra_env: dict[str, str], stdin: int,
           log: int, ctl: int) -> "ForkedProcess | subprocess.Popen":
     """Start the harness process ``python -m pytest_kopt.child ARGV`` (``argv_for(n)``: its arguments when its
-    control pipe is descriptor ``n``) with ``harness_start(extra_env)``, in its own session, its stdin, its stdout and
-    stderr (``log``) and its control pipe the given descriptors of this process (the caller closes them after this
-    call): forked by ``server`` where there is one, else a new Python."""
+    control pipe is descriptor ``n``) with its environment from :func:`~pytest_kopt.proc.runner.harness_start` of
+    ``extra_env``, in its own session, its stdin, its stdout and stderr (``log``) and its control pipe the given
+    descriptors of this process (the caller closes them after this call): forked by ``server`` where there is one,
+    else a new Python."""
     if server is not None:
         return server.spawn(argv_for, extra_env, stdin, log, ctl)
     return popen(argv_for, extra_env, stdin, log, ctl)
