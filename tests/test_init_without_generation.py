@@ -110,3 +110,29 @@ def test_an_init_step_on_a_machine_without_a_gpu_runs_the_hardware_item_and_stop
                                  "kopt loop: run stopped at hardware*",
                                  "kopt loop next: run on a machine with an NVIDIA GPU*",
                                  "*1 failed, * deselected*"])
+
+
+def test_an_init_whose_state_is_spoiled_on_a_machine_without_generation_is_rerun_elsewhere(
+        pytester: pytest.Pytester) -> None:
+    """A --kopt-init whose state.json is spoiled while it runs ends with exit 4 and a rerun; on a machine that does
+    not allow generation (this one) that rerun would stop the same way, so next says to run it elsewhere (before
+    the check was made where next is built, a set-up's next said runs_here True), with no word of a finish (a set-up
+    has no methods.json)."""
+    if hardware.probe_gpus()["gpus"]:
+        pytest.skip("a GPU is visible here: this test is for a machine that does not allow generation")
+    shutil.copy(REDTEAM / "ref_softmax.py", pytester.path / "ref.py")
+    shutil.copy(REDTEAM / "honest_python.py", pytester.path / "k.py")
+    pytester.makeconftest("""
+import pathlib
+def pytest_collection_finish(session):
+    for state in pathlib.Path.cwd().glob("run_*/state.json"):
+        state.write_text("{")
+""")
+    result = pytester.runpytest_subprocess("--kopt-baseline", "k.py", "--kopt-ref", "ref.py", "--kopt-dims",
+                                           "M=64,N=64", "--kopt-init", "--kopt-json", "init.json",
+                                           "-p", "no:cacheprovider", "-p", "no:randomly")
+    doc = json.loads((pytester.path / "init.json").read_text())
+    assert result.ret == 4 and doc["loop"]["exit_code"] == 4, result.stdout.str()
+    nxt = doc["loop"]["next"]
+    assert nxt["action"] == "fix_and_rerun" and nxt["runs_here"] is False
+    assert "this one does not allow generation (" in nxt["requires"] and "finish" not in nxt["requires"]

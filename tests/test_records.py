@@ -7,6 +7,7 @@ same kind of fakes (no GPU needed)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -388,3 +389,7 @@ def test_a_file_whose_name_is_near_the_limit_is_written_atomically(tmp_path: Pat
     write_text(long_md, "summary\n")
     assert read_dict(long_json) == {"exit_code": 3} and long_md.read_text() == "summary\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long_json.name, long_md.name])
+    # a name whose bytes are no UTF-8 (Python holds them as surrogates) is written as it is
+    odd = tmp_path / os.fsdecode(b"r\xe9port.json")
+    write_json(odd, {"exit_code": 0})
+    assert read_dict(odd) == {"exit_code": 0} and os.fsencode(odd.name) == b"r\xe9port.json"

@@ -21,8 +21,9 @@ def _temp_beside(path: Path) -> tuple[int, str]:
 
 
 def cut(name: str, limit: int = 64) -> str:
-    """``name`` cut to at most ``limit`` bytes of UTF-8, never inside a character."""
-    return name.encode()[:limit].decode(errors="ignore")
+    """``name`` cut to at most ``limit`` bytes as the file system takes it (:func:`os.fsencode`), never inside a
+    character; bytes that are no UTF-8 (a name's undecodable bytes) are left out: it names a temporary file."""
+    return os.fsencode(name)[:limit].decode("utf-8", "ignore")
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -36,15 +36,17 @@ __all__ = ["BestSoFar", "RUN_FIXED", "ablation_request", "ablation_results", "be
            "timed_here", "timing_of"]
 
 
-def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> StepResult:
+def finish_init(run_dir: Path, ctx: Context, records: list[GateRecord],
+                env: Mapping[str, Any] | None = None) -> StepResult:
     """After the baseline session: stop the run when its machine does not allow generation (SKILL.md step 0:
     ``generation_allowed`` false, exit 3) or with the first failing (or skipped) strict gate's reason, or record
     the baseline (``best_metric_ms``, ``baseline_ms``) and open iteration 1 (or complete the run when the baseline
-    is near the roofline). A bad loop file met here is exit 4, the run left as it is."""
+    is near the roofline). A bad loop file met here is exit 4, the run left as it is (its next marked to run
+    elsewhere on a machine, ``env``: the session's probe, that does not allow generation)."""
     try:
         return _finish_init(run_dir, ctx, records)
     except ConfigError as exc:
-        return StepResult.config_error(exc, _next_or_fix(run_dir, exc))
+        return StepResult.config_error(exc, _next_or_fix(run_dir, exc, env))
 
 
 def _finish_init(run_dir: Path, ctx: Context, records: list[GateRecord]) -> StepResult:
@@ -193,20 +195,21 @@ def _next_or_fix(run_dir: Path, exc: ConfigError, env: Mapping[str, Any] | None 
     """The run's ``next`` when its state can be read, else ``fix_and_rerun``: the file to fix and the command. On a
     machine that does not allow generation (``env``: this step's, where it was probed), a command that would run
     again here is marked to run elsewhere (:func:`~pytest_kopt.loop.view.elsewhere`): fixed, it would stop the run
-    (SKILL.md step 0), unless the fix is a ``finish``."""
-    nxt = _fix(run_dir, exc)
-    problem = generation_problem(env) if env is not None else None
-    if problem is not None and nxt.get("command") and nxt.get("runs_here"):
-        nxt = elsewhere(nxt, f"this one does not allow generation ({problem}); a finish written into methods.json "
-                             "runs here")
-    return nxt
-
-
-def _fix(run_dir: Path, exc: ConfigError) -> dict[str, Any]:
+    (SKILL.md step 0), unless the fix is a ``finish`` of an iteration waiting for its branches."""
     try:
         step = next_step(run_dir)
     except ConfigError:
         step = {}
+    nxt = _fix(run_dir, exc, step)
+    problem = generation_problem(env) if env is not None else None
+    if problem is not None and nxt.get("command") and nxt.get("runs_here") is not False:
+        finish = "; a finish written into methods.json runs here" if step.get("action") == "write_and_close" else ""
+        nxt = elsewhere(nxt, f"this one does not allow generation ({problem}){finish}")
+    return nxt
+
+
+def _fix(run_dir: Path, exc: ConfigError, step: dict[str, Any]) -> dict[str, Any]:
+    """``step`` (the run's ``next``, {} where its state cannot be read) as the rerun after ``exc``'s file is fixed."""
     layout = RunLayout.of(run_dir)
     # without a readable state no step's report path is known: the plugin adds the session's own (rerun_writing)
     command = step.get("command") or [*PYTEST, option("--kopt-run", layout.root)]

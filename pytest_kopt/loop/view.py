@@ -141,9 +141,9 @@ def _next_step(run_dir: Path) -> dict[str, Any]:
         stop = stop_record(run_dir)
         # the machine, not the kernel (exit 3), stopped it: the same command here stops the same way. Where
         # stop.json (which holds the exit code) cannot be read, state.json's stage says so for a hardware stop;
-        # for another stage it is not known
-        machine = stop.exit_code == EXIT_HARDWARE if stop is not None else \
-            True if state.stop_stage == "hardware" else None
+        # for another stage it is not known (a run still initializing has no stop)
+        machine = stop.exit_code == EXIT_HARDWARE if stop is not None else True if state.stop_stage == "hardware" \
+            else None if state.run_status == "stopped" else False
         stage = stop.stop_stage if stop is not None else state.stop_stage
         step = {"action": "start_over", "reason": state.stop_reason, "requires": None,
                 "seeds_from": str(seed_of(state, layout)), "reuse": left_behind(layout),

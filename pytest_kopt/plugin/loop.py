@@ -158,7 +158,8 @@ class LoopPlugin:
 
         if settings.loop_mode == "init":
             assert settings.baseline is not None
-            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records).to_json()
+            return loop_session.finish_init(settings.run_dir, ctx_for(settings.baseline), records,
+                                            env=self.state.env).to_json()
         # this step's machine (the session's probe): recorded in the run, its generation_allowed and arch read
         return loop_session.finish_run(settings.run_dir, ctx_for, records, settings.finalize, env=self.state.env,
                                        arch=settings.arch).to_json()
