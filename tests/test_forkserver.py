@@ -695,3 +695,32 @@ def test_the_server_is_not_dumpable_and_its_harness_processes_are() -> None:
         return got[0]
 
     assert (in_a_fork(False), in_a_fork(True)) == (0, 1)
+
+
+SPY = """
+import ctypes, socket, sys
+seen = {}
+class Spy:  # records, at the first import of numpy and of torch, whether this process is dumpable
+    def find_spec(self, name, path=None, target=None):
+        if name in ("numpy", "torch") and name not in seen:
+            seen[name] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        return None
+sys.meta_path.insert(0, Spy())
+from pytest_kopt.child import forkserver
+assert "numpy" not in sys.modules and "torch" not in sys.modules
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+ours.close()  # its loop ends at once
+print(forkserver.serve(theirs.detach()), seen["numpy"], seen["torch"])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_DUMPABLE is Linux's")
+def test_the_server_is_not_dumpable_before_its_imports(tmp_path: Path) -> None:
+    """serve() turns dumpable off before it imports numpy and torch (seconds, while it already holds its sockets),
+    not after them."""
+    script = tmp_path / "spy.py"
+    script.write_text(SPY)
+    out = subprocess.run([sys.executable, "-P", "-s", str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "0", "0"]  # the loop's exit code; not dumpable at numpy's, at torch's import
