@@ -414,6 +414,10 @@ def test_two_stopped_runs_start_over_into_two_reports(tmp_path: Path) -> None:
     assert runs[0] != runs[1] and reports[0] != reports[1]
     assert [Path(r).parent for r in reports] == [tmp_path, tmp_path]
     assert [Path(r).name for r in reports] == [f"kopt-init-{run.name}.json" for run in runs]
+    # a run renamed near the 255-byte limit: its report's name is cut to fit (its command would fail to write it)
+    long = runs[0].rename(tmp_path / ("run_" + "x" * 246))
+    name = Path(loop.next_step(long)["report"]).name
+    assert name == f"kopt-init-run_{'x' * 196}.json" and len(name.encode()) <= 255
 
 
 def test_a_stop_for_want_of_a_gpu_is_read_from_state_json_where_stop_json_is_gone(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import defaults, registry
 from ..artifacts import read_dict
+from ..artifacts.io import cut
 from ..errors import EXIT_HARDWARE, ConfigError
 from .layout import RunLayout
 from .records import Stop
@@ -62,8 +63,9 @@ def init_command(state: State, layout: RunLayout | None = None) -> list[str]:
 
 def start_over_report(layout: RunLayout) -> Path:
     """Where the ``start_over`` command of the run at ``layout`` writes its report: beside the run, named after it
-    (``kopt-init-<run>.json``), so two stopped runs of one folder started over at once write two reports."""
-    return layout.root.parent / f"kopt-init-{layout.root.name}.json"
+    (``kopt-init-<run>.json``, the run's name cut to 200 bytes: a file name holds 255), so two stopped runs of one
+    folder started over at once write two reports."""
+    return layout.root.parent / f"kopt-init-{cut(layout.root.name, 200)}.json"
 
 
 def report_of(command: list[str] | None) -> str | None:
