@@ -189,10 +189,10 @@ def _loop(sock: socket.socket, base: dict[str, str], after: tuple[str, ...], lis
                 reply = _spawn(sock, req, fds, base, after, tuple(door.sockets()))
                 if "pid" in reply:
                     spawned.add(reply["pid"])
-            elif int(req["pid"]) in spawned:  # a pid > 0: os.fork's
-                reply = {"status": _reap(int(req["pid"]))}
+            elif (pid := int(req["pid"])) in spawned:  # a pid > 0: os.fork's
+                reply = {"status": _reap(pid)}
                 if reply["status"] is not None:
-                    spawned.discard(int(req["pid"]))
+                    spawned.discard(pid)
             else:  # a worker's server (the door reaps those) or no process of this server's
                 reply = {"error": f"{req['pid']} is no harness process of this server's"}
         except Exception as exc:  # a bad request answers an error; the server goes on

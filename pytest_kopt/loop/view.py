@@ -92,8 +92,8 @@ GPU_MACHINE = "a machine with an NVIDIA GPU, nvcc and ncu that can read its coun
 
 def elsewhere(nxt: dict[str, Any], why: str) -> dict[str, Any]:
     """``nxt`` to be run on another machine: ``requires`` names it (:data:`GPU_MACHINE`, then ``why``: what this
-    one lacks or where it stopped), ``runs_here`` False."""
-    return {**nxt, "requires": f"{GPU_MACHINE}: {why}", "runs_here": False}
+    one lacks or where it stopped), and its derived fields follow (``runs_here`` False)."""
+    return with_derived_fields({**nxt, "requires": f"{GPU_MACHINE}: {why}"})
 
 
 def with_derived_fields(nxt: dict[str, Any]) -> dict[str, Any]:

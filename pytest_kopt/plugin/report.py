@@ -132,7 +132,9 @@ class ReportPlugin:
         try:
             path = Path(str(settings.json_path))
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{cut(path.name)}.{os.getpid()}.tmp")  # room within the 255-byte name limit
+            # not artifacts.io.write_text: its mkstemp file is the owner's alone (0600), and a CI job's report is
+            # read by others; the name cut leaves room within the 255-byte limit
+            tmp = path.with_name(f".{cut(path.name)}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n")
             os.replace(tmp, path)
         except OSError as exc:
