@@ -16,15 +16,13 @@ from typing import Any, Callable
 
 from . import defaults
 from .errors import ConfigError
-from .loop.layout import artifact_folder
+from .seeds import SEED_COUNT, derive_seeds
 
 DEFAULT_SEEDS = defaults.SEEDS
 #: Arch used when no GPU is visible (:data:`pytest_kopt.defaults.ARCH`).
 DEFAULT_ARCH = defaults.ARCH
 DEFAULT_GATE_TIMEOUT_S = 60.0
 DEFAULT_NCU_TIMEOUT_S = 300.0
-#: Number of validation seeds derived from a session seed (SKILL.md's default list has five).
-SEED_COUNT = 5
 TIMING_METHODS = ("cupti", "events", "graph")
 NUMERICS_MODES = defaults.NUMERICS_MODES
 SANITIZER_TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -34,7 +32,8 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
 KNOWN_SM = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121}
 _ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A dim's name: a Python identifier (``M``, ``eps``, ``block_size``).
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +122,15 @@ class Settings:
         return tuple(dict.fromkeys(((self.baseline,) if self.baseline else ()) + self.candidates))
 
     def artifact_dir(self, kernel: Path) -> Path:
-        """Where a kernel's artifacts go: its run-directory folder in loop mode (``iterv<i>/branches/b<k>/``, also
-        for a kernel of the run this session does not judge), else ``<outdir>/<path>/`` where
+        """Where a kernel's artifacts go: its folder in ``artifact_dirs`` (in loop mode, a run kernel's own folder,
+        ``iterv<i>/branches/b<k>/``: the plugin adds one this session does not judge as a context asks for it), else
+        ``<outdir>/<path>/`` where
         ``<path>`` is the kernel's path relative to the invocation folder (``.kopt/examples/gemm/gemm.cu/``), so two
         kernels never share a folder, in one session or across sessions; a kernel outside the invocation folder
         goes to ``<outdir>/_external/<hash of its folder>/<name>/``."""
         if str(kernel) in self.artifact_dirs:
             return Path(self.artifact_dirs[str(kernel)])
         kernel = Path(kernel)
-        folder = artifact_folder(self.run_dir, kernel) if self.loop_mode == "run" else None
-        if folder is not None:
-            # a kernel of the run that this session does not judge (the champion, in a close's ablation step):
-            # its artifacts are where the session that judged it wrote them, beside it
-            return folder
         try:
             rel = kernel.relative_to(self.invocation_dir)
         except ValueError:
@@ -199,7 +194,7 @@ def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, Any]:
             raw[name] = value.strip()
     dims: dict[str, Any] = {}
     for name, value in raw.items():
-        if not _NAME_RE.match(str(name)):
+        if not NAME_RE.match(str(name)):
             raise ConfigError(f"{source}: {name!r} is not a valid dim name", fix="use the C identifier of solve()'s parameter")
         dims[str(name)] = _dim(value, f"{source}: dim {name}", from_json)
     return dims
@@ -252,79 +247,6 @@ def _number(value: Any, what: str) -> int | float:
         return float(s)
     except ValueError:
         raise ConfigError(f"{what}: {s!r} is not a number", fix="give an integer (4096) or a float (1e-5)") from None
-
-
-def ref_shapes(ref: Path, name: str) -> list[dict[str, Any]]:
-    """ref.py's ``dims`` (test shapes) or ``benchmarks`` (timed shapes) literal: a list of dicts of dims, whose
-    values may be numbers, booleans, strings or tuples of numbers (a KernelBench size, a GPU MODE key); [] when it
-    has none. Raises ConfigError naming the file and line when the literal is malformed."""
-    from .gates.pycontract import read_python
-    from .errors import ContractError
-
-    try:
-        c = read_python(ref)
-    except ContractError:
-        return []  # the preflight item reports a reference that does not parse
-    if name not in c.constants:
-        if c.problem_format == "gpumode":
-            return task_shapes(ref.parent / "task.yml", "tests" if name == "dims" else "benchmarks")
-        return []
-    value = c.constants[name]
-    ok = isinstance(value, (list, tuple)) and value and all(
-        isinstance(d, dict) and d and all(isinstance(k, str) and _NAME_RE.match(k) and _dim_value(v)
-                                          for k, v in d.items()) for d in value)
-    if not ok:
-        raise ConfigError(f"{ref}:{c.constant_lines.get(name)}: {name} = {value!r} is not a list of shapes",
-                          fix=f'write {name} = [{{"M": 1024, "N": 1024}}, {{"M": 4096, "N": 512}}] (a dict of dims '
-                              "per shape: numbers, booleans, strings or tuples of numbers)")
-    return [{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()} for d in value]
-
-
-def _task_rows(ref: Path) -> bool:
-    """True when ``ref``'s test shapes are a GPU MODE ``task.yml``'s rows (a GPU MODE problem without a ``dims``
-    list of its own)."""
-    from .errors import ContractError
-    from .gates.pycontract import read_python
-
-    try:
-        c = read_python(ref)
-    except ContractError:
-        return False
-    return c.problem_format == "gpumode" and "dims" not in c.constants
-
-
-def task_shapes(path: Path, key: str) -> list[dict[str, Any]]:
-    """A GPU MODE ``task.yml``'s ``tests`` or ``benchmarks``: one dict of ``generate_input`` arguments per shape,
-    its ``seed`` left out (kopt's seeds are used); [] when there is no such file or list. Raises ConfigError when
-    the file is not YAML or pyyaml is missing."""
-    if not path.is_file():
-        return []
-    try:
-        import yaml
-    except ImportError:
-        raise ConfigError(f"{path}: reading a GPU MODE task.yml needs pyyaml", fix="pip install pyyaml") from None
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix task.yml") from None
-    rows = (doc or {}).get(key) if isinstance(doc, dict) else None
-    if not isinstance(rows, list):
-        return []
-    out = []
-    for row in rows:
-        if not isinstance(row, dict) or not all(isinstance(k, str) and _dim_value(v) for k, v in row.items()):
-            raise ConfigError(f"{path}: {key} entry {row!r} is not a dict of sizes",
-                              fix=f"write each of {key} as a dict, e.g. - {{size: 1024, seed: 1}}")
-        shape = {k: v for k, v in row.items() if k != "seed"}
-        if shape:
-            out.append(shape)
-    return out
-
-
-def _dim_value(v: Any) -> bool:
-    if isinstance(v, (bool, int, float, str)):
-        return True
-    return isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
 
 
 def dims_label(dims: dict[str, Any]) -> str:
@@ -413,13 +335,16 @@ def _count(text: str, source: str, example: int) -> int:
     return int(value)
 
 
-def build_settings(get: Callable[[str], Any], base: Path,
-                   suffixes: tuple[str, ...] = (".cu", ".py")) -> Settings:
+def build_settings(get: Callable[[str], Any], base: Path, suffixes: tuple[str, ...] = (".cu", ".py"),
+                   listed: Callable[[Path], tuple[list[dict[str, Any]], bool]] | None = None) -> Settings:
     """Build Settings from ``get(name)``, which returns the option value, the ini value or None.
 
     ``name`` is the option's dest without prefix (``baseline``, ``dims``...). Relative paths are taken from
     ``base`` (the invocation directory); a kernel file must have one of ``suffixes`` (those the session's kernel
-    kinds may claim). Raises ConfigError for any bad value, naming the option.
+    kinds may claim). Without ``--kopt-dims``, the shapes are ``listed(ref)``'s: the reference's test shapes and
+    whether they are a GPU MODE ``task.yml``'s rows (the plugin passes
+    :func:`pytest_kopt.gates.shapes.listed_shapes`; None: the reference lists none). Raises ConfigError for any bad
+    value, naming the option.
     """
     def opt(name: str) -> Any:
         value = get(name)
@@ -443,12 +368,13 @@ def build_settings(get: Callable[[str], Any], base: Path,
     if texts:
         shapes = [parse_dims(t, "--kopt-dims" if len(texts) == 1 else f"--kopt-dims #{i + 1}")
                   for i, t in enumerate(texts)]
+        task_rows = False
     else:
-        shapes = ref_shapes(ref_path, "dims")
+        shapes, task_rows = listed(ref_path) if listed is not None else ([], False)
     shapes = [d for i, d in enumerate(shapes) if d not in shapes[:i]]
     # a GPU MODE task.yml's rows are generate_input's arguments, and an optional one (linalg's case) may be left out
     # of some; a shape given otherwise is one set of values for the same dims
-    if len({tuple(sorted(d)) for d in shapes}) > 1 and (texts or not _task_rows(ref_path)):
+    if len({tuple(sorted(d)) for d in shapes}) > 1 and not task_rows:
         names = sorted({tuple(sorted(d)) for d in shapes})
         where = "--kopt-dims" if texts else f"{ref_path.name}'s dims = [...]"
         raise ConfigError(f"{where}: the shapes name different dims ({' vs '.join(','.join(n) for n in names)})",
@@ -470,7 +396,6 @@ def build_settings(get: Callable[[str], Any], base: Path,
                               fix="e.g. --kopt-seed 12345, or --kopt-seed last") from None
         if not 0 <= session_seed < 2**63:
             raise ConfigError(f"--kopt-seed: {session_seed} is out of range", fix="use a seed in [0, 2**63)")
-        from .gates.inputs import derive_seeds
         seeds = derive_seeds(session_seed, SEED_COUNT)
     candidates = tuple(_path(str(c), "--kopt-candidate", base, suffixes) for c in (get("candidate") or ()))
     sanitizer: tuple[str, ...] = ()

@@ -232,3 +232,21 @@ def test_the_kind_finder(tmp_path: Path, snippet: str, hits: int) -> None:
     p = tmp_path / "m.py"
     p.write_text(snippet + "\n")
     assert len(kind_comparisons(p)) == hits
+
+
+#: The leaves: what every layer reads (options, errors, defaults, seeds, the registries, typed records, statistics).
+LEAVES = ("pytest_kopt.settings", "pytest_kopt.seeds", "pytest_kopt.errors", "pytest_kopt.defaults",
+          "pytest_kopt.registry", "pytest_kopt.artifacts", "pytest_kopt.stats")
+
+
+def test_the_leaves_import_nothing_above_them() -> None:
+    """A leaf imports only leaves and the harness package (``child/``, the bottom floor), never a gate, the loop or
+    the plugin: the settings once asked the loop's run layout for a kernel's artifact folder and the gates' ref.py
+    reader for its shapes, two imports that ran back up (the plugin now hands both in)."""
+    def leaf(m: str) -> bool:
+        return any(m == p or m.startswith(p + ".") for p in LEAVES + ("pytest_kopt.child",)) or m == "pytest_kopt"
+
+    above = {m: sorted(d for d in deps if not leaf(d)) for m, deps in graph().items()
+             if any(m == p or m.startswith(p + ".") for p in LEAVES)}
+    assert {m: d for m, d in above.items() if d} == {}
+    assert "pytest_kopt.settings" in above and "pytest_kopt.artifacts.bench" in above

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pytest_kopt.gates.inputs import (DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES, derive_seeds, draw_plan,
-                                      fresh_session_seed)
+from pytest_kopt.gates.inputs import DEFAULT_REGIMES, FORMAT_REGIMES, REGIMES, draw_plan
+from pytest_kopt.seeds import derive_seeds, fresh_session_seed
 
 PARAMS = ("scale", "int_lo", "int_hi", "decades")
 

@@ -278,6 +278,7 @@ def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(
     """In a close's second step only the ablations are the session's kernels; the champion's SASS, bench.json and
     profile are still read from its branch folder (before: from the default .kopt folder, where there is nothing,
     so every method's SASS check read 'no SASS' on the H200 and bench.json of the iteration was empty)."""
+    from pytest_kopt.plugin.stash import with_run_kernel
     from pytest_kopt.settings import Settings
 
     r = Run(tmp_path)
@@ -285,8 +286,13 @@ def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(
     ablation = r.it / "ablations" / METHOD / "kernel.cu"
     s = Settings(loop_mode="run", run_dir=r.run, artifact_dirs={str(ablation): str(ablation.parent)},
                  outdir=tmp_path / ".kopt", invocation_dir=tmp_path)
-    assert s.artifact_dir(champion) == champion.parent and s.artifact_dir(ablation) == ablation.parent
-    assert s.artifact_dir(tmp_path / "other.cu") == tmp_path / ".kopt" / "other.cu"
+    assert with_run_kernel(s, champion).artifact_dir(champion) == champion.parent
+    assert s.artifact_dir(champion) == tmp_path / ".kopt" / champion.relative_to(tmp_path)  # s itself is unchanged
+    assert with_run_kernel(s, ablation) is s and s.artifact_dir(ablation) == ablation.parent
+    other = tmp_path / "other.cu"
+    assert with_run_kernel(s, other) is s and s.artifact_dir(other) == tmp_path / ".kopt" / "other.cu"
+    init = Settings(loop_mode="init", run_dir=r.run, outdir=tmp_path / ".kopt", invocation_dir=tmp_path)
+    assert with_run_kernel(init, champion) is init
 
 
 def test_a_trigger_problem_carries_its_metric_and_value() -> None:

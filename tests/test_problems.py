@@ -20,6 +20,7 @@ from pytest_kopt.child.kernelbench import derived
 from pytest_kopt.child.loader import load_module
 from pytest_kopt.errors import ConfigError
 from pytest_kopt.gates.shrink import literal_sizes
+from pytest_kopt.gates.shapes import listed_shapes
 from pytest_kopt.settings import build_settings, parse_dims
 
 torch = pytest.importorskip("torch")
@@ -309,12 +310,12 @@ def test_task_rows_may_leave_an_optional_column_out(tmp_path: Path) -> None:
     ref = _gpumode_tree(tmp_path / "problems")
     kernel = _write(ref.parent / "submission.py", "def custom_kernel(data):\n    return data.cumsum(1)\n")
     opts = {"baseline": str(kernel), "ref": str(ref)}
-    s = build_settings(lambda name: opts.get(name), tmp_path)
+    s = build_settings(lambda name: opts.get(name), tmp_path, listed=listed_shapes)
     assert s.shapes == ({"rows": 4, "cols": 64}, {"rows": 8, "cols": 33, "mode": "shifted"})
     _write(tmp_path / "k" / "ref.py", 'dims = [{"n": 4}, {"m": 8}]\ndef reference(x, **_):\n    return x\n')
     opts = {"baseline": str(kernel), "ref": str(tmp_path / "k" / "ref.py")}
     with pytest.raises(ConfigError, match=r"ref.py's dims = \[...\]: the shapes name different dims \(m vs n\)"):
-        build_settings(lambda name: opts.get(name), tmp_path)
+        build_settings(lambda name: opts.get(name), tmp_path, listed=listed_shapes)
 
 
 def test_a_kernelbench_problems_literal_sizes_are_what_a_shrink_may_halve(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ class Context:
         GPU MODE ``task.yml``'s benchmark rows as they are (a row without an optional column takes
         ``generate_input``'s default, never a test row's value)."""
         from ..errors import ConfigError
-        from ..settings import ref_shapes
+        from .shapes import ref_shapes
 
         try:
             listed = ref_shapes(self.ref, "benchmarks")

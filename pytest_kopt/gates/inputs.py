@@ -7,8 +7,6 @@ seeded ``torch.Generator``, so the same seed gives bit-identical inputs in every
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 from typing import Any
 
 #: Value regimes (FIELD.md §2 defences). ``wide`` spans several decades of magnitude and suits scale-invariant
@@ -70,25 +68,6 @@ def _drawn(seed: int) -> tuple[tuple[str, Any], ...]:
 
     draw()
     return tuple(drawn[-1].items())
-
-
-def derive_seeds(session_seed: int, count: int) -> tuple[int, ...]:
-    """``count`` validation seeds (each < 2**31) derived from one session seed with SHA-256, so one number
-    replays a whole session."""
-    out = []
-    i = 0
-    while len(out) < count:
-        h = hashlib.sha256(f"kopt:{session_seed}:{i}".encode()).digest()
-        s = int.from_bytes(h[:4], "little") & 0x7FFFFFFF
-        if s not in out:
-            out.append(s)
-        i += 1
-    return tuple(out)
-
-
-def fresh_session_seed() -> int:
-    """A new session seed drawn from the OS (0 <= seed < 2**32)."""
-    return int.from_bytes(os.urandom(4), "little")
 
 
 #: The second poison of float8 outputs, which have too few large values to draw from (child/inputs.SECOND_POISON).

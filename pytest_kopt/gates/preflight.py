@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ContractError, did_you_mean
-from ..settings import ref_shapes
 from . import contract, pycontract
 from .claims import check_claims
 from .context import Context, Outcome
 from .inputs import REGIMES
+from .shapes import ref_shapes
 
 
 class KoptDimsWarning(UserWarning):

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ContractError
+from ..seeds import derive_seeds
 from .build import BuildResult
 from .context import Context
 from .pycontract import read_python
-from .inputs import derive_seeds, draw_plan, second_poisons
+from .inputs import draw_plan, second_poisons
 from .preflight import preflight
 
 

@@ -30,7 +30,7 @@ from .layout import RunLayout
 #: the schema every loop file is validated against when read: a schema loosened between steps would admit files the
 #: run was seeded to refuse).
 REGISTRIES = (registry.METHODS, registry.SASS, registry.METRICS, registry.LOOP_SCHEMA)
-#: A GPU MODE reference reads its shapes from ``task.yml`` beside it (:func:`pytest_kopt.settings.task_shapes`).
+#: A GPU MODE reference reads its shapes from ``task.yml`` beside it (:func:`pytest_kopt.gates.shapes.task_shapes`).
 DATA_FILES = ("task.yml",)
 #: The most files copied for the modules a reference imports (a folder of thousands is not a reference's helper).
 MAX_FILES = 200

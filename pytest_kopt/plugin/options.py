@@ -15,8 +15,9 @@ import pytest
 
 from .. import defaults
 from ..errors import ConfigError, KoptError, closest
-from ..gates.inputs import fresh_session_seed
+from ..gates.shapes import listed_shapes
 from ..loop import lock, session, state
+from ..seeds import fresh_session_seed
 from ..settings import Settings, build_settings
 
 #: (option name, help, metavar) of the options every session reads. Each has an ini twin ``kopt_<name>`` with the
@@ -251,7 +252,7 @@ def read_settings(config: pytest.Config, handed: dict[str, Any],
         return seed if name == "seed" else raw(config, name)
 
     try:
-        settings = build_settings(get, Path(config.invocation_params.dir), suffixes)
+        settings = build_settings(get, Path(config.invocation_params.dir), suffixes, listed=listed_shapes)
     except ConfigError as exc:
         raise usage_error(exc, config) from None
     if handed.get("kopt_outdir") and settings.active:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,24 @@ from ..gates.table import GateTable
 from ..gates.trust import Trust
 from ..kinds.base import KindSet
 from ..kinds.builtin import default_kinds
+from ..loop.layout import artifact_folder
 from ..proc.pool import HarnessPool
 from ..scheduler import Scheduler
 from ..settings import Settings
+
+
+def with_run_kernel(settings: Settings, kernel: Path) -> Settings:
+    """``settings`` with ``kernel``'s artifact folder added where it is a branch or ablation kernel of the run a
+    close (``--kopt-run``) judges but not one of this session's kernels: the champion in the close's ablation step,
+    the best kernel so far when it is re-timed. Its artifacts (bench.json, sass/, the ncu profile) are where the
+    session that judged it wrote them, beside it (:meth:`pytest_kopt.loop.layout.RunLayout.artifact_folder`), not
+    in ``--kopt-outdir``. Any other ``settings`` or ``kernel`` (an absolute path) is returned as it is."""
+    if settings.loop_mode != "run" or str(kernel) in settings.artifact_dirs:
+        return settings
+    folder = artifact_folder(settings.run_dir, kernel)
+    if folder is None:
+        return settings
+    return dataclasses.replace(settings, artifact_dirs={**settings.artifact_dirs, str(kernel): str(folder)})
 
 
 def cache_dir(config: pytest.Config) -> Path:
@@ -78,7 +94,7 @@ class SessionState:
         Raises ConfigError when no kind claims the file."""
         assert self.settings.ref is not None
         path = Path(kernel).resolve()
-        return Context(settings=self.settings, env=self.env if env is None else env, kernel=path,
+        return Context(settings=with_run_kernel(self.settings, path), env=self.env if env is None else env, kernel=path,
                        ref=self.settings.ref, display=display, cache_dir=cache_dir(config), pool=self.pool,
                        blocks=self.blocks, trust=self.trust, kind=self.kind_of(path), gates=self.gates,
                        ahead=self.ahead, pins=self.pins,
