@@ -64,7 +64,8 @@ class Settings:
     candidates: tuple[Path, ...] = ()
     session_seed: int | None = None
     sanitizer: tuple[str, ...] = ()
-    #: Loop mode (``--kopt-init`` / ``--kopt-run``): kernel path -> its artifact folder inside the run directory.
+    #: Loop mode (``--kopt-init`` / ``--kopt-run``): kernel path -> its artifact folder inside the run directory; a
+    #: close's context adds a run kernel the session does not judge (:func:`pytest_kopt.plugin.stash.with_run_kernel`).
     artifact_dirs: dict[str, str] = field(default_factory=dict)
     run_dir: Path | None = None
     loop_mode: str | None = None
@@ -123,7 +124,8 @@ class Settings:
 
     def artifact_dir(self, kernel: Path) -> Path:
         """Where a kernel's artifacts go: its folder in ``artifact_dirs`` (in loop mode, a run kernel's own folder,
-        ``iterv<i>/branches/b<k>/``: the plugin adds one this session does not judge as a context asks for it), else
+        ``iterv<i>/branches/b<k>/``; one this session does not judge is added by the session's contexts and
+        :meth:`pytest_kopt.plugin.stash.SessionState.artifact_dir`, so read a run kernel's records through those), else
         ``<outdir>/<path>/`` where
         ``<path>`` is the kernel's path relative to the invocation folder (``.kopt/examples/gemm/gemm.cu/``), so two
         kernels never share a folder, in one session or across sessions; a kernel outside the invocation folder
@@ -335,16 +337,15 @@ def _count(text: str, source: str, example: int) -> int:
     return int(value)
 
 
-def build_settings(get: Callable[[str], Any], base: Path, suffixes: tuple[str, ...] = (".cu", ".py"),
-                   listed: Callable[[Path], tuple[list[dict[str, Any]], bool]] | None = None) -> Settings:
+def build_settings(get: Callable[[str], Any], base: Path, suffixes: tuple[str, ...] = (".cu", ".py"), *,
+                   listed: Callable[[Path], tuple[list[dict[str, Any]], bool]]) -> Settings:
     """Build Settings from ``get(name)``, which returns the option value, the ini value or None.
 
     ``name`` is the option's dest without prefix (``baseline``, ``dims``...). Relative paths are taken from
     ``base`` (the invocation directory); a kernel file must have one of ``suffixes`` (those the session's kernel
     kinds may claim). Without ``--kopt-dims``, the shapes are ``listed(ref)``'s: the reference's test shapes and
     whether they are a GPU MODE ``task.yml``'s rows (the plugin passes
-    :func:`pytest_kopt.gates.shapes.listed_shapes`; None: the reference lists none). Raises ConfigError for any bad
-    value, naming the option.
+    :func:`pytest_kopt.gates.shapes.listed_shapes`). Raises ConfigError for any bad value, naming the option.
     """
     def opt(name: str) -> Any:
         value = get(name)
@@ -370,7 +371,7 @@ def build_settings(get: Callable[[str], Any], base: Path, suffixes: tuple[str, .
                   for i, t in enumerate(texts)]
         task_rows = False
     else:
-        shapes, task_rows = listed(ref_path) if listed is not None else ([], False)
+        shapes, task_rows = listed(ref_path)
     shapes = [d for i, d in enumerate(shapes) if d not in shapes[:i]]
     # a GPU MODE task.yml's rows are generate_input's arguments, and an optional one (linalg's case) may be left out
     # of some; a shape given otherwise is one set of values for the same dims

@@ -1,6 +1,6 @@
 """The package's seams, read from its source with ``ast``: no import cycle (function-level imports included), the
-harness package importing nothing above it, no module over 600 lines, no module-level state a function changes, and
-no comparison of kernel-kind names outside ``kinds/``."""
+harness package and the leaves importing nothing above them, no module over 600 lines, no module-level state a
+function changes, and no comparison of kernel-kind names outside ``kinds/``."""
 
 from __future__ import annotations
 
@@ -234,7 +234,8 @@ def test_the_kind_finder(tmp_path: Path, snippet: str, hits: int) -> None:
     assert len(kind_comparisons(p)) == hits
 
 
-#: The leaves: what every layer reads (options, errors, defaults, seeds, the registries, typed records, statistics).
+#: The leaves: what every layer reads (options, errors, defaults, seeds, the registries, typed records, statistics);
+#: docs/architecture.md's "The layers" paragraph lists the same.
 LEAVES = ("pytest_kopt.settings", "pytest_kopt.seeds", "pytest_kopt.errors", "pytest_kopt.defaults",
           "pytest_kopt.registry", "pytest_kopt.artifacts", "pytest_kopt.stats")
 

@@ -293,6 +293,18 @@ def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(
     assert with_run_kernel(s, other) is s and s.artifact_dir(other) == tmp_path / ".kopt" / "other.cu"
     init = Settings(loop_mode="init", run_dir=r.run, outdir=tmp_path / ".kopt", invocation_dir=tmp_path)
     assert with_run_kernel(init, champion) is init
+    # the session's contexts and its artifact_dir apply it (the gates and the loop read records through those)
+    from types import SimpleNamespace
+
+    from pytest_kopt.plugin.stash import SessionState
+
+    ref = tmp_path / "ref.py"
+    ref.write_text("def reference(**kw):\n    pass\n")
+    state = SessionState(settings=dataclasses.replace(s, ref=ref))
+    config = SimpleNamespace(cache=None, rootpath=tmp_path)
+    assert state.context(config, champion, "champion").outdir == champion.parent
+    assert state.artifact_dir(champion) == champion.parent
+    assert state.context(config, tmp_path / "other.cu", "other").outdir == tmp_path / ".kopt" / "other.cu"
 
 
 def test_a_trigger_problem_carries_its_metric_and_value() -> None:

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
 
+from pytest_kopt import settings
 from pytest_kopt.errors import EXIT_CONFIG, ConfigError
+from pytest_kopt.gates.shapes import listed_shapes
 from pytest_kopt.settings import (
     DEFAULT_GATE_TIMEOUT_S,
     DEFAULT_NCU_TIMEOUT_S,
     DEFAULT_SEEDS,
     Settings,
-    build_settings,
     parse_arch,
     parse_dims,
     parse_seeds,
 )
+
+#: as the plugin calls it: the reference's own shapes read with the gates' reader
+build_settings = functools.partial(settings.build_settings, listed=listed_shapes)
 
 
 def _config_error(option: str, func, *args) -> ConfigError:
@@ -379,3 +384,19 @@ def test_a_path_with_a_control_character_is_refused_naming_it(tmp_path):
     _files(odd)
     err = _config_error("--kopt-baseline", build_settings, _getter(baseline="k.cu", ref="ref.py"), odd)
     assert "has a control character ('\\n')" in err.message and "new\\nline" in err.message
+
+
+def test_build_settings_takes_the_references_shapes_without_dims(tmp_path):
+    """Without --kopt-dims the shapes are those ref.py lists (through the reader the plugin hands in: the settings
+    import nothing of the gates), its first the session's dims; --kopt-dims replaces them."""
+    kernel, ref = _files(tmp_path)
+    ref.write_text('dims = [{"M": 64, "N": 8}, {"M": 128, "N": 8}, {"M": 64, "N": 8}]\n'
+                   "def reference(**kw):\n    pass\n")
+    s = build_settings(_getter(baseline="k.cu", ref="ref.py"), tmp_path)
+    assert s.shapes == ({"M": 64, "N": 8}, {"M": 128, "N": 8}) and s.dims == {"M": 64, "N": 8}
+    s = build_settings(_getter(baseline="k.cu", ref="ref.py", dims="M=32,N=4"), tmp_path)
+    assert s.shapes == ({"M": 32, "N": 4},) and s.dims == {"M": 32, "N": 4}
+    seen = []
+    s = settings.build_settings(_getter(baseline="k.cu", ref="ref.py"), tmp_path,
+                                listed=lambda path: seen.append(path) or ([{"K": 3}], False))
+    assert seen == [ref] and s.dims == {"K": 3}

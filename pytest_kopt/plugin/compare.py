@@ -61,7 +61,7 @@ class PrGatePlugin:
         _fail_regressions(session, entries)
 
     def _bench(self, kernel: Path) -> Bench | None:
-        return Bench.load(self.state.settings.artifact_dir(Path(kernel).resolve()))
+        return Bench.load(self.state.artifact_dir(kernel))
 
     def compare(self) -> list[dict[str, Any]]:
         """The comparisons: ``baseline``, ``candidate``, and :func:`pytest_kopt.prgate.verdict`'s fields."""
@@ -145,7 +145,7 @@ class SavedBaselinesPlugin:
             return []
         from .. import saved
         current = {settings.label(k): b.valid_samples for k in settings.kernels
-                   if (b := Bench.load(settings.artifact_dir(Path(k).resolve()))) is not None and b.valid_samples}
+                   if (b := Bench.load(self.state.artifact_dir(k))) is not None and b.valid_samples}
         out: list[dict[str, Any]] = []
         if settings.compare:
             old = saved.load_latest(settings.storage, settings.compare, gpu)

@@ -27,7 +27,8 @@ def with_run_kernel(settings: Settings, kernel: Path) -> Settings:
     close (``--kopt-run``) judges but not one of this session's kernels: the champion in the close's ablation step,
     the best kernel so far when it is re-timed. Its artifacts (bench.json, sass/, the ncu profile) are where the
     session that judged it wrote them, beside it (:meth:`pytest_kopt.loop.layout.RunLayout.artifact_folder`), not
-    in ``--kopt-outdir``. Any other ``settings`` or ``kernel`` (an absolute path) is returned as it is."""
+    in ``--kopt-outdir``. ``kernel`` is a resolved path; for any other kernel, or outside a close, ``settings`` is
+    returned unchanged."""
     if settings.loop_mode != "run" or str(kernel) in settings.artifact_dirs:
         return settings
     folder = artifact_folder(settings.run_dir, kernel)
@@ -85,6 +86,12 @@ class SessionState:
         """This process's scheduler of work started ahead."""
         assert self.scheduler is not None
         return self.scheduler
+
+    def artifact_dir(self, kernel: Path) -> Path:
+        """``kernel``'s artifact folder as this session's contexts see it (:meth:`Settings.artifact_dir` with
+        :func:`with_run_kernel`): read a kernel's records through this, not through the settings alone."""
+        path = Path(kernel).resolve()
+        return with_run_kernel(self.settings, path).artifact_dir(path)
 
     def context(self, config: pytest.Config, kernel: Path, display: str,
                 env: dict[str, Any] | None = None, collected: frozenset[str] | None = None) -> Context:
