@@ -19,8 +19,8 @@ from pytest_kopt.child.inputs import Inputs, keep_structure
 from pytest_kopt.child.kernelbench import derived
 from pytest_kopt.child.loader import load_module
 from pytest_kopt.errors import ConfigError
-from pytest_kopt.gates.shrink import literal_sizes
 from pytest_kopt.gates.shapes import listed_shapes
+from pytest_kopt.gates.shrink import literal_sizes
 from pytest_kopt.settings import build_settings, parse_dims
 
 torch = pytest.importorskip("torch")
@@ -719,3 +719,43 @@ def test_a_near_miss_that_shrinks_to_size_one_is_called_the_kernels_error(pytest
     assert item["status"] == "INCORRECT_NUMERICAL", item
     assert item["figures"]["shrunk"].startswith("M=1,N=1"), item["figures"]
     assert "a near miss" in item["details"] and "not a near miss after all" in item["details"], item["details"]
+
+
+def test_a_string_dim_never_takes_a_record_out_of_the_artifact_folder(pytester: pytest.Pytester) -> None:
+    """A shape's string dims are the problem's to choose, and its label names the correctness record and a
+    benchmark shape's folder: a value with path separators and dots stays one file name inside the kernel's folder
+    (before: the records were written to a folder the value named, outside .kopt, and the session passed)."""
+    escape = "q/../../../../../../../../" + str(pytester.path / "outside" / "pwned")
+    pytester.makepyfile(
+        ref=f"""
+            import torch
+            atol = 1e-6
+            rtol = 1e-5
+            dims = [{{"M": 4, "N": 8, "tag": "a"}}, {{"M": 4, "N": 8, "tag": {escape!r}}}]
+            benchmarks = [{{"M": 4, "N": 8, "tag": {escape!r}}}]
+
+            def shapes(M, N, **_):
+                return {{"x": ((M, N), "float32"), "y": ((M, N), "float32")}}
+
+            def reference(x, y, **_):
+                y.copy_(torch.softmax(x.double(), dim=-1).float())
+            """,
+        kernel="""
+            import torch
+
+            def setup(M, N, seed, device="cuda", **_):
+                x = torch.empty(M, N, device=device)
+                return {"inputs": {"x": x, "y": torch.empty_like(x)}, "outputs": ["y"]}
+
+            def run_kernel(x, y):
+                y.copy_(torch.softmax(x, dim=-1))
+            """)
+    result, items = session(pytester, "--kopt-baseline", "kernel.py", "--kopt-ref", "ref.py", "--kopt-seeds", "3",
+                            "-k", "correctness")
+    statuses = [i["status"] for i in json.loads((pytester.path / "r.json").read_text())["items"]
+                if i["gate"] == "correctness"]
+    assert statuses == ["PASSED", "PASSED"] and result.ret == 0, items
+    assert not (pytester.path / "outside").exists()
+    records = sorted(p.name for p in pytester.path.glob(".kopt/kernel.py/correctness/*.json"))
+    assert len(records) == 2 and records[0] == "M=4,N=8,tag=a,seed=3.json", records
+    assert records[1].startswith("M=4,N=8,tag=q%2F..%2F..%2F") and "/" not in records[1], records

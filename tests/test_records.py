@@ -393,3 +393,20 @@ def test_a_file_whose_name_is_near_the_limit_is_written_atomically(tmp_path: Pat
     odd = tmp_path / os.fsdecode(b"r\xe9port.json")
     write_json(odd, {"exit_code": 0})
     assert read_dict(odd) == {"exit_code": 0} and os.fsencode(odd.name) == b"r\xe9port.json"
+
+
+def test_a_label_is_one_file_name_in_its_folder() -> None:
+    """A case or shape label as a file name: separators, % and control characters escaped, a dots-only name
+    escaped, a long one cut with its hash so that two never meet; an ordinary label as it is."""
+    from pytest_kopt.artifacts.io import NAME_LIMIT, file_name
+
+    assert file_name("M=64,N=8,seed=7") == "M=64,N=8,seed=7"
+    assert file_name("tag=q/../x\\y") == "tag=q%2F..%2Fx%5Cy"
+    assert file_name("a%2Fb") == "a%252Fb"  # an escape in the label is not read as one
+    assert (file_name(".."), file_name("."), file_name("x\x00\n")) == ("%2E.", "%2E", "x%00%0A")
+    long_a, long_b = file_name("é" * 300 + "a"), file_name("é" * 300 + "b")
+    assert long_a != long_b and max(len(long_a.encode()), len(long_b.encode())) <= NAME_LIMIT
+    assert long_a.startswith("é" * 50) and "~" in long_a
+    base = Path("/run/b1")
+    for label in ("tag=q/../../x", "..", "é" * 300):
+        assert (base / file_name(label)).parent == base

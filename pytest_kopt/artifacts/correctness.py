@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .io import read_dict, write_json
+from .io import file_name, read_dict, write_json
 
 #: The folder of a kernel's artifact folder the records are in, one ``<case label>.json`` per case.
 CORRECTNESS = "correctness"
@@ -34,8 +34,9 @@ class CorrectnessRecord:
 
     @staticmethod
     def path(outdir: Path, label: str) -> Path:
-        """Where the record of the case labelled ``label`` is, in the kernel's artifact folder ``outdir``."""
-        return Path(outdir) / CORRECTNESS / f"{label}.json"
+        """Where the record of the case labelled ``label`` is, in the kernel's artifact folder ``outdir`` (the label as
+        a file name: :func:`~pytest_kopt.artifacts.io.file_name`)."""
+        return Path(outdir) / CORRECTNESS / f"{file_name(label)}.json"
 
     @classmethod
     def load(cls, path: Path) -> CorrectnessRecord | None:

@@ -7,8 +7,10 @@ as None, never a traceback, and the caller decides what that means.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,30 @@ def cut(name: str, limit: int = 64) -> str:
     """``name`` cut to at most ``limit`` bytes as the file system takes it (:func:`os.fsencode`), never inside a
     character; bytes that are no UTF-8 (a name's undecodable bytes) are left out: it names a temporary file."""
     return os.fsencode(name)[:limit].decode("utf-8", "ignore")
+
+
+#: What a file name made from a label may not hold as it is: the path separators, ``%`` (the escape itself), and
+#: control characters (NUL among them).
+_UNSAFE = re.compile(r"[/\\%\x00-\x1f\x7f]")
+#: A name made from a label is at most this many bytes: the file system's limit is 255, and ``.json`` or a temporary
+#: file's additions go beside it.
+NAME_LIMIT = 160
+
+
+def file_name(label: str) -> str:
+    """``label`` (a case or shape label, ``M=64,case=dense,seed=7``: its string dims are the problem's to choose) as
+    one file name that stays in its folder: each path separator, ``%`` and control character as ``%XX``, a name of
+    only dots (``.``, ``..``) with its first one escaped, and one over :data:`NAME_LIMIT` bytes cut, with the first
+    12 hex digits of its SHA-256 after a ``~``, so two long labels never share a name. A label without any of these
+    is returned as it is."""
+    name = _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", label)
+    if name and set(name) == {"."}:
+        name = "%2E" + name[1:]
+    raw = os.fsencode(name)
+    if len(raw) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    return raw[:NAME_LIMIT - 13].decode("utf-8", "ignore") + "~" + digest
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -139,13 +139,15 @@ class Context:
     def outdir(self) -> Path:
         """The kernel's artifact folder (see :meth:`pytest_kopt.settings.Settings.artifact_dir`): bench.json,
         ncu_top.json, the .ncu-rep, sass/, correctness/; a benchmark shape's context (:meth:`at`): its
-        ``shapes/<M=..,N=..>/`` subfolder."""
+        ``shapes/<M=..,N=..>/`` subfolder (the shape's label as a file name,
+        :func:`~pytest_kopt.artifacts.io.file_name`)."""
         base = self.settings.artifact_dir(self.kernel)
         if self.primary_dims is None:
             return base
+        from ..artifacts.io import file_name
         from ..settings import dims_label
 
-        return base / "shapes" / dims_label(self.settings.dims)
+        return base / "shapes" / file_name(dims_label(self.settings.dims))
 
     @property
     def ref_sha(self) -> str | None:
