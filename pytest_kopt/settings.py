@@ -32,6 +32,8 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 #: Compute capabilities nvcc 12-13 knows (``nvcc --list-gpu-arch``, CUDA 13.0).
 KNOWN_SM = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121}
 _ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+#: A dim's int value is below this in magnitude: solve() and the launchers take it as a 64-bit integer.
+INT64_LIMIT = 2 ** 63
 #: A dim's name: a Python identifier (``M``, ``eps``, ``block_size``).
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -220,6 +222,8 @@ def _dim(value: Any, what: str, from_json: bool) -> Any:
     try:
         return _number(value, what)
     except ConfigError as exc:
+        if exc.fix == _FIT_FIX:
+            raise
         if isinstance(value, str) and from_json:  # a JSON string that is not a number is a string dim
             return value
         raise ConfigError(exc.message, fix="give a number (4096, 1e-5), a tuple of sizes (3x64x64) or a quoted "
@@ -230,21 +234,34 @@ _DECIMAL_RE = re.compile(r"^[+-]?[0-9](?:_?[0-9])*$")
 _PREFIXED_RE = re.compile(r"^[+-]?0[xXoObB][0-9a-fA-F_]+$")
 
 
+_FIT_FIX = "give a size below 2**63"
+
+
+def _fits(value: int | float, what: str, text: str | None = None) -> int | float:
+    """``value``, or ConfigError naming ``what`` (and ``text``, as written) for an int beyond 64 bits
+    (:data:`INT64_LIMIT`)."""
+    if isinstance(value, int) and abs(value) >= INT64_LIMIT:
+        shown = text if text is not None else str(value)
+        raise ConfigError(f"{what}: {shown[:24]}{'...' if len(shown) > 24 else ''} does not fit a 64-bit integer",
+                          fix=_FIT_FIX)
+    return value
+
+
 def _number(value: Any, what: str) -> int | float:
     """An int (decimal, leading zeros allowed: ``08`` is 8; or ``0x``/``0o``/``0b``) or a float, written in ASCII
     (``int()`` would take other scripts' digits, such as ``٦٤``). Raises ConfigError naming ``what``."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}: {value!r} is not a number", fix="give an integer or a float")
     if isinstance(value, (int, float)):
-        return value
+        return _fits(value, what)
     s = str(value).strip()
     if not s.isascii():
         raise ConfigError(f"{what}: {s!r} is not a number written in ASCII digits",
                           fix="write it with the digits 0-9, e.g. 64")
     if _DECIMAL_RE.match(s):
-        return int(s)
+        return _fits(int(s) if len(s) < 40 else INT64_LIMIT, what, s)  # a long one is never parsed whole
     if _PREFIXED_RE.match(s):
-        return int(s, 0)
+        return _fits(int(s, 0) if len(s) < 80 else INT64_LIMIT, what, s)
     try:
         return float(s)
     except ValueError:

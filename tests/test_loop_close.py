@@ -8,6 +8,7 @@ as inputs to the decisions; they are not measurements. The loop on a real H200 i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import json
 from pathlib import Path
@@ -272,6 +273,47 @@ def test_the_gpu_probe_is_retried_up_to_three_times_unless_there_is_no_driver(mo
                                                          "error": "no NVIDIA driver (libcuda.so.1 not found)"})
     env = hardware.detect(3)
     assert len(env["hardware_attempts"]) == 1 and not env["gpu_available"]
+
+
+def test_the_champion_between_the_steps_is_the_one_the_branch_step_judged(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a close's two steps the champion's folder and state.json are the agent's to write. SASS edited to
+    show the claimed method's instructions (before: the method read 'effective', SASS the branch step never
+    dumped) stops the second step with exit 4 naming the file; a state.json whose ablation_step names another
+    branch champion than its own branch results (before: the close concluded on the slower b1) is refused at
+    configure; restored, the step concludes on b2 as judged."""
+    from pytest_kopt.errors import ConfigError
+
+    r = Run(tmp_path)
+    r.fake_profile(monkeypatch)
+    b1, b2 = r.kernel("branches/b1", 10.0), r.kernel("branches/b2", 8.0)
+    (r.outdir(b2) / "sass" / "k.sass").write_text("Function : k\n        /*0010*/    FFMA R0, R1, R2, R3 ;\n")
+    r.judged(b1, b2)
+    assert r.close()["ablations_needed"] == [METHOD]
+    ablation = r.kernel(f"ablations/{METHOD}", 9.0, base="b2")
+    sass = r.outdir(b2) / "sass" / "k.sass"
+    judged_sass = sass.read_text()
+    sass.write_text(LDS)  # the claimed method's instructions, forged
+    r.judged(ablation)
+    refused = r.close()
+    assert refused["exit_code"] == 4 and "SASS changed between the close's steps" in refused["message"], refused
+    assert refused["next"]["action"] == "fix_and_rerun" and st.load_state(r.run)["ablation_step"]
+    assert f"{sass.parent}: k.sass changed" in json.dumps(refused)
+    sass.write_text(judged_sass)
+    state = json.loads((r.run / "state.json").read_text())
+    judged_state = json.dumps(state)
+    step = state["ablation_step"]
+    step.update(champion="b1", champion_kernel=str(b1), champion_ms=10.0)
+    step["champion_sha256"] = hashlib.sha256(b1.read_bytes()).hexdigest()
+    (r.run / "state.json").write_text(json.dumps(state))
+    (r.it / "ablations" / METHOD / "base").write_text("b1\n")
+    with pytest.raises(ConfigError) as exc:
+        session.run_overrides(r.run)
+    assert "ablation_step names b1 (10.0 ms) the champion, but its branch results make b2 (8.0 ms)" in str(exc.value)
+    (r.run / "state.json").write_text(judged_state)
+    (r.it / "ablations" / METHOD / "base").write_text("b2\n")
+    second = r.close()
+    assert (second["exit_code"], second["champion"], second["sass"]) == (0, "b2", {METHOD: "fail"})
 
 
 def test_the_champion_not_judged_in_the_ablation_step_keeps_its_artifact_folder(tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ def test_a_branch_folder_linked_outside_the_run_is_refused_and_nothing_is_writte
 
 
 @pytest.mark.parametrize("case", ["stray_name", "beyond_count", "linked_inside", "kernel_link", "unknown_method",
-                                  "ablation_link", "both_kernels"])
+                                  "ablation_link", "both_kernels", "artifact_link", "ablation_artifact_link"])
 def test_what_the_iteration_did_not_create_is_refused(tmp_path: Path, case: str) -> None:
     """Only b1..bK (K = state.json's branches) under branches/, only ablations/<method id>/ under ablations/, as
     plain folders and files of the run: before, b1_old and b7 were judged as branches."""
@@ -183,6 +183,16 @@ def test_what_the_iteration_did_not_create_is_refused(tmp_path: Path, case: str)
     elif case == "ablation_link":
         (it / "ablations" / METHOD).symlink_to(b / "b1")
         said = f"{it / 'ablations' / METHOD} is a symbolic link"
+    elif case == "artifact_link":  # the gates would write b2's correctness records where it leads
+        (tmp_path / "elsewhere").mkdir()
+        (b / "b2" / "correctness").symlink_to(tmp_path / "elsewhere")
+        said = f"{b / 'b2' / 'correctness'} is a symbolic link (to {tmp_path / 'elsewhere'}); a branch or ablation"
+    elif case == "ablation_artifact_link":
+        folder = it / "ablations" / METHOD
+        (folder / "sass").mkdir(parents=True)
+        shutil.copy(kernel, folder / "kernel.py")
+        (folder / "sass" / "k.sass").symlink_to(b / "b1" / "kernel.py")
+        said = f"{folder / 'sass' / 'k.sass'} is a symbolic link"
     else:
         (b / "b2" / "kernel.cu").write_text("// b2\n")
         shutil.copy(kernel, b / "b2" / "kernel.py")

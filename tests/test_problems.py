@@ -318,6 +318,37 @@ def test_task_rows_may_leave_an_optional_column_out(tmp_path: Path) -> None:
         build_settings(lambda name: opts.get(name), tmp_path, listed=listed_shapes)
 
 
+def test_a_bad_task_yml_is_a_clear_error_naming_it_and_a_good_one_is_read_once(tmp_path: Path) -> None:
+    """task.yml as a hostile or careless problem writes it: not UTF-8 (before: UnicodeDecodeError, an internal
+    error with no report), a row built of aliases that expand a billion-fold when shown (before: the error message
+    expanded them until memory ran out), an int beyond 64 bits in ref.py's dims (before: OverflowError at
+    collection). A good one is parsed once per version of the file, not once per item."""
+    from pytest_kopt.gates import shapes
+
+    ref = _gpumode_tree(tmp_path / "problems")
+    task = ref.parent / "task.yml"
+    good = task.read_bytes()
+    task.write_bytes(b"tests:\n  - {rows: 4, cols: \xff\xfe}\n")
+    with pytest.raises(ConfigError) as err:
+        shapes.task_shapes(task, "tests")
+    assert err.value.message.startswith(f"{task}: not UTF-8 text") and err.value.fix == "save task.yml as UTF-8"
+    levels = ["a0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"] + [
+        f"a{i}: &a{i} [{', '.join(['*a%d' % (i - 1)] * 10)}]" for i in range(1, 9)]
+    task.write_text("\n".join(levels) + "\ntests:\n  - {rows: 7, cols: 3, x: *a8}\n")
+    with pytest.raises(ConfigError) as err:
+        shapes.task_shapes(task, "tests")
+    assert f"{task}: tests entry 1 (" in err.value.message and len(err.value.message) < 400
+    task.write_bytes(good)
+    shapes._task_shapes.cache_clear()
+    first = shapes.task_shapes(task, "tests")
+    first[0]["rows"] = -1  # a caller's change is its own
+    assert shapes.task_shapes(task, "tests")[0]["rows"] != -1
+    assert shapes._task_shapes.cache_info().misses == 1 and shapes._task_shapes.cache_info().hits == 1
+    big = _write(tmp_path / "k" / "ref.py", f'dims = [{{"n": {"9" * 400}}}]\ndef reference(x, **_):\n    return x\n')
+    with pytest.raises(ConfigError, match=r"ref.py:1: dims = .* is not a list of shapes"):
+        shapes.ref_shapes(big, "dims")
+
+
 def test_a_kernelbench_problems_literal_sizes_are_what_a_shrink_may_halve(tmp_path: Path) -> None:
     """Integer globals and tuples of them, tuple assignments included; computed globals and tolerances are no
     sizes a shrink may set."""

@@ -8,11 +8,14 @@ here when no ``--kopt-dims`` is given.
 
 from __future__ import annotations
 
+import copy
+import functools
+import reprlib
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ContractError
-from ..settings import NAME_RE
+from ..settings import INT64_LIMIT, NAME_RE
 from .pycontract import read_python
 
 
@@ -51,36 +54,64 @@ def task_rows(ref: Path) -> bool:
 
 def task_shapes(path: Path, key: str) -> list[dict[str, Any]]:
     """A GPU MODE ``task.yml``'s ``tests`` or ``benchmarks``: one dict of ``generate_input`` arguments per shape,
-    its ``seed`` left out (kopt's seeds are used); [] when there is no such file or list. Raises ConfigError when
-    the file is not YAML or pyyaml is missing."""
+    its ``seed`` left out (kopt's seeds are used); [] when there is no such file or list. Read once per version of
+    the file (its path, modification time and size), as :func:`~pytest_kopt.gates.pycontract.read_python` reads
+    ref.py: a session asks for it from every item. Raises ConfigError when the file is not UTF-8 or not YAML, a row
+    is no dict of sizes, or pyyaml is missing."""
+    try:
+        st = path.stat()
+    except OSError:
+        return []
     if not path.is_file():
         return []
+    return copy.deepcopy(list(_task_shapes(str(path), st.st_mtime_ns, st.st_size, key)))
+
+
+#: How a bad row is shown: two levels deep, a few items each (its aliases may nest a billion values).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring = 2, 4, 6, 40
+
+
+@functools.lru_cache(maxsize=64)
+def _task_shapes(path_str: str, mtime_ns: int, size: int, key: str) -> tuple[dict[str, Any], ...]:
+    path = Path(path_str)
     try:
         import yaml
     except ImportError:
         raise ConfigError(f"{path}: reading a GPU MODE task.yml needs pyyaml", fix="pip install pyyaml") from None
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+                          fix="save task.yml as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})", fix="check task.yml's permissions") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})", fix="fix task.yml") from None
     rows = (doc or {}).get(key) if isinstance(doc, dict) else None
     if not isinstance(rows, list):
-        return []
+        return ()
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
         if not isinstance(row, dict) or not all(isinstance(k, str) and _dim_value(v) for k, v in row.items()):
-            raise ConfigError(f"{path}: {key} entry {row!r} is not a dict of sizes",
+            # the row as YAML wrote it may be an alias expanded many times over: shown cut, never whole
+            raise ConfigError(f"{path}: {key} entry {i + 1} ({_SHORT.repr(row)[:160]}) is not a dict of sizes",
                               fix=f"write each of {key} as a dict, e.g. - {{size: 1024, seed: 1}}")
         shape = {k: v for k, v in row.items() if k != "seed"}
         if shape:
             out.append(shape)
-    return out
+    return tuple(out)
 
 
 def _dim_value(v: Any) -> bool:
-    if isinstance(v, (bool, int, float, str)):
+    """A value a shape may give a dim: a number (an int within 64 bits: every launcher passes one as such), a
+    boolean, a string, or a list of numbers."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return abs(v) < INT64_LIMIT
+    if isinstance(v, (bool, float, str)):
         return True
-    return isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    return isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                and (not isinstance(x, int) or abs(x) < INT64_LIMIT) for x in v)
 
 
 def listed_shapes(ref: Path) -> tuple[list[dict[str, Any]], bool]:

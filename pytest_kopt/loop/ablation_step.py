@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..errors import EXIT_HARDWARE, KoptError
 from ..records import GateRecord, blocker, for_kernel, stage
-from . import state as st
+from . import schema, state as st
 from .branch_step import BestSoFar, ablation_results, same_gpu_decision
 from .conclude import conclude
 from .gates import Context
@@ -60,6 +60,13 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
         return StepResult(code, f"{it.name}: champion {champ} passed its gates in the branch step but failed "
                                 f"{block.gate} when judged again ({block.message}); run stopped", next_step(run_dir),
                           stage=where)
+    # the methods are verified on the champion's SASS as the branch step dumped it (the agent's folder between the
+    # steps); where this session judged the champion again, it is this session's own
+    if not crecs and (changed := pending.sass_problem(ctx_for(Path(champion["kernel"])).outdir)) is not None:
+        raise schema.loop_error(f"{it.name}: the champion {champ}'s SASS changed between the close's steps",
+                                [changed], path=Path(champion["kernel"]).parent / "sass",
+                                fix="restore the champion's sass/ folder as the branch step wrote it (kopt's dump "
+                                    "of the judged kernel: the methods are verified on it)")
     judged = {**pending.ready, **fresh}
     why = {m: f"ablation built from {found.bases.get(m, 'b1')}, champion is {champ}"
            for m in methods if m not in judged and m in found.ablations}

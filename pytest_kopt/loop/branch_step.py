@@ -17,7 +17,7 @@ from .gates import Context
 from .layout import IterationLayout, RunLayout, branch_index
 from .records import BranchResults, Decision
 from .result import Closing, StepResult
-from .runstate import AblationStep, State
+from .runstate import AblationStep, State, champion_sass
 from .pins import file_sha256
 from .view import elsewhere, next_step
 from .written import Written
@@ -220,7 +220,7 @@ def branch_step(run_dir: Path, state: State, found: Written, methods: list[str],
                         champion_bench=read_dict(cctx.outdir / BENCH), methods=methods, needed=needed,
                         ready={m: a for m, a in judged.items() if m not in needed}, best_ms_now=best_ms_now,
                         results=results, decision=decision, finalize=finalize, finish=finish,
-                        steps=list(steps or []))
+                        steps=list(steps or []), champion_sass_sha256=champion_sass(cctx.outdir))
     return _ask_for_ablations(run_dir, it, step, judged, not_written)
 
 

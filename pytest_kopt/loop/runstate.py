@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Mapping
 from .. import defaults
 from ..errors import ConfigError
 from . import schema
+from .decisions import select_champion
 from .layout import KERNEL_SUFFIXES, RunLayout
 from .pins import file_sha256, schema_problem
 from .records import Record, build
@@ -35,7 +36,9 @@ class AblationStep(Record):
     were judged under), ``needed`` (the methods whose ablation of the champion is asked for), ``ready`` (the
     ablations already usable), ``best_ms_now`` (the best so far, re-timed beside the champion, or None),
     ``results`` (every branch), ``decision`` (the first step's same-GPU decision), ``finalize``, ``finish`` (the
-    agent's reason to end the run after the close, or None) and ``steps`` (the machine the branch step ran on)."""
+    agent's reason to end the run after the close, or None), ``steps`` (the machine the branch step ran on) and
+    ``champion_sass_sha256`` (each ``sass/*.sass`` file of the champion's folder, by name: the SASS the second step
+    verifies the methods on)."""
 
     KIND: ClassVar[str] = "ablation_step"
     iter: int
@@ -53,13 +56,37 @@ class AblationStep(Record):
     decision: dict[str, Any] | None = None
     finish: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    champion_sass_sha256: dict[str, str] = field(default_factory=dict)
 
     def champion_problem(self) -> str | None:
-        """None while the champion's kernel is the one the first step judged (its SHA-256), else why not."""
+        """None while the champion is the one the first step judged, else why not: its kernel (SHA-256), the branch
+        the first step's results make champion (:func:`~pytest_kopt.loop.decisions.select_champion` over their
+        finalists, with its kernel and median). Its SASS is :meth:`sass_problem`'s."""
         if file_sha256(Path(self.champion_kernel)) != self.champion_sha256:
             return (f"the champion {self.champion_kernel} is gone or changed since the close's branch step judged "
                     "it")
+        best = select_champion([r for r in self.results if r.get("finalist", True)])
+        if best is None or (best.get("branch"), best.get("kernel"), best.get("median_ms")) != (
+                self.champion, self.champion_kernel, self.champion_ms):
+            picked = "none" if best is None else f"{best.get('branch')} ({best.get('median_ms')} ms)"
+            return (f"ablation_step names {self.champion} ({self.champion_ms} ms) the champion, but its branch results "
+                    f"make {picked} the champion")
         return None
+
+    def sass_problem(self, folder: Path) -> str | None:
+        """None while the champion's artifact ``folder`` holds the SASS files the first step dumped
+        (``champion_sass_sha256``), else which changed, came or went."""
+        now = champion_sass(folder)
+        if now == self.champion_sass_sha256:
+            return None
+        changed = sorted(n for n in set(now) | set(self.champion_sass_sha256)
+                         if now.get(n) != self.champion_sass_sha256.get(n))
+        return f"{folder / 'sass'}: {', '.join(changed)} changed since the close's branch step dumped the champion's SASS"
+
+
+def champion_sass(folder: Path) -> dict[str, str]:
+    """The SHA-256 of each ``sass/*.sass`` file of a kernel's artifact ``folder``, by file name ({} without any)."""
+    return {p.name: str(file_sha256(p)) for p in sorted((folder / "sass").glob("*.sass")) if p.is_file()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,14 @@ whose artifacts the gates would write where it leads), a folder under ``branches
 iteration's ``b1..bK`` (``b1_old``, ``b7`` of a 4-branch run), a folder under ``ablations/`` that names no method
 of the registry or of methods.json, a folder with both ``kernel.cu`` and ``kernel.py``, or a ``base`` that is not
 UTF-8 or names no written branch is refused with the loop's ConfigError (exit 4), every problem listed.
-Hidden entries (a name starting with ``.``) and plain files beside the folders (a shared header) are left alone:
-they are never judged.
+A symbolic link anywhere below a branch or ablation folder (its ``correctness/``, ``sass/``) is refused too. Hidden
+entries (a name starting with ``.``) and plain files beside the folders (a shared header) are left alone: they are
+never judged.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -45,10 +47,24 @@ class Written:
     not_written: tuple[str, ...]
 
 
+def links_below(folder: Path) -> list[Path]:
+    """Every symbolic link anywhere below a branch or ablation folder (not followed), in walk order: the gates write
+    the kernel's artifacts there (``correctness/``, ``sass/``, ``bench.json``) and the close reads them back, so a
+    link would send those writes, or the reads, where it leads."""
+    return [Path(root, name) for root, dirs, files in os.walk(folder, followlinks=False)
+            for name in sorted(dirs + files) if Path(root, name).is_symlink()]
+
+
 def kernel_in(folder: Path, layout: RunLayout, problems: list[str]) -> Path | None:
     """The ``kernel.cu`` or ``kernel.py`` of a branch or ablation folder, or None when it holds none. Adds a
-    problem (and returns None) for a folder with both, or a kernel that is not a plain file of the run."""
+    problem (and returns None) for a folder with both, a kernel that is not a plain file of the run, or a symbolic
+    link anywhere below the folder (:func:`links_below`)."""
     found = [folder / n for n in KERNEL_NAMES if (folder / n).exists() or (folder / n).is_symlink()]
+    links = [p for p in links_below(folder) if p not in found]  # a linked kernel is named below
+    if links:
+        problems.extend(f"{p} is a symbolic link (to {os.readlink(p)}); a branch or ablation folder holds plain "
+                        "files and folders only" for p in links)
+        return None
     if len(found) > 1:
         problems.append(f"{folder} holds both kernel.cu and kernel.py: keep the one this branch or ablation is")
         return None
