@@ -181,6 +181,8 @@ def parse_dims(text: str, source: str = "--kopt-dims") -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}: not valid JSON ({exc.msg} at column {exc.colno})",
                               fix='write it as M=4096,N=4096 or as a JSON object like {"M": 4096}') from None
+        except ValueError as exc:  # an int past Python's digit limit
+            raise ConfigError(f"{source}: {exc}", fix=_FIT_FIX) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: JSON must be an object of name: number", fix='e.g. {"M": 4096}')
     else:
@@ -215,7 +217,7 @@ def _dim(value: Any, what: str, from_json: bool) -> Any:
     if isinstance(value, list):
         return [_number(v, what) for v in value]
     if isinstance(value, str) and _TUPLE_RE.match(value.strip()):
-        return [int(v) for v in value.strip().split("x")]
+        return [_number(v, what) for v in value.strip().split("x")]
     quoted = _QUOTED_RE.match(value.strip()) if isinstance(value, str) and not from_json else None
     if quoted:
         return quoted.group(2)

@@ -72,9 +72,10 @@ class Run:
         return self.tmp / "out" / k.parent.relative_to(self.run).as_posix().replace("/", "_")
 
     def judged(self, *kernels: Path) -> list[GateRecord]:
-        """This session's records: every kernel passed compile, correctness and timing."""
+        """This session's records: every kernel passed compile, correctness, timing and sass."""
         self.records = [GateRecord(nodeid=f"{k}::{g}", kernel=str(k.resolve()), gate=g, case=None, outcome="passed",
-                                   status="PASSED") for k in kernels for g in ("compile", "correctness", "timing")]
+                                   status="PASSED") for k in kernels
+                        for g in ("compile", "correctness", "timing", "sass")]
         return self.records
 
     def ctx_for(self, k: Path) -> Any:

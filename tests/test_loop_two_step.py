@@ -444,3 +444,34 @@ def test_a_crash_between_recording_the_close_and_opening_the_next_iteration_can_
     assert state["open_iter"] == 1
     session.run_overrides(r.run)  # raises ConfigError now: METHOD 'already selected in an earlier iteration'
 
+
+
+def test_the_champions_sass_dumped_again_in_step_2_is_the_one_later_steps_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The champion, judged again in step 2 (no ablation written), passes its sass gate (a dump that may differ
+    from step 1's: another nvcc) and is then blocked by the hardware gate: exit 3. The ablation then written is
+    judged elsewhere, the champion not again: the step concludes on the SASS kopt dumped last (before: exit 4,
+    'SASS changed', with no way to restore step 1's dump). A SASS edited by hand after that dump is refused, also
+    when the champion is judged again with its sass item deselected (-k 'not sass')."""
+    r = Run(tmp_path)
+    r.fake_profile(monkeypatch)
+    _first_step(r, stale=())
+    b2 = r.it / "branches" / "b2" / "kernel.cu"
+    sass = r.outdir(b2) / "sass" / "k.sass"
+    sass.write_text(sass.read_text() + "        /*0030*/                   NOP ;\n")  # the step-2 session's dump
+    r.records = _records(b2, compile=("passed", "PASSED", None), correctness=("passed", "PASSED", None),
+                         sass=("passed", "PASSED", None), timing=("skipped", "SKIPPED", "hardware"))
+    out = r.close()
+    assert out["exit_code"] == 3 and out["next"]["action"] == "write_ablations"
+    redumped = sass.read_text()
+    forged = redumped + "        /*0040*/                   SHFL.BFLY R0, R1, 0x1, 0x1f ;\n"
+    sass.write_text(forged)
+    r.records = _records(b2, compile=("passed", "PASSED", None), correctness=("passed", "PASSED", None),
+                         timing=("passed", "PASSED", None))  # judged again, its sass item deselected
+    out = r.close()
+    assert out["exit_code"] == 4 and "SASS changed between the close's steps" in out["message"], out["message"]
+    sass.write_text(redumped)
+    ablation = r.kernel(f"ablations/{METHOD}", 9.0, base="b2")
+    r.judged(ablation)
+    out = r.close()
+    assert (out["exit_code"], out["champion"], out["sass"]) == (0, "b2", {METHOD: "pass"}), out["message"]

@@ -407,6 +407,21 @@ def test_a_label_is_one_file_name_in_its_folder() -> None:
     long_a, long_b = file_name("é" * 300 + "a"), file_name("é" * 300 + "b")
     assert long_a != long_b and max(len(long_a.encode()), len(long_b.encode())) <= NAME_LIMIT
     assert long_a.startswith("é" * 50) and "~" in long_a
+    assert (file_name(""), file_name("t=\ud800")) == ("%", "t=%D800")
     base = Path("/run/b1")
-    for label in ("tag=q/../../x", "..", "é" * 300):
+    for label in ("tag=q/../../x", "..", "é" * 300, ""):
         assert (base / file_name(label)).parent == base
+
+
+def test_a_benchmark_shapes_folder_stays_in_the_kernels_folder(tmp_path: Path) -> None:
+    """Where timing and ncu write a benchmark shape's bench.json and profile: a string dim with separators and
+    dots is one folder below shapes/, never a path out of it."""
+    from pytest_kopt.gates.context import Context
+    from pytest_kopt.settings import Settings
+
+    kernel = tmp_path / "k.cu"
+    ctx = Context(settings=Settings(dims={"M": 4, "tag": "a"}, outdir=tmp_path / ".kopt", invocation_dir=tmp_path),
+                  env={}, kernel=kernel, ref=tmp_path / "ref.py", display="k.cu", cache_dir=tmp_path, pool=None,
+                  blocks=None, trust=None, kind=None, gates=None, ahead=None)
+    at = ctx.at({"M": 4, "tag": "q/../../../../x"}).outdir
+    assert at.parent == tmp_path / ".kopt" / "k.cu" / "shapes" and at.name == "M=4,tag=q%2F..%2F..%2F..%2F..%2Fx"

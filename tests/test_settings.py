@@ -400,3 +400,12 @@ def test_build_settings_takes_the_references_shapes_without_dims(tmp_path):
     s = settings.build_settings(_getter(baseline="k.cu", ref="ref.py"), tmp_path,
                                 listed=lambda path: seen.append(path) or ([{"K": 3}], False))
     assert seen == [ref] and s.dims == {"K": 3}
+
+
+@pytest.mark.parametrize("text", ["M=99999999999999999999x2", "M=" + "1" * 5000 + "x2", '{"M": ' + "1" * 5000 + "}",
+                                  "M=9223372036854775808", '{"M": [2, 9223372036854775808]}'])
+def test_a_dim_beyond_64_bits_is_refused_naming_it(text):
+    """A size no launcher can pass (before: accepted in a tuple, or ValueError past Python's digit limit)."""
+    err = _config_error("--kopt-dims", parse_dims, text)
+    assert err.fix == "give a size below 2**63"
+    assert parse_dims("M=9223372036854775807x2") == {"M": [9223372036854775807, 2]}

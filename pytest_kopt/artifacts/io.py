@@ -30,7 +30,7 @@ def cut(name: str, limit: int = 64) -> str:
 
 #: What a file name made from a label may not hold as it is: the path separators, ``%`` (the escape itself), and
 #: control characters (NUL among them).
-_UNSAFE = re.compile(r"[/\\%\x00-\x1f\x7f]")
+_UNSAFE = re.compile(r"[/\\%\x00-\x1f\x7f\ud800-\udfff]")
 #: A name made from a label is at most this many bytes: the file system's limit is 255, and ``.json`` or a temporary
 #: file's additions go beside it.
 NAME_LIMIT = 160
@@ -39,12 +39,12 @@ NAME_LIMIT = 160
 def file_name(label: str) -> str:
     """``label`` (a case or shape label, ``M=64,case=dense,seed=7``: its string dims are the problem's to choose) as
     one file name that stays in its folder: each path separator, ``%`` and control character as ``%XX``, a name of
-    only dots (``.``, ``..``) with its first one escaped, and one over :data:`NAME_LIMIT` bytes cut, with the first
+    only dots (``.``, ``..``) with its first one escaped, an empty one as ``%``, and one over :data:`NAME_LIMIT` bytes cut, with the first
     12 hex digits of its SHA-256 after a ``~``, so two long labels never share a name. A label without any of these
     is returned as it is."""
     name = _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", label)
-    if name and set(name) == {"."}:
-        name = "%2E" + name[1:]
+    if set(name) <= {"."}:  # "", ".", "..": a name of its own, never the folder or its parent
+        name = "%2E" + name[1:] if name else "%"
     raw = os.fsencode(name)
     if len(raw) <= NAME_LIMIT:
         return name

@@ -4,18 +4,19 @@ then the iteration concluded on the claims the branch step judged."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import EXIT_HARDWARE, KoptError
 from ..records import GateRecord, blocker, for_kernel, stage
-from . import schema, state as st
+from . import gates, schema, state as st
 from .branch_step import BestSoFar, ablation_results, same_gpu_decision
 from .conclude import conclude
 from .gates import Context
 from .layout import RunLayout
 from .result import Closing, StepResult
-from .runstate import AblationStep, State
+from .runstate import AblationStep, State, champion_sass
 from .view import elsewhere, next_step
 from .written import Written
 
@@ -34,6 +35,15 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
     champ = pending.champion
     methods = list(pending.methods)
     champion = dict(next(r for r in pending.results if r["branch"] == champ))
+    cpath = Path(champion["kernel"])
+    cdir = ctx_for(cpath).outdir
+    crecs = for_kernel(records, cpath)
+    if any(r.gate == "sass" and r.outcome == "passed" for r in crecs):
+        # this session dumped the champion's SASS again (judged again, no ablation written): that dump is the one
+        # the methods are verified on, and the one a later step of this close checks against
+        pending = dataclasses.replace(pending, champion_sass_sha256=champion_sass(cdir))
+        State.update(run_dir, ablation_step=pending)
+        champion["sass_digest"] = gates.digests(cdir / "sass")
     fresh = {m: a for m, a in ablation_results(found.ablations, found.bases, methods, records, ctx_for).items()
              if a["base"] == champ}
     hw = next((m for m, a in fresh.items() if a.get("stage") == "hardware"), None)
@@ -44,8 +54,7 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
                           elsewhere(next_step(run_dir), f"this one could not run the ablation of {hw}'s GPU gates "
                                                         f"({fresh[hw]['message']})"),
                           ablations=fresh, stage="hardware")
-    crecs = for_kernel(records, Path(champion["kernel"]))
-    table = ctx_for(Path(champion["kernel"])).gates
+    table = ctx_for(cpath).gates
     block = blocker(crecs, table.branch_strict, table) if crecs else None
     if block is not None:
         where, code = stage(block, table)
@@ -60,9 +69,8 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
         return StepResult(code, f"{it.name}: champion {champ} passed its gates in the branch step but failed "
                                 f"{block.gate} when judged again ({block.message}); run stopped", next_step(run_dir),
                           stage=where)
-    # the methods are verified on the champion's SASS as the branch step dumped it (the agent's folder between the
-    # steps); where this session judged the champion again, it is this session's own
-    if not crecs and (changed := pending.sass_problem(ctx_for(Path(champion["kernel"])).outdir)) is not None:
+    # the methods are verified on the champion's SASS as kopt last dumped it (the agent's folder between the steps)
+    if (changed := pending.sass_problem(cdir)) is not None:
         raise schema.loop_error(f"{it.name}: the champion {champ}'s SASS changed between the close's steps",
                                 [changed], path=Path(champion["kernel"]).parent / "sass",
                                 fix="restore the champion's sass/ folder as the branch step wrote it (kopt's dump "

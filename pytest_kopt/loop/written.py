@@ -51,8 +51,11 @@ def links_below(folder: Path) -> list[Path]:
     """Every symbolic link anywhere below a branch or ablation folder (not followed), in walk order: the gates write
     the kernel's artifacts there (``correctness/``, ``sass/``, ``bench.json``) and the close reads them back, so a
     link would send those writes, or the reads, where it leads."""
-    return [Path(root, name) for root, dirs, files in os.walk(folder, followlinks=False)
-            for name in sorted(dirs + files) if Path(root, name).is_symlink()]
+    out = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden entries are never judged nor written by kopt
+        out += [Path(root, n) for n in sorted(dirs + files) if not n.startswith(".") and Path(root, n).is_symlink()]
+    return out
 
 
 def kernel_in(folder: Path, layout: RunLayout, problems: list[str]) -> Path | None:
