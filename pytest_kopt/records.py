@@ -141,6 +141,12 @@ def for_kernel(records: Iterable[GateRecord], kernel: Path) -> list[GateRecord]:
     return [r for r in records if r.kernel == key]
 
 
+def passed(records: Iterable[GateRecord], gate: str) -> bool:
+    """Whether an item of ``gate`` passed among ``records`` (a kernel's, :func:`for_kernel`): the sass gate's, for
+    SASS this session dumped."""
+    return any(r.gate == gate and r.outcome == "passed" for r in records)
+
+
 def blocker(records: Iterable[GateRecord], strict: tuple[str, ...], table: GateTable) -> GateRecord | None:
     """The record that keeps a kernel from passing ``strict`` gates: the first failed item in ``table``'s order,
     else the first skipped (not not-applicable) item of a gate in ``strict``; None when there is none."""

@@ -239,10 +239,15 @@ _PREFIXED_RE = re.compile(r"^[+-]?0[xXoObB][0-9a-fA-F_]+$")
 _FIT_FIX = "give a size below 2**63"
 
 
+def fits_int64(value: Any) -> bool:
+    """False for an int at or beyond :data:`INT64_LIMIT` in magnitude (no launcher can pass it), True otherwise."""
+    return not isinstance(value, int) or isinstance(value, bool) or abs(value) < INT64_LIMIT
+
+
 def _fits(value: int | float, what: str, text: str | None = None) -> int | float:
     """``value``, or ConfigError naming ``what`` (and ``text``, as written) for an int beyond 64 bits
     (:data:`INT64_LIMIT`)."""
-    if isinstance(value, int) and abs(value) >= INT64_LIMIT:
+    if not fits_int64(value):
         shown = text if text is not None else str(value)
         raise ConfigError(f"{what}: {shown[:24]}{'...' if len(shown) > 24 else ''} does not fit a 64-bit integer",
                           fix=_FIT_FIX)

@@ -38,10 +38,10 @@ NAME_LIMIT = 160
 
 def file_name(label: str) -> str:
     """``label`` (a case or shape label, ``M=64,case=dense,seed=7``: its string dims are the problem's to choose) as
-    one file name that stays in its folder: each path separator, ``%`` and control character as ``%XX``, a name of
-    only dots (``.``, ``..``) with its first one escaped, an empty one as ``%``, and one over :data:`NAME_LIMIT` bytes cut, with the first
-    12 hex digits of its SHA-256 after a ``~``, so two long labels never share a name. A label without any of these
-    is returned as it is."""
+    one file name that stays in its folder: each path separator, ``%``, control character and lone surrogate as
+    ``%XX``, a name of only dots (``.``, ``..``) with its first one escaped, an empty one as ``%``, and one over
+    :data:`NAME_LIMIT` bytes cut, with the first 12 hex digits of its SHA-256 after a ``~``, so two long labels
+    never share a name. A label without any of these is returned as it is."""
     name = _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", label)
     if set(name) <= {"."}:  # "", ".", "..": a name of its own, never the folder or its parent
         name = "%2E" + name[1:] if name else "%"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ContractError
-from ..settings import INT64_LIMIT, NAME_RE
+from ..settings import NAME_RE, fits_int64
 from .pycontract import read_python
 
 
@@ -106,12 +106,10 @@ def _task_shapes(path_str: str, mtime_ns: int, size: int, key: str) -> tuple[dic
 def _dim_value(v: Any) -> bool:
     """A value a shape may give a dim: a number (an int within 64 bits: every launcher passes one as such), a
     boolean, a string, or a list of numbers."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return abs(v) < INT64_LIMIT
-    if isinstance(v, (bool, float, str)):
-        return True
+    if isinstance(v, (bool, int, float, str)):
+        return fits_int64(v)
     return isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                and (not isinstance(x, int) or abs(x) < INT64_LIMIT) for x in v)
+                                                and fits_int64(x) for x in v)
 
 
 def listed_shapes(ref: Path) -> tuple[list[dict[str, Any]], bool]:

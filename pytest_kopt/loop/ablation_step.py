@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import EXIT_HARDWARE, KoptError
-from ..records import GateRecord, blocker, for_kernel, stage
+from ..records import GateRecord, blocker, for_kernel, passed, stage
 from . import gates, schema, state as st
 from .branch_step import BestSoFar, ablation_results, same_gpu_decision
 from .conclude import conclude
@@ -38,7 +38,7 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
     cpath = Path(champion["kernel"])
     cdir = ctx_for(cpath).outdir
     crecs = for_kernel(records, cpath)
-    if any(r.gate == "sass" and r.outcome == "passed" for r in crecs):
+    if passed(crecs, "sass"):
         # this session dumped the champion's SASS again (judged again, no ablation written): that dump is the one
         # the methods are verified on, and the one a later step of this close checks against
         pending = dataclasses.replace(pending, champion_sass_sha256=champion_sass(cdir))
@@ -72,7 +72,7 @@ def ablation_step(run_dir: Path, state: State, pending: AblationStep, found: Wri
     # the methods are verified on the champion's SASS as kopt last dumped it (the agent's folder between the steps)
     if (changed := pending.sass_problem(cdir)) is not None:
         raise schema.loop_error(f"{it.name}: the champion {champ}'s SASS changed between the close's steps",
-                                [changed], path=Path(champion["kernel"]).parent / "sass",
+                                [changed], path=cdir / "sass",
                                 fix="restore the champion's sass/ folder as the branch step wrote it (kopt's dump "
                                     "of the judged kernel: the methods are verified on it)")
     judged = {**pending.ready, **fresh}

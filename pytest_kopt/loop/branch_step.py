@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 from ..artifacts import BENCH, Bench, read_dict
 from ..errors import EXIT_HARDWARE, EXIT_KERNEL, EXIT_OK, Blocked, KoptError
-from ..records import GateRecord, blocker, for_kernel, stage
+from ..records import GateRecord, blocker, for_kernel, passed, stage
 from ..stats import bootstrap_median_ci
 from . import decisions, gates, state as st
 from .gates import Context
@@ -68,7 +68,7 @@ def branch_results(branches: list[Path] | tuple[Path, ...], records: list[GateRe
         block = blocker(recs, table.branch_strict, table)
         outdir = ctx_for(kernel).outdir
         t = timing_of(Bench.load(outdir) if block is None and timed_here(recs) else None)
-        sass_ran = any(r.gate == "sass" and r.outcome == "passed" for r in recs)
+        sass_ran = passed(recs, "sass")
         digest = gates.digests(outdir / "sass") if block is None and sass_ran else {}
         same = (digest == dict(best_sass)) if digest and best_sass else None
         results.append({"branch": kernel.parent.name, "index": branch_index(kernel.parent.name) or position,

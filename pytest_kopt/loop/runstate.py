@@ -74,14 +74,15 @@ class AblationStep(Record):
         return None
 
     def sass_problem(self, folder: Path) -> str | None:
-        """None while the champion's artifact ``folder`` holds the SASS files the first step dumped
-        (``champion_sass_sha256``), else which changed, came or went."""
+        """None while the champion's artifact ``folder`` holds the SASS files kopt last dumped
+        (``champion_sass_sha256``: the branch step's, or a second step's that judged the champion again), else
+        which changed, came or went."""
         now = champion_sass(folder)
         if now == self.champion_sass_sha256:
             return None
         changed = sorted(n for n in set(now) | set(self.champion_sass_sha256)
                          if now.get(n) != self.champion_sass_sha256.get(n))
-        return f"{folder / 'sass'}: {', '.join(changed)} changed since the close's branch step dumped the champion's SASS"
+        return f"{folder / 'sass'}: {', '.join(changed)} changed since kopt dumped the champion's SASS"
 
 
 def champion_sass(folder: Path) -> dict[str, str]:
